@@ -1,0 +1,263 @@
+//! Classifiers: which results count as failures, and of which kind.
+//!
+//! The seeds let the user choose what counts against an endpoint, and so do these:
+//!
+//! | seed's choice | classifier |
+//! |---|---|
+//! | EDAS "network exceptions" | [`NetworkErrors`] |
+//! | EDAS "network exceptions + HTTP 5xx" | [`ServerErrors`] |
+//! | HSF `bizExceptionPredicateClassName` | [`predicate`] (a user predicate over the response or error) |
+//! | anything else | [`classify_fn`] (a user function returning the [`Outcome`]) |
+//!
+//! A classifier runs once per finished call, on the caller's task, so it must be cheap and must
+//! not block.
+
+use std::any::Any;
+use std::error::Error;
+use std::fmt;
+use std::io;
+
+use crate::outcome::{FailureKind, Outcome};
+
+/// Decides the [`Outcome`] of a finished call from the service's result.
+///
+/// `Res` is the service's response type and `E` its error type.
+pub trait Classify<Res, E> {
+    /// Classifies one result. Must not return [`Outcome::Cancelled`], which is reserved for
+    /// dropped futures; if it does, the call is not recorded.
+    fn classify(&self, result: Result<&Res, &E>) -> Outcome;
+}
+
+/// Counts only errors returned by the service (EDAS "network exceptions"): every `Ok` response is
+/// a success, whatever it contains.
+///
+/// An error is a [`FailureKind::Timeout`] when it is, or is caused by, `tower::timeout`'s or
+/// tokio's `Elapsed`, or an `io::Error` of kind `TimedOut`; otherwise it is a
+/// [`FailureKind::Transport`] failure.
+///
+/// ```
+/// use tower_outlier_core::{Classify, FailureKind, NetworkErrors, Outcome};
+///
+/// let err: tower::BoxError = Box::new(tower::timeout::error::Elapsed::new());
+/// assert_eq!(
+///     NetworkErrors.classify(Err::<&(), _>(&err)),
+///     Outcome::Failure(FailureKind::Timeout)
+/// );
+/// assert_eq!(NetworkErrors.classify(Ok::<_, &tower::BoxError>(&"any response")), Outcome::Success);
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NetworkErrors;
+
+impl<Res, E: 'static> Classify<Res, E> for NetworkErrors {
+    #[inline]
+    fn classify(&self, result: Result<&Res, &E>) -> Outcome {
+        match result {
+            Ok(_) => Outcome::Success,
+            Err(e) => Outcome::Failure(error_kind(e)),
+        }
+    }
+}
+
+/// Counts service errors and HTTP 5xx responses (EDAS "network exceptions + HTTP 5xx").
+///
+/// 503 is classified as [`FailureKind::Overload`], other 5xx as [`FailureKind::ServerError`]. 4xx
+/// responses, 429 included, are the caller's business and count as successes; use
+/// [`classify_fn`] to count 429 as overload.
+///
+/// ```
+/// use tower_outlier_core::{Classify, FailureKind, Outcome, ServerErrors};
+///
+/// let unavailable = http::Response::builder().status(503).body(()).unwrap();
+/// let not_found = http::Response::builder().status(404).body(()).unwrap();
+/// let classify = |r| ServerErrors.classify(Ok::<_, &std::io::Error>(r));
+/// assert_eq!(classify(&unavailable), Outcome::Failure(FailureKind::Overload));
+/// assert_eq!(classify(&not_found), Outcome::Success);
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServerErrors;
+
+impl<B, E: 'static> Classify<http::Response<B>, E> for ServerErrors {
+    #[inline]
+    fn classify(&self, result: Result<&http::Response<B>, &E>) -> Outcome {
+        match result {
+            Ok(response) => status_outcome(response.status()),
+            Err(e) => Outcome::Failure(error_kind(e)),
+        }
+    }
+}
+
+/// The outcome of an HTTP status under [`ServerErrors`]' rules.
+pub fn status_outcome(status: http::StatusCode) -> Outcome {
+    if status == http::StatusCode::SERVICE_UNAVAILABLE {
+        Outcome::Failure(FailureKind::Overload)
+    } else if status.is_server_error() {
+        Outcome::Failure(FailureKind::ServerError)
+    } else {
+        Outcome::Success
+    }
+}
+
+/// A classifier from a user predicate that says whether a result is a failure (HSF's business
+/// exception predicate). Errors it flags keep their network kind; responses it flags are
+/// [`FailureKind::Business`] failures.
+///
+/// ```
+/// use tower_outlier_core::{classify::predicate, Classify, FailureKind, Outcome};
+///
+/// // Only responses carrying a business error code count, plus every transport error.
+/// let biz = predicate(|result: Result<&(u16, &str), &std::io::Error>| match result {
+///     Ok((code, _)) => *code >= 1000,
+///     Err(_) => true,
+/// });
+/// assert_eq!(biz.classify(Ok(&(1001, "stock exhausted"))), Outcome::Failure(FailureKind::Business));
+/// assert_eq!(biz.classify(Ok(&(0, "ok"))), Outcome::Success);
+/// ```
+pub fn predicate<F>(is_failure: F) -> Predicate<F> {
+    Predicate(is_failure)
+}
+
+/// See [`predicate`].
+#[derive(Clone, Copy)]
+pub struct Predicate<F>(F);
+
+impl<F> fmt::Debug for Predicate<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Predicate").finish_non_exhaustive()
+    }
+}
+
+impl<Res, E: 'static, F> Classify<Res, E> for Predicate<F>
+where
+    F: Fn(Result<&Res, &E>) -> bool,
+{
+    #[inline]
+    fn classify(&self, result: Result<&Res, &E>) -> Outcome {
+        if !(self.0)(result) {
+            return Outcome::Success;
+        }
+        match result {
+            Ok(_) => Outcome::Failure(FailureKind::Business),
+            Err(e) => Outcome::Failure(error_kind(e)),
+        }
+    }
+}
+
+/// A classifier from a user function returning the [`Outcome`] itself.
+///
+/// ```
+/// use tower_outlier_core::{classify::classify_fn, Classify, FailureKind, Outcome};
+///
+/// // SOFARPC counts only timeouts and "server busy".
+/// let sofa = classify_fn(|result: Result<&http::Response<()>, &std::io::Error>| match result {
+///     Ok(r) if r.status() == 503 || r.status() == 429 => Outcome::Failure(FailureKind::Overload),
+///     Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Outcome::Failure(FailureKind::Timeout),
+///     _ => Outcome::Success,
+/// });
+/// let busy = http::Response::builder().status(429).body(()).unwrap();
+/// assert_eq!(sofa.classify(Ok(&busy)), Outcome::Failure(FailureKind::Overload));
+/// ```
+pub fn classify_fn<F>(f: F) -> ClassifyFn<F> {
+    ClassifyFn(f)
+}
+
+/// See [`classify_fn`].
+#[derive(Clone, Copy)]
+pub struct ClassifyFn<F>(F);
+
+impl<F> fmt::Debug for ClassifyFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ClassifyFn").finish_non_exhaustive()
+    }
+}
+
+impl<Res, E, F> Classify<Res, E> for ClassifyFn<F>
+where
+    F: Fn(Result<&Res, &E>) -> Outcome,
+{
+    #[inline]
+    fn classify(&self, result: Result<&Res, &E>) -> Outcome {
+        (self.0)(result)
+    }
+}
+
+/// The failure kind of a service error: [`FailureKind::Timeout`] when the error or any of its
+/// causes is a timeout, else [`FailureKind::Transport`].
+///
+/// Recognised error types: `tower::BoxError`, `std::io::Error`, `tower::timeout::error::Elapsed`,
+/// `tokio::time::error::Elapsed`; causes are followed through `Error::source`.
+pub fn error_kind<E: 'static>(error: &E) -> FailureKind {
+    let any = error as &dyn Any;
+    let as_error: Option<&(dyn Error + 'static)> =
+        if let Some(boxed) = any.downcast_ref::<tower::BoxError>() {
+            Some(&**boxed)
+        } else if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send>>() {
+            Some(&**boxed)
+        } else if let Some(boxed) = any.downcast_ref::<Box<dyn Error>>() {
+            Some(&**boxed)
+        } else if let Some(io) = any.downcast_ref::<io::Error>() {
+            Some(io)
+        } else if let Some(elapsed) = any.downcast_ref::<tower::timeout::error::Elapsed>() {
+            Some(elapsed)
+        } else {
+            any.downcast_ref::<tokio::time::error::Elapsed>()
+                .map(|e| e as &(dyn Error + 'static))
+        };
+    let mut next = as_error;
+    // Cause chains are short; the bound keeps a cyclic `source` from looping forever.
+    for _ in 0..32 {
+        let Some(error) = next else { break };
+        if error.is::<tower::timeout::error::Elapsed>()
+            || error.is::<tokio::time::error::Elapsed>()
+            || error
+                .downcast_ref::<io::Error>()
+                .is_some_and(|io| io.kind() == io::ErrorKind::TimedOut)
+        {
+            return FailureKind::Timeout;
+        }
+        next = error.source();
+    }
+    FailureKind::Transport
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Wrapped(io::Error);
+    impl fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("wrapped")
+        }
+    }
+    impl Error for Wrapped {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn timeouts_are_found_through_causes() {
+        let err: tower::BoxError = Box::new(Wrapped(io::Error::from(io::ErrorKind::TimedOut)));
+        assert_eq!(error_kind(&err), FailureKind::Timeout);
+        let err: tower::BoxError =
+            Box::new(Wrapped(io::Error::from(io::ErrorKind::ConnectionReset)));
+        assert_eq!(error_kind(&err), FailureKind::Transport);
+        assert_eq!(error_kind(&"some string error"), FailureKind::Transport);
+    }
+
+    #[test]
+    fn server_errors_split_overload() {
+        let resp = |s: u16| http::Response::builder().status(s).body(()).unwrap();
+        let c = |r: &http::Response<()>| ServerErrors.classify(Ok::<_, &io::Error>(r));
+        assert_eq!(c(&resp(500)), Outcome::Failure(FailureKind::ServerError));
+        assert_eq!(c(&resp(503)), Outcome::Failure(FailureKind::Overload));
+        assert_eq!(c(&resp(429)), Outcome::Success);
+        assert_eq!(c(&resp(200)), Outcome::Success);
+        // Network-only counts no response at all.
+        assert_eq!(
+            NetworkErrors.classify(Ok::<_, &io::Error>(&resp(500))),
+            Outcome::Success
+        );
+    }
+}

@@ -1,0 +1,65 @@
+//! What one finished call looked like: its outcome and its latency.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a call counts as failed.
+///
+/// The kinds follow the vocabulary of the systems this crate family implements: EDAS tells
+/// network exceptions apart from HTTP 5xx, HSF lets a predicate name business failures, and
+/// SOFARPC counts only timeouts and "server busy".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The request never got an answer: connect refused, reset, broken pipe, protocol error.
+    Transport,
+    /// The call did not finish in time (for example `tower::timeout` elapsed).
+    Timeout,
+    /// The server answered with an error of its own (HTTP 5xx other than 503).
+    ServerError,
+    /// The server said it is overloaded (HTTP 503 or 429, gRPC UNAVAILABLE / RESOURCE_EXHAUSTED,
+    /// SOFARPC "server busy").
+    Overload,
+    /// A user predicate judged the response a business failure (HSF's `bizExceptionPredicate`).
+    Business,
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FailureKind::Transport => "transport error",
+            FailureKind::Timeout => "timeout",
+            FailureKind::ServerError => "server error",
+            FailureKind::Overload => "overload",
+            FailureKind::Business => "business failure",
+        })
+    }
+}
+
+/// The outcome of one call, as a classifier sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The call succeeded, or failed in a way the classifier does not count.
+    Success,
+    /// The call failed in a way that counts against the endpoint.
+    Failure(FailureKind),
+    /// The caller dropped the response future before it finished. A cancelled call counts as
+    /// neither success nor failure: it is never recorded in a window.
+    Cancelled,
+}
+
+impl Outcome {
+    /// Whether this outcome counts as a failure.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Outcome::Failure(_))
+    }
+}
+
+/// One finished (not cancelled) call: its outcome and how long it took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Observation {
+    /// Success or a failure kind.
+    pub outcome: Outcome,
+    /// Time from `Service::call` to the completion of the response future.
+    pub latency: Duration,
+}

@@ -1,0 +1,260 @@
+//! The policy trait: how a policy judges endpoints, and how several policies share one layer.
+//!
+//! A [`Policy`] is configured once per layer. For every endpoint the layer asks it for an
+//! [`EndpointPolicy`], the policy's per-endpoint state. On every finished call the endpoint's
+//! response future hands the [`Observation`] to each of its endpoint policies
+//! ([`EndpointPolicy::record`]): this is the hot path, so it must not lock or allocate. When a
+//! record makes a cheap local check cross its threshold it returns [`Signal::Evaluate`], and the
+//! layer wakes and asks [`EndpointPolicy::judge`] for a [`Judgement`] on the cold path. All policies'
+//! ejections spend from one [`Budget`] and never take out the last available endpoint; the policy
+//! that ejected an endpoint decides when it is checked again ([`Policy::recovery`]).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::clock::Nanos;
+use crate::error::{check_nonzero_duration, check_ratio, ConfigError};
+use crate::outcome::Observation;
+use crate::window::WindowCounts;
+
+/// A policy's configuration, shared by all endpoints of a layer.
+pub trait Policy: fmt::Debug + Send + Sync + 'static {
+    /// A short name for logs and snapshots, such as `"error-rate"`.
+    fn name(&self) -> &'static str;
+
+    /// Fresh per-endpoint state for a newly discovered endpoint.
+    fn new_endpoint(&self) -> Box<dyn EndpointPolicy>;
+
+    /// When an endpoint this policy ejected is checked for recovery.
+    fn recovery(&self) -> RecoverySchedule;
+
+    /// How long a passively re-admitted endpoint stays on trial: if it is judged an outlier again
+    /// within this time the failed check counts, otherwise the endpoint has recovered.
+    fn trial_period(&self) -> Duration;
+
+    /// The ejection budget this policy asks for, if it has an opinion. The layer uses the first
+    /// policy's budget unless it is given one explicitly.
+    fn budget(&self) -> Option<Budget> {
+        None
+    }
+}
+
+/// A policy's state for one endpoint.
+pub trait EndpointPolicy: fmt::Debug + Send + Sync + 'static {
+    /// Records one finished call. Called on the hot path: must not lock, allocate or block.
+    fn record(&self, observation: &Observation, now: Nanos) -> Signal;
+
+    /// Judges the endpoint now. Cold path: called when a record signalled, or on a timer.
+    fn judge(&self, now: Nanos) -> Judgement;
+
+    /// The counts this policy's window holds now, for snapshots.
+    fn counts(&self, now: Nanos) -> WindowCounts;
+
+    /// Forgets the recorded history: the endpoint is re-admitted and is judged only on what
+    /// happens from now on.
+    fn reset(&self);
+}
+
+/// What a record asks of the layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// Nothing to do.
+    None,
+    /// A threshold may have been crossed: wake the layer so it judges this endpoint now.
+    Evaluate,
+}
+
+/// A policy's judgement of one endpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Judgement {
+    /// Not an outlier (or not enough data to say).
+    Healthy,
+    /// An outlier that should be ejected.
+    Outlier(Reason),
+}
+
+/// Why a policy judged an endpoint an outlier.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reason {
+    /// The policy's name.
+    pub policy: &'static str,
+    /// What was measured, in words (`"error rate"`).
+    pub measure: &'static str,
+    /// The measured value (for example 0.6).
+    pub value: f64,
+    /// The threshold it was compared with (for example 0.5).
+    pub threshold: f64,
+    /// The window's counts at the time of the judgement.
+    pub counts: WindowCounts,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:.3} > {:.3} ({} of {} calls)",
+            self.measure, self.value, self.threshold, self.counts.failures, self.counts.calls
+        )
+    }
+}
+
+/// What to do when `floor(n × max ratio)` is below one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetFloor {
+    /// Eject none (EDAS: "if the result is less than 1, no instance is removed").
+    Zero,
+    /// Eject one (HSF: "if the result is less than 1, one instance is removed").
+    One,
+}
+
+/// How many endpoints may be ejected at once: `floor(n × max_ratio)`, with [`BudgetFloor`]
+/// deciding the case where that is below one. `n` counts every endpoint the upstream holds.
+///
+/// ```
+/// use tower_outlier_core::{Budget, BudgetFloor};
+///
+/// let edas = Budget::new(0.6, BudgetFloor::Zero).unwrap();
+/// assert_eq!(edas.max_ejected(6), 3); // 6 × 60 % = 3.6 → 3
+/// assert_eq!(Budget::new(0.2, BudgetFloor::Zero).unwrap().max_ejected(4), 0);
+/// assert_eq!(Budget::new(0.2, BudgetFloor::One).unwrap().max_ejected(4), 1);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    max_ratio: f64,
+    floor: BudgetFloor,
+}
+
+impl Budget {
+    /// A budget of `max_ratio` (in `[0, 1]`) of the endpoints.
+    pub fn new(max_ratio: f64, floor: BudgetFloor) -> Result<Self, ConfigError> {
+        Ok(Budget {
+            max_ratio: check_ratio("max_ejection_ratio", max_ratio)?,
+            floor,
+        })
+    }
+
+    /// A budget usable in constants: `None` when `max_ratio` is outside `[0, 1]`.
+    pub const fn const_new(max_ratio: f64, floor: BudgetFloor) -> Option<Self> {
+        if max_ratio >= 0.0 && max_ratio <= 1.0 {
+            Some(Budget { max_ratio, floor })
+        } else {
+            None
+        }
+    }
+
+    /// The configured ratio.
+    pub fn max_ratio(&self) -> f64 {
+        self.max_ratio
+    }
+
+    /// The configured floor rule.
+    pub fn floor(&self) -> BudgetFloor {
+        self.floor
+    }
+
+    /// How many of `endpoints` may be ejected at once (before the last-endpoint rule).
+    pub fn max_ejected(&self, endpoints: usize) -> usize {
+        // The small epsilon keeps 10 × 0.3 (2.9999999999999996 in binary) from flooring to 2.
+        let raw = (endpoints as f64 * self.max_ratio + 1e-9).floor() as usize;
+        if raw == 0 && endpoints > 0 && self.floor == BudgetFloor::One && self.max_ratio > 0.0 {
+            1
+        } else {
+            raw.min(endpoints)
+        }
+    }
+}
+
+/// The linear recovery schedule of EDAS and HSF: the first check one `unit` after ejection, each
+/// failed check one `unit` longer than the last, up to `max_multiple` units, and back to one unit
+/// once the endpoint recovers.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_outlier_core::RecoverySchedule;
+///
+/// let edas = RecoverySchedule::new(Duration::from_secs(30), 20).unwrap();
+/// assert_eq!(edas.delay(0), Duration::from_secs(30));
+/// assert_eq!(edas.delay(1), Duration::from_secs(60));
+/// // After 20 failed checks, every check is 20 × 30 s = 10 min apart.
+/// assert_eq!(edas.delay(20), Duration::from_secs(600));
+/// assert_eq!(edas.delay(1000), Duration::from_secs(600));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecoverySchedule {
+    unit: Duration,
+    max_multiple: u32,
+}
+
+impl RecoverySchedule {
+    /// A schedule of `unit` steps capped at `max_multiple` units. Both must be non-zero.
+    pub fn new(unit: Duration, max_multiple: u32) -> Result<Self, ConfigError> {
+        check_nonzero_duration("recovery_unit", unit)?;
+        if max_multiple == 0 {
+            return Err(ConfigError::new("max_recovery_multiple", 0, "at least 1"));
+        }
+        Ok(RecoverySchedule { unit, max_multiple })
+    }
+
+    /// The recovery unit.
+    pub fn unit(&self) -> Duration {
+        self.unit
+    }
+
+    /// The cap, in units.
+    pub fn max_multiple(&self) -> u32 {
+        self.max_multiple
+    }
+
+    /// The wait before the next check, after `failed_checks` consecutive failed checks.
+    pub fn delay(&self, failed_checks: u32) -> Duration {
+        let multiple = failed_checks.saturating_add(1).min(self.max_multiple);
+        self.unit.saturating_mul(multiple)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_examples_of_the_seeds() {
+        let hsf = Budget::new(0.6, BudgetFloor::One).unwrap();
+        assert_eq!(hsf.max_ejected(6), 3);
+        assert_eq!(
+            Budget::new(0.2, BudgetFloor::One).unwrap().max_ejected(3),
+            1
+        );
+        assert_eq!(
+            Budget::new(0.2, BudgetFloor::Zero).unwrap().max_ejected(3),
+            0
+        );
+        assert_eq!(
+            Budget::new(0.3, BudgetFloor::Zero).unwrap().max_ejected(10),
+            3
+        );
+        assert_eq!(
+            Budget::new(1.0, BudgetFloor::Zero).unwrap().max_ejected(5),
+            5
+        );
+        assert_eq!(
+            Budget::new(0.0, BudgetFloor::One).unwrap().max_ejected(5),
+            0
+        );
+        assert_eq!(
+            Budget::new(0.5, BudgetFloor::One).unwrap().max_ejected(0),
+            0
+        );
+        assert!(Budget::new(1.5, BudgetFloor::One).is_err());
+        assert!(Budget::new(f64::NAN, BudgetFloor::One).is_err());
+    }
+
+    #[test]
+    fn hsf_schedule_caps_at_sixty_minutes() {
+        let hsf = RecoverySchedule::new(Duration::from_secs(60), 60).unwrap();
+        assert_eq!(hsf.delay(59), Duration::from_secs(3600));
+        assert_eq!(hsf.delay(60), Duration::from_secs(3600));
+        assert_eq!(hsf.delay(u32::MAX), Duration::from_secs(3600));
+        assert!(RecoverySchedule::new(Duration::ZERO, 1).is_err());
+        assert!(RecoverySchedule::new(Duration::from_secs(1), 0).is_err());
+    }
+}

@@ -1,0 +1,202 @@
+//! The per-endpoint record every clone of an endpoint and every response future share.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::Waker;
+use std::time::Duration;
+
+use futures::task::AtomicWaker;
+
+use crate::clock::{duration_to_nanos, Clock, Nanos};
+use crate::outcome::{Observation, Outcome};
+use crate::policy::{EndpointPolicy, Judgement, Reason, Signal};
+
+/// Wakes the task that drives a layer when any endpoint's record signals.
+///
+/// One per layer instance. Records set the dirty flag and wake; the layer registers its waker
+/// before it checks the flag, so a signal is never missed and no poll spins.
+#[derive(Default)]
+pub struct Notifier {
+    dirty: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Notifier {
+    /// A notifier with nothing pending.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Marks work pending and wakes the registered task.
+    pub fn notify(&self) {
+        self.dirty.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Registers the task to wake on the next [`notify`](Self::notify).
+    pub fn register(&self, waker: &Waker) {
+        self.waker.register(waker);
+    }
+
+    /// Takes the pending mark: true once per burst of notifications.
+    pub fn take(&self) -> bool {
+        // Checking first keeps the idle poll to a plain load.
+        self.dirty.load(Ordering::Acquire) && self.dirty.swap(false, Ordering::AcqRel)
+    }
+}
+
+impl fmt::Debug for Notifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Notifier")
+            .field("dirty", &self.dirty.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// How fast an idle endpoint's latency estimate decays toward zero (the time constant of
+/// `exp(-idle / τ)`), as in tower's peak-EWMA.
+pub const RTT_DECAY: Duration = Duration::from_secs(10);
+
+/// The latency estimate of an endpoint that has answered nothing yet.
+pub const DEFAULT_RTT: Duration = Duration::from_millis(1);
+
+/// Everything the layer knows about one endpoint: its policies' state, its latency estimate and
+/// its relative weight.
+///
+/// Shared through an `Arc` by the endpoint service, its clones and its in-flight response
+/// futures. Recording ([`observe`](Self::observe)) takes no lock and allocates nothing.
+pub struct EndpointRecord {
+    clock: Clock,
+    policies: Box<[Box<dyn EndpointPolicy>]>,
+    // Peak-sensitive EWMA of latencies, in nanoseconds, and when it last took a sample.
+    rtt_nanos: AtomicU64,
+    last_sample: AtomicU64,
+    // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
+    weight: AtomicU64,
+    flagged: AtomicBool,
+    notifier: Arc<Notifier>,
+}
+
+impl EndpointRecord {
+    /// A fresh record with one state per policy, reporting to `notifier`.
+    pub fn new(
+        clock: Clock,
+        policies: Box<[Box<dyn EndpointPolicy>]>,
+        notifier: Arc<Notifier>,
+    ) -> Self {
+        let now = clock.now();
+        EndpointRecord {
+            clock,
+            policies,
+            rtt_nanos: AtomicU64::new(duration_to_nanos(DEFAULT_RTT)),
+            last_sample: AtomicU64::new(now),
+            weight: AtomicU64::new(1.0f64.to_bits()),
+            flagged: AtomicBool::new(false),
+            notifier,
+        }
+    }
+
+    /// The clock timestamps come from.
+    #[inline]
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The per-policy states, in the layer's policy order.
+    pub fn policies(&self) -> &[Box<dyn EndpointPolicy>] {
+        &self.policies
+    }
+
+    /// Records one finished call that ended at `now`. Lock-free and allocation-free.
+    ///
+    /// Cancelled calls are ignored: they count as neither success nor failure.
+    #[inline]
+    pub fn observe(&self, observation: &Observation, now: Nanos) {
+        if observation.outcome == Outcome::Cancelled {
+            return;
+        }
+        self.sample_rtt(duration_to_nanos(observation.latency), now);
+        let mut signal = false;
+        for policy in self.policies.iter() {
+            signal |= policy.record(observation, now) == Signal::Evaluate;
+        }
+        if signal
+            && !self.flagged.load(Ordering::Relaxed)
+            && !self.flagged.swap(true, Ordering::AcqRel)
+        {
+            self.notifier.notify();
+        }
+    }
+
+    #[inline]
+    fn sample_rtt(&self, rtt: u64, now: Nanos) {
+        // A racing sample may overwrite this one; for a load estimate that is harmless and it
+        // keeps the hot path free of compare-and-swap loops.
+        let old = self.rtt_nanos.load(Ordering::Relaxed);
+        let next = if rtt >= old {
+            rtt
+        } else {
+            old - (old - rtt) / 8
+        };
+        self.rtt_nanos.store(next, Ordering::Relaxed);
+        self.last_sample.store(now, Ordering::Relaxed);
+    }
+
+    /// The latency estimate at `now`, in nanoseconds: the peak-sensitive EWMA of observed
+    /// latencies, decayed toward zero by `exp(-idle / 10 s)` while the endpoint is idle.
+    pub fn rtt_estimate(&self, now: Nanos) -> f64 {
+        let rtt = self.rtt_nanos.load(Ordering::Relaxed) as f64;
+        let idle = now.saturating_sub(self.last_sample.load(Ordering::Relaxed)) as f64;
+        rtt * (-idle / RTT_DECAY.as_nanos() as f64).exp()
+    }
+
+    /// The weight relative to the endpoint's original weight (1.0 until a weight policy sets it).
+    pub fn weight(&self) -> f64 {
+        f64::from_bits(self.weight.load(Ordering::Relaxed))
+    }
+
+    /// Sets the relative weight. Negative and non-numeric weights are stored as 0.
+    pub fn set_weight(&self, weight: f64) {
+        let weight = if weight.is_finite() && weight > 0.0 {
+            weight
+        } else {
+            0.0
+        };
+        self.weight.store(weight.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Clears the signal mark and says whether it was set.
+    pub fn take_flag(&self) -> bool {
+        self.flagged.swap(false, Ordering::AcqRel)
+    }
+
+    /// The first policy that judges this endpoint an outlier, with its reason.
+    pub fn judge(&self, now: Nanos) -> Option<(usize, Reason)> {
+        self.policies
+            .iter()
+            .enumerate()
+            .find_map(|(index, policy)| match policy.judge(now) {
+                Judgement::Outlier(reason) => Some((index, reason)),
+                Judgement::Healthy => None,
+            })
+    }
+
+    /// Forgets every policy's history (the endpoint is re-admitted).
+    pub fn reset(&self) {
+        for policy in self.policies.iter() {
+            policy.reset();
+        }
+        self.flagged.store(false, Ordering::Release);
+    }
+}
+
+impl fmt::Debug for EndpointRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EndpointRecord")
+            .field("policies", &self.policies)
+            .field("rtt_nanos", &self.rtt_nanos.load(Ordering::Relaxed))
+            .field("weight", &self.weight())
+            .finish_non_exhaustive()
+    }
+}

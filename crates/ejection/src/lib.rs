@@ -1,0 +1,33 @@
+//! Error-rate outlier ejection with the semantics of Alibaba EDAS and HSF "outlier instance
+//! removal".
+//!
+//! * An endpoint is judged only once its window holds at least the minimum number of calls.
+//! * It is an outlier when its error rate in the window is **strictly greater** than the threshold
+//!   (6 failures in 10 calls at 50 % is ejected, 5 in 10 is not).
+//! * At most `floor(n × max ratio)` endpoints are ejected at once; when that is below one, EDAS
+//!   ejects none and HSF one ([`BudgetFloor`](tower_outlier_core::BudgetFloor)).
+//! * The last available endpoint is never ejected (the layer enforces this for every policy).
+//! * Recovery is checked one unit after ejection, each failed check one unit later than the last,
+//!   capped at the max multiple; recovery resets the interval to one unit.
+//!
+//! Presets: [`ErrorRateConfig::hsf`], [`ErrorRateConfig::edas_spring_cloud`],
+//! [`ErrorRateConfig::edas_dubbo_2_7`]. HSF's configuration-center JSON is read by
+//! [`HsfQosConfig`].
+//!
+//! ```
+//! use tower_outlier_ejection::{ErrorRateConfig, ErrorRatePolicy};
+//!
+//! let policy = ErrorRatePolicy::new(ErrorRateConfig::edas_spring_cloud().build()?);
+//! # Ok::<(), tower_outlier_core::ConfigError>(())
+//! ```
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod config;
+mod hsf;
+mod policy;
+
+pub use config::{ErrorRateBuilder, ErrorRateConfig};
+pub use hsf::{HsfConfigError, HsfQosConfig};
+pub use policy::{ErrorRateEndpoint, ErrorRatePolicy};

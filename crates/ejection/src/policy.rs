@@ -1,0 +1,143 @@
+//! The error-rate policy and its per-endpoint state.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_outlier_core::{
+    Budget, EndpointPolicy, Judgement, Nanos, Observation, Policy, Reason, RecoverySchedule,
+    Signal, Window, WindowCounts,
+};
+
+use crate::config::ErrorRateConfig;
+
+/// Error-rate ejection (EDAS / HSF): an endpoint whose error rate over the window is strictly
+/// greater than the threshold, once the window holds the minimum number of calls, is an outlier.
+///
+/// ```
+/// use tower_outlier_core::Policy;
+/// use tower_outlier_ejection::{ErrorRateConfig, ErrorRatePolicy};
+///
+/// let policy = ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap());
+/// assert_eq!(policy.name(), "error-rate");
+/// ```
+#[derive(Clone, Debug)]
+pub struct ErrorRatePolicy {
+    config: Arc<ErrorRateConfig>,
+}
+
+impl ErrorRatePolicy {
+    /// The policy for a validated configuration.
+    pub fn new(config: ErrorRateConfig) -> Self {
+        ErrorRatePolicy {
+            config: Arc::new(config),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ErrorRateConfig {
+        &self.config
+    }
+
+    /// The state of one endpoint, on its own (the layer calls [`Policy::new_endpoint`]).
+    pub fn endpoint(&self) -> ErrorRateEndpoint {
+        ErrorRateEndpoint {
+            window: Window::new(self.config.window, self.config.buckets)
+                .expect("the configuration validated the window"),
+            config: self.config.clone(),
+            suspect: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Policy for ErrorRatePolicy {
+    fn name(&self) -> &'static str {
+        "error-rate"
+    }
+
+    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
+        Box::new(self.endpoint())
+    }
+
+    fn recovery(&self) -> RecoverySchedule {
+        self.config.recovery
+    }
+
+    fn trial_period(&self) -> Duration {
+        self.config.window
+    }
+
+    fn budget(&self) -> Option<Budget> {
+        Some(self.config.budget)
+    }
+}
+
+/// One endpoint's error-rate window.
+#[derive(Debug)]
+pub struct ErrorRateEndpoint {
+    config: Arc<ErrorRateConfig>,
+    window: Window,
+    // Set when the rate is above the threshold but the window is short of the minimum: the next
+    // success may complete the minimum, so it must look at the window too.
+    suspect: AtomicBool,
+}
+
+impl ErrorRateEndpoint {
+    fn outlier(&self, counts: WindowCounts) -> bool {
+        counts.calls >= self.config.min_calls && counts.failure_rate() > self.config.threshold
+    }
+}
+
+impl EndpointPolicy for ErrorRateEndpoint {
+    #[inline]
+    fn record(&self, observation: &Observation, now: Nanos) -> Signal {
+        if !self.config.enabled {
+            return Signal::None;
+        }
+        let failed = observation.outcome.is_failure();
+        self.window.record(now, failed, false);
+        // A success lowers the rate, so it can only cross the threshold by completing the
+        // minimum; checking the window on failures and on suspect successes is enough.
+        if !failed && !self.suspect.load(Ordering::Relaxed) {
+            return Signal::None;
+        }
+        let counts = self.window.counts(now);
+        if counts.calls < self.config.min_calls {
+            self.suspect.store(
+                counts.failure_rate() > self.config.threshold,
+                Ordering::Relaxed,
+            );
+            return Signal::None;
+        }
+        self.suspect.store(false, Ordering::Relaxed);
+        if self.outlier(counts) {
+            Signal::Evaluate
+        } else {
+            Signal::None
+        }
+    }
+
+    fn judge(&self, now: Nanos) -> Judgement {
+        let counts = self.window.counts(now);
+        if self.config.enabled && self.outlier(counts) {
+            Judgement::Outlier(Reason {
+                policy: "error-rate",
+                measure: "error rate",
+                value: counts.failure_rate(),
+                threshold: self.config.threshold,
+                counts,
+            })
+        } else {
+            Judgement::Healthy
+        }
+    }
+
+    fn counts(&self, now: Nanos) -> WindowCounts {
+        self.window.counts(now)
+    }
+
+    fn reset(&self) {
+        self.window.clear();
+        self.suspect.store(false, Ordering::Relaxed);
+    }
+}

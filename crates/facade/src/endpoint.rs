@@ -1,0 +1,217 @@
+//! The endpoint service: wraps one discovered service, records its outcomes and reports its load.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower::load::Load;
+use tower_outlier_core::{Classify, EndpointRecord};
+use tower_service::Service;
+
+use crate::future::ResponseFuture;
+
+/// What the endpoint, its clones and its response futures share.
+pub(crate) struct Shared<C> {
+    pub(crate) record: EndpointRecord,
+    pub(crate) classifier: C,
+    // How many `Endpoint` values hold this record. Every other strong reference is an in-flight
+    // response future, so the in-flight count is derived instead of counted twice per call.
+    holders: AtomicUsize,
+}
+
+impl<C> Shared<C> {
+    pub(crate) fn new(record: EndpointRecord, classifier: C) -> Arc<Self> {
+        Arc::new(Shared {
+            record,
+            classifier,
+            holders: AtomicUsize::new(0),
+        })
+    }
+}
+
+/// Lets the monitor read records without knowing the classifier type.
+pub(crate) trait HasRecord: Send + Sync {
+    fn record(&self) -> &EndpointRecord;
+    fn in_flight(self: Arc<Self>) -> usize;
+}
+
+impl<C: Send + Sync> HasRecord for Shared<C> {
+    fn record(&self) -> &EndpointRecord {
+        &self.record
+    }
+
+    fn in_flight(self: Arc<Self>) -> usize {
+        // Minus the reference this call itself holds.
+        in_flight(&self).saturating_sub(1)
+    }
+}
+
+fn in_flight<C>(shared: &Arc<Shared<C>>) -> usize {
+    Arc::strong_count(shared).saturating_sub(shared.holders.load(Ordering::Relaxed))
+}
+
+/// One holder's reference; cloning and dropping it keeps `holders` exact.
+struct Holder<C>(Arc<Shared<C>>);
+
+impl<C> Holder<C> {
+    fn new(shared: Arc<Shared<C>>) -> Self {
+        shared.holders.fetch_add(1, Ordering::Relaxed);
+        Holder(shared)
+    }
+}
+
+impl<C> Clone for Holder<C> {
+    fn clone(&self) -> Self {
+        Holder::new(self.0.clone())
+    }
+}
+
+impl<C> Drop for Holder<C> {
+    fn drop(&mut self) {
+        self.0.holders.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A discovered service wrapped by the outlier-detection layer.
+///
+/// Every call is timed and, when its response future completes, classified and recorded in the
+/// endpoint's shared [`EndpointRecord`] (lock-free). A response future dropped before completion
+/// counts as cancelled: neither success nor failure.
+///
+/// `Endpoint` implements [`tower::load::Load`] with a peak-EWMA-style [`Cost`]: the latency
+/// estimate (a peak-sensitive moving average of the latencies it measures, decaying toward zero
+/// while idle), times the requests in flight plus one, divided by the endpoint's relative weight.
+///
+/// Clones share the record, so all of them (and the copy the layer keeps for re-admission) count
+/// the same calls.
+///
+/// ```
+/// use tower::{service_fn, Service, ServiceExt};
+/// use tower::load::Load;
+/// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
+/// let mut endpoint = layer.endpoint(service_fn(|x: u32| async move {
+///     Ok::<_, std::io::Error>(x + 1)
+/// }));
+/// assert_eq!(endpoint.ready().await?.call(1).await?, 2);
+/// assert!(endpoint.load().value() > 0.0);
+/// # Ok(()) }
+/// ```
+pub struct Endpoint<S, C> {
+    inner: S,
+    holder: Holder<C>,
+}
+
+impl<S, C> Endpoint<S, C> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<C>>) -> Self {
+        Endpoint {
+            inner,
+            holder: Holder::new(shared),
+        }
+    }
+
+    /// The same endpoint record around another service (an upstream replacement).
+    pub(crate) fn with_service(&self, inner: S) -> Self {
+        Endpoint {
+            inner,
+            holder: self.holder.clone(),
+        }
+    }
+
+    /// The endpoint's record: its policies' windows, latency estimate and weight.
+    pub fn record(&self) -> &EndpointRecord {
+        &self.holder.0.record
+    }
+
+    /// Requests sent through this endpoint (or its clones) whose response futures are still alive.
+    pub fn in_flight(&self) -> usize {
+        in_flight(&self.holder.0)
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, C> Clone for Endpoint<S, C> {
+    fn clone(&self) -> Self {
+        Endpoint {
+            inner: self.inner.clone(),
+            holder: self.holder.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for Endpoint<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("inner", &self.inner)
+            .field("record", self.record())
+            .finish()
+    }
+}
+
+impl<S, C, Req> Service<Req> for Endpoint<S, C>
+where
+    S: Service<Req>,
+    C: Classify<S::Response, S::Error>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, C>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, request: Req) -> Self::Future {
+        let start = self.record().clock().now();
+        ResponseFuture::new(self.inner.call(request), self.holder.0.clone(), start)
+    }
+}
+
+/// The load of an [`Endpoint`]: latency estimate (ns) × (in-flight + 1) ÷ relative weight.
+///
+/// Lower is better. A weight of zero makes the cost infinite, so such an endpoint never wins a
+/// power-of-two-choices pair against one with a finite cost.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub struct Cost(f64);
+
+impl Cost {
+    /// The cost as a number.
+    pub fn value(&self) -> f64 {
+        self.0
+    }
+}
+
+impl<S, C> Load for Endpoint<S, C> {
+    type Metric = Cost;
+
+    fn load(&self) -> Cost {
+        let record = self.record();
+        let weight = record.weight();
+        if weight <= 0.0 {
+            return Cost(f64::INFINITY);
+        }
+        let rtt = record.rtt_estimate(record.clock().now());
+        let pending = self.in_flight() as f64 + 1.0;
+        Cost(rtt * pending / weight)
+    }
+}

@@ -1,0 +1,211 @@
+//! The layer users configure.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tower_layer::Layer;
+use tower_outlier_core::{
+    Budget, BudgetFloor, Clock, EndpointRecord, NetworkErrors, Notifier, Policy,
+};
+
+use crate::discover::{OutlierDetection, Settings};
+use crate::endpoint::{Endpoint, Shared};
+use crate::monitor::Monitor;
+use crate::probe::PassiveTrial;
+
+/// Client-side outlier detection for a `tower::discover` stream.
+///
+/// Wraps a discover stream of services; the result is itself a discover stream, of
+/// [`Endpoint`]s, minus the endpoints the policies eject. Feed it to
+/// `tower::balance::p2c::Balance` (usually behind `tower::buffer::Buffer`).
+///
+/// * `C` classifies results ([`NetworkErrors`] by default; see
+///   [`classify`](crate::classify) for the others).
+/// * `P` checks ejected endpoints ([`PassiveTrial`] by default; see [`probe`](crate::probe)).
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tower::balance::p2c::Balance;
+/// use tower::discover::ServiceList;
+/// use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
+/// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower::BoxError> {
+/// let endpoints = (0..3).map(|i| service_fn(move |_req: ()| async move { Ok::<_, Infallible>(i) }));
+/// let outliers = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+///     ErrorRateConfig::edas_spring_cloud().error_rate_threshold(0.5).build()?,
+/// ));
+/// let monitor = outliers.monitor();
+/// let balancer = ServiceBuilder::new()
+///     .layer_fn(Balance::new)
+///     .layer(outliers)
+///     .service(ServiceList::new(endpoints));
+/// let answer = balancer.oneshot(()).await?;
+/// assert!(answer < 3);
+/// assert_eq!(monitor.snapshot().endpoints.len(), 3);
+/// # Ok(()) }
+/// ```
+pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
+    policies: Vec<Arc<dyn Policy>>,
+    budget: Option<Budget>,
+    clock: Clock,
+    classifier: C,
+    probe: P,
+    monitor: Monitor,
+}
+
+impl OutlierDetectionLayer {
+    /// A layer running `policy`, classifying with [`NetworkErrors`] and recovering by passive
+    /// trial. The ejection budget is the policy's.
+    pub fn new(policy: impl Policy) -> Self {
+        let policies: Vec<Arc<dyn Policy>> = vec![Arc::new(policy)];
+        OutlierDetectionLayer {
+            monitor: Monitor::new(names(&policies)),
+            policies,
+            budget: None,
+            clock: Clock::tokio(),
+            classifier: NetworkErrors,
+            probe: PassiveTrial,
+        }
+    }
+}
+
+fn names(policies: &[Arc<dyn Policy>]) -> Arc<[&'static str]> {
+    policies.iter().map(|p| p.name()).collect()
+}
+
+impl<C, P> OutlierDetectionLayer<C, P> {
+    /// Adds another policy. All policies judge every endpoint; the first that calls it an
+    /// outlier ejects it, and all ejections spend from the one budget.
+    ///
+    /// The layer's monitor is replaced (it names the policies), so take
+    /// [`monitor`](Self::monitor) after adding policies.
+    pub fn with_policy(mut self, policy: impl Policy) -> Self {
+        self.policies.push(Arc::new(policy));
+        self.monitor = Monitor::new(names(&self.policies));
+        self
+    }
+
+    /// Sets the shared ejection budget (by default the first policy's that has one, else 20 % with
+    /// at least one).
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Sets the clock calls are timed with (default [`Clock::tokio`]; [`Clock::tsc`] is cheaper
+    /// per call but ignores tokio's paused clock).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Sets the classifier deciding which results count as failures.
+    pub fn classifier<C2>(self, classifier: C2) -> OutlierDetectionLayer<C2, P> {
+        OutlierDetectionLayer {
+            policies: self.policies,
+            budget: self.budget,
+            clock: self.clock,
+            classifier,
+            probe: self.probe,
+            monitor: self.monitor,
+        }
+    }
+
+    /// Sets how ejected endpoints are checked for recovery (an active probe instead of the
+    /// passive trial).
+    pub fn probe<P2>(self, probe: P2) -> OutlierDetectionLayer<C, P2> {
+        OutlierDetectionLayer {
+            policies: self.policies,
+            budget: self.budget,
+            clock: self.clock,
+            classifier: self.classifier,
+            probe,
+            monitor: self.monitor,
+        }
+    }
+
+    /// A handle for reading per-endpoint state. Every adaptor this layer builds reports to it.
+    pub fn monitor(&self) -> Monitor {
+        self.monitor.clone()
+    }
+
+    fn settings(&self) -> Settings {
+        let budget = self.budget.unwrap_or_else(|| {
+            self.policies
+                .iter()
+                .find_map(|p| p.budget())
+                .unwrap_or(DEFAULT_BUDGET)
+        });
+        Settings {
+            policies: self.policies.iter().cloned().collect(),
+            budget,
+            clock: self.clock.clone(),
+        }
+    }
+
+    /// Wraps one service as an endpoint tracked by no adaptor: its calls are recorded and it
+    /// reports its [`Load`](tower::load::Load), but nothing ejects it. For custom balancers and
+    /// benchmarks.
+    pub fn endpoint<S>(&self, service: S) -> Endpoint<S, C>
+    where
+        C: Clone,
+    {
+        let record = EndpointRecord::new(
+            self.clock.clone(),
+            self.policies.iter().map(|p| p.new_endpoint()).collect(),
+            Arc::new(Notifier::new()),
+        );
+        Endpoint::new(service, Shared::new(record, self.classifier.clone()))
+    }
+}
+
+const DEFAULT_BUDGET: Budget = match Budget::const_new(0.2, BudgetFloor::One) {
+    Some(b) => b,
+    None => unreachable!(),
+};
+
+impl<D, C, P> Layer<D> for OutlierDetectionLayer<C, P>
+where
+    D: tower::discover::Discover,
+    C: Clone,
+    P: Clone,
+{
+    type Service = OutlierDetection<D, C, P>;
+
+    fn layer(&self, discover: D) -> Self::Service {
+        OutlierDetection::new(
+            discover,
+            Arc::new(self.settings()),
+            self.classifier.clone(),
+            self.probe.clone(),
+            self.monitor.registry().clone(),
+        )
+    }
+}
+
+impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
+    fn clone(&self) -> Self {
+        OutlierDetectionLayer {
+            policies: self.policies.clone(),
+            budget: self.budget,
+            clock: self.clock.clone(),
+            classifier: self.classifier.clone(),
+            probe: self.probe.clone(),
+            monitor: self.monitor.clone(),
+        }
+    }
+}
+
+impl<C: fmt::Debug, P: fmt::Debug> fmt::Debug for OutlierDetectionLayer<C, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutlierDetectionLayer")
+            .field("policies", &self.policies)
+            .field("budget", &self.budget)
+            .field("clock", &self.clock)
+            .field("classifier", &self.classifier)
+            .field("probe", &self.probe)
+            .finish()
+    }
+}

@@ -1,0 +1,68 @@
+//! Client-side outlier detection for [tower](https://docs.rs/tower): find the endpoints of a
+//! load-balanced set that fail, take them out of rotation, check them, and bring them back.
+//!
+//! [`OutlierDetectionLayer`] wraps a `tower::discover` stream. Each discovered service becomes an
+//! [`Endpoint`] whose response futures classify and record every call (lock-free, with its
+//! latency); the layer's output is a discover stream without the ejected endpoints, ready for
+//! `tower::balance::p2c::Balance`. [`Endpoint`] implements `tower::load::Load`, so p2c prefers
+//! fast, idle endpoints.
+//!
+//! Policies (each its own crate, re-exported behind a feature):
+//! * `ejection` (default): error-rate ejection with EDAS / HSF semantics —
+//!   [`ErrorRatePolicy`], [`ErrorRateConfig`], [`HsfQosConfig`].
+//!
+//! What counts as a failure is the classifier's choice ([`NetworkErrors`], [`ServerErrors`],
+//! [`classify::predicate`], [`classify::classify_fn`]); how an ejected endpoint is checked is the
+//! probe's ([`probe::PassiveTrial`], [`probe::request_probe`], [`probe::probe_fn`]). A
+//! [`Monitor`] shows what the layer decided.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use tower::balance::p2c::Balance;
+//! use tower::discover::ServiceList;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower::BoxError> {
+//! let services = (0..4).map(|i| service_fn(move |_: ()| async move { Ok::<_, Infallible>(i) }));
+//! let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
+//! let balancer = Balance::new(layer.layer(ServiceList::new(services)));
+//! let answer = balancer.oneshot(()).await?;
+//! assert!(answer < 4);
+//! # Ok(()) }
+//! ```
+//!
+//! Invariants the layer keeps: the last available endpoint is never ejected; ejections never
+//! exceed the budget; no request is routed to an ejected endpoint; idle means `Pending` with a
+//! timer or waker registered; recording takes no lock and allocates nothing; the upstream is
+//! authoritative; time comes from tokio (or the [`Clock`] you choose); bad configuration is a
+//! [`ConfigError`].
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod discover;
+mod endpoint;
+mod future;
+mod layer;
+mod monitor;
+pub mod probe;
+
+pub use discover::OutlierDetection;
+pub use endpoint::{Cost, Endpoint};
+pub use future::ResponseFuture;
+pub use layer::OutlierDetectionLayer;
+pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, PolicyWindow, Snapshot};
+
+pub use tower_outlier_core::{
+    classify, Budget, BudgetFloor, Classify, Clock, ConfigError, EndpointPolicy, EndpointRecord,
+    FailureKind, Judgement, NetworkErrors, Observation, Outcome, Policy, Reason, RecoverySchedule,
+    ServerErrors, Signal, Window, WindowCounts,
+};
+
+#[cfg(feature = "ejection")]
+pub use tower_outlier_ejection::{
+    ErrorRateBuilder, ErrorRateConfig, ErrorRateEndpoint, ErrorRatePolicy, HsfConfigError,
+    HsfQosConfig,
+};

@@ -1,0 +1,215 @@
+//! Reading what the layer decided: per-endpoint status, window counts and next check.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_outlier_core::{Reason, WindowCounts};
+
+use crate::endpoint::HasRecord;
+
+/// Where an endpoint stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EndpointStatus {
+    /// In the balancer's set, serving requests.
+    Available,
+    /// Re-admitted for a passive trial: serving requests and judged only on what happened since
+    /// re-admission; ejected again with a longer interval if it breaches before the trial ends.
+    Trial,
+    /// Out of the balancer's set, waiting for its next recovery check.
+    Ejected,
+    /// Out of the balancer's set while an active probe is in flight.
+    Probing,
+}
+
+impl EndpointStatus {
+    /// Whether the balancer may send requests to the endpoint.
+    pub fn is_available(&self) -> bool {
+        matches!(self, EndpointStatus::Available | EndpointStatus::Trial)
+    }
+}
+
+/// One policy's window, as a snapshot shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyWindow {
+    /// The policy's name.
+    pub policy: &'static str,
+    /// The counts in its window now.
+    pub counts: WindowCounts,
+}
+
+/// The state of one endpoint at the time of a [`Monitor::snapshot`].
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct EndpointSnapshot {
+    /// The endpoint's discover key, as `Debug` prints it.
+    pub key: String,
+    /// Available, on trial, ejected or probing.
+    pub status: EndpointStatus,
+    /// Each policy's window, in the layer's policy order.
+    pub windows: Vec<PolicyWindow>,
+    /// The first policy's failure rate (`failures / calls`, 0 with no calls).
+    pub error_rate: f64,
+    /// Time until the next recovery check (ejected) or the end of the trial (on trial).
+    pub next_check_in: Option<Duration>,
+    /// Consecutive failed recovery checks; the next interval is this plus one units, capped.
+    pub failed_checks: u32,
+    /// Why the endpoint was last ejected, if it ever was.
+    pub last_reason: Option<Reason>,
+    /// Requests in flight.
+    pub in_flight: usize,
+    /// Relative weight (1.0 = the endpoint's original weight).
+    pub weight: f64,
+}
+
+/// All endpoints of a layer, sorted by key.
+#[derive(Clone, Debug, PartialEq, Default)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// One entry per endpoint the upstream currently holds.
+    pub endpoints: Vec<EndpointSnapshot>,
+}
+
+impl Snapshot {
+    /// The endpoint whose key prints as `key`.
+    pub fn get(&self, key: &str) -> Option<&EndpointSnapshot> {
+        self.endpoints.iter().find(|e| e.key == key)
+    }
+
+    /// How many endpoints are out of the balancer's set (ejected or probing).
+    pub fn ejected(&self) -> usize {
+        self.endpoints
+            .iter()
+            .filter(|e| !e.status.is_available())
+            .count()
+    }
+}
+
+/// A handle for reading the layer's decisions: the seeds' "verify the result" step.
+///
+/// Cheap to clone. Every adaptor the layer builds reports to the same monitor.
+///
+/// ```
+/// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+///
+/// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap()));
+/// let monitor = layer.monitor();
+/// // ... build the balancer with `layer` ...
+/// for endpoint in monitor.snapshot().endpoints {
+///     println!("{} {:?} error rate {:.2}", endpoint.key, endpoint.status, endpoint.error_rate);
+/// }
+/// ```
+#[derive(Clone)]
+pub struct Monitor {
+    registry: Arc<Registry>,
+}
+
+pub(crate) struct Registry {
+    next_id: AtomicU64,
+    policies: Arc<[&'static str]>,
+    entries: Mutex<HashMap<u64, Tracked>>,
+}
+
+pub(crate) struct Tracked {
+    pub(crate) key: String,
+    pub(crate) record: Weak<dyn HasRecord>,
+    pub(crate) status: EndpointStatus,
+    pub(crate) next_check: Option<Instant>,
+    pub(crate) failed_checks: u32,
+    pub(crate) last_reason: Option<Reason>,
+}
+
+impl Monitor {
+    pub(crate) fn new(policies: Arc<[&'static str]>) -> Self {
+        Monitor {
+            registry: Arc::new(Registry {
+                next_id: AtomicU64::new(0),
+                policies,
+                entries: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The current state of every endpoint.
+    pub fn snapshot(&self) -> Snapshot {
+        let now = Instant::now();
+        let entries = self.registry.lock();
+        let mut endpoints: Vec<EndpointSnapshot> = entries
+            .values()
+            .filter_map(|tracked| {
+                let shared = tracked.record.upgrade()?;
+                let record = shared.record();
+                let at = record.clock().now();
+                let windows: Vec<PolicyWindow> = record
+                    .policies()
+                    .iter()
+                    .zip(self.registry.policies.iter())
+                    .map(|(policy, name)| PolicyWindow {
+                        policy: name,
+                        counts: policy.counts(at),
+                    })
+                    .collect();
+                Some(EndpointSnapshot {
+                    key: tracked.key.clone(),
+                    status: tracked.status,
+                    error_rate: windows.first().map_or(0.0, |w| w.counts.failure_rate()),
+                    windows,
+                    next_check_in: tracked
+                        .next_check
+                        .map(|at| at.saturating_duration_since(now)),
+                    failed_checks: tracked.failed_checks,
+                    last_reason: tracked.last_reason.clone(),
+                    weight: record.weight(),
+                    in_flight: shared.in_flight(),
+                })
+            })
+            .collect();
+        endpoints.sort_by(|a, b| a.key.cmp(&b.key));
+        Snapshot { endpoints }
+    }
+
+    /// How many endpoints the layer tracks (every adaptor it built, all keys the upstreams hold).
+    pub fn tracked(&self) -> usize {
+        self.registry.lock().len()
+    }
+}
+
+impl Registry {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<u64, Tracked>> {
+        // Nothing run under this lock can leave the map half-updated, so a poisoned lock is safe
+        // to keep using.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn insert(&self, tracked: Tracked) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, tracked);
+        id
+    }
+
+    pub(crate) fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    pub(crate) fn update(&self, id: u64, f: impl FnOnce(&mut Tracked)) {
+        if let Some(tracked) = self.lock().get_mut(&id) {
+            f(tracked);
+        }
+    }
+}
+
+impl fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Monitor")
+            .field("tracked", &self.tracked())
+            .finish()
+    }
+}
