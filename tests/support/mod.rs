@@ -1,0 +1,189 @@
+//! Test support: a switchable backend service and a harness that drives the discover adaptor the
+//! way a balancer does, on tokio's paused clock.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::channel::mpsc;
+use futures::Stream;
+use tower::discover::Change;
+use tower::{Service, ServiceExt};
+use tower_outlier::probe::Probe;
+use tower_outlier::{Endpoint, NetworkErrors, OutlierDetection, OutlierDetectionLayer};
+
+/// A backend that answers its id, or fails with a transport error while `failing` is set.
+#[derive(Clone, Debug)]
+pub struct Backend {
+    pub id: usize,
+    pub failing: Arc<AtomicBool>,
+    pub calls: Arc<AtomicUsize>,
+}
+
+impl Backend {
+    pub fn new(id: usize) -> Self {
+        Backend {
+            id,
+            failing: Arc::new(AtomicBool::new(false)),
+            calls: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    pub fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, Ordering::SeqCst);
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Service<()> for Backend {
+    type Response = usize;
+    type Error = io::Error;
+    type Future = Ready<Result<usize, io::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: ()) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.failing.load(Ordering::SeqCst) {
+            ready(Err(io::Error::from(io::ErrorKind::ConnectionRefused)))
+        } else {
+            ready(Ok(self.id))
+        }
+    }
+}
+
+pub type Upstream = mpsc::UnboundedReceiver<Result<Change<usize, Backend>, Infallible>>;
+
+/// What the adaptor yielded, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    Insert(usize),
+    Remove(usize),
+}
+
+/// Drives an adaptor like a balancer would: applies every change it yields to a live set.
+pub struct Harness<P> {
+    pub tx: mpsc::UnboundedSender<Result<Change<usize, Backend>, Infallible>>,
+    pub adaptor: OutlierDetection<Upstream, NetworkErrors, P>,
+    pub live: HashMap<usize, Endpoint<Backend, NetworkErrors>>,
+    pub backends: HashMap<usize, Backend>,
+    pub seen: Vec<(tokio::time::Instant, Seen)>,
+    pub ended: bool,
+}
+
+impl<P: Probe<usize, Backend> + Clone> Harness<P> {
+    pub fn new(layer: &OutlierDetectionLayer<NetworkErrors, P>, endpoints: usize) -> Self {
+        let (tx, rx) = mpsc::unbounded();
+        let adaptor = tower::Layer::layer(layer, rx);
+        let mut harness = Harness {
+            tx,
+            adaptor,
+            live: HashMap::new(),
+            backends: HashMap::new(),
+            seen: Vec::new(),
+            ended: false,
+        };
+        for id in 0..endpoints {
+            harness.insert(id);
+        }
+        harness.sync();
+        harness
+    }
+
+    pub fn insert(&mut self, id: usize) {
+        let backend = self
+            .backends
+            .entry(id)
+            .or_insert_with(|| Backend::new(id))
+            .clone();
+        self.tx
+            .unbounded_send(Ok(Change::Insert(id, backend)))
+            .unwrap();
+    }
+
+    pub fn remove(&mut self, id: usize) {
+        self.tx.unbounded_send(Ok(Change::Remove(id))).unwrap();
+    }
+
+    /// Polls the adaptor until it is pending, applying what it yields.
+    pub fn sync(&mut self) {
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            match std::pin::Pin::new(&mut self.adaptor).poll_next(&mut cx) {
+                Poll::Ready(Some(Ok(Change::Insert(k, endpoint)))) => {
+                    self.seen
+                        .push((tokio::time::Instant::now(), Seen::Insert(k)));
+                    self.live.insert(k, endpoint);
+                }
+                Poll::Ready(Some(Ok(Change::Remove(k)))) => {
+                    self.seen
+                        .push((tokio::time::Instant::now(), Seen::Remove(k)));
+                    self.live.remove(&k);
+                }
+                Poll::Ready(Some(Err(e))) => match e {},
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    return;
+                }
+                Poll::Pending => return,
+            }
+        }
+    }
+
+    pub fn backend(&self, id: usize) -> &Backend {
+        &self.backends[&id]
+    }
+
+    pub fn is_live(&self, id: usize) -> bool {
+        self.live.contains_key(&id)
+    }
+
+    pub fn live_ids(&self) -> Vec<usize> {
+        let mut ids: Vec<usize> = self.live.keys().copied().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Sends `failures` failing and then `successes` succeeding calls straight to endpoint `id`,
+    /// syncing after each, the way a balancer routes and then re-polls discovery.
+    pub async fn calls(&mut self, id: usize, failures: usize, successes: usize) {
+        for i in 0..failures + successes {
+            let backend = self.backends[&id].clone();
+            backend.set_failing(i < failures);
+            let Some(endpoint) = self.live.get_mut(&id) else {
+                panic!("endpoint {id} is not live");
+            };
+            let _ = endpoint.ready().await.unwrap().call(()).await;
+            self.sync();
+        }
+        self.backends[&id].set_failing(false);
+    }
+
+    /// Advances the paused clock and lets the adaptor fire its timers.
+    pub async fn advance(&mut self, by: std::time::Duration) {
+        tokio::time::advance(by).await;
+        self.sync();
+    }
+
+    /// The ids ejected (removed) at some point, in order.
+    pub fn removals(&self) -> Vec<usize> {
+        self.seen
+            .iter()
+            .filter_map(|(_, s)| match s {
+                Seen::Remove(k) => Some(*k),
+                Seen::Insert(_) => None,
+            })
+            .collect()
+    }
+}
