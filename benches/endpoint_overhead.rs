@@ -1,1 +1,147 @@
-fn main() {}
+//! Per-call overhead of the `Endpoint` wrapper over a trivial always-ready service, against the
+//! bare service measured in the same run.
+//!
+//! Run with `cargo bench -p tower-outlier-benches`. A plain harness (no criterion): each case runs
+//! `ITERATIONS` calls, three times, interleaved with the baseline, and the median is reported,
+//! because this machine is shared and noisy and only ratios within one run are comparable.
+//!
+//! One call = `poll_ready` + `call` + polling the response future to completion, which is what a
+//! balancer does per request. The wrapped cases include everything the wrapper does per call: two
+//! clock reads (latency), classification, the error-rate window update, the latency estimate
+//! update and the in-flight accounting.
+
+use std::convert::Infallible;
+use std::future::{ready, Future, Ready};
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+use tower_service::Service;
+
+const ITERATIONS: u64 = 10_000_000;
+const RUNS: usize = 3;
+
+/// The cheapest possible service: always ready, answers at once.
+#[derive(Clone, Copy)]
+struct Echo;
+
+impl Service<u64> for Echo {
+    type Response = u64;
+    type Error = Infallible;
+    type Future = Ready<Result<u64, Infallible>>;
+
+    #[inline]
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    #[inline]
+    fn call(&mut self, request: u64) -> Self::Future {
+        ready(Ok(request))
+    }
+}
+
+#[inline]
+fn drive<S: Service<u64>>(service: &mut S, iterations: u64) -> Duration {
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let start = Instant::now();
+    for i in 0..iterations {
+        let _ = black_box(service.poll_ready(&mut cx));
+        let future = pin!(service.call(black_box(i)));
+        let _ = black_box(future.poll(&mut cx));
+    }
+    start.elapsed()
+}
+
+fn ns_per_call(elapsed: Duration, calls: u64) -> f64 {
+    elapsed.as_nanos() as f64 / calls as f64
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn layer(clock: Clock) -> OutlierDetectionLayer {
+    let config = ErrorRateConfig::hsf().build().expect("valid preset");
+    OutlierDetectionLayer::new(ErrorRatePolicy::new(config)).clock(clock)
+}
+
+/// Runs `make()`'s service on `threads` threads at once (each on its own clone), `ITERATIONS`
+/// calls per thread, and returns ns per call per thread.
+fn run<S, F>(threads: usize, make: &F) -> f64
+where
+    S: Service<u64> + Send + 'static,
+    F: Fn() -> S,
+{
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let mut service = make();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                drive(&mut service, ITERATIONS)
+            })
+        })
+        .collect();
+    let elapsed: Vec<f64> = handles
+        .into_iter()
+        .map(|h| ns_per_call(h.join().expect("bench thread"), ITERATIONS))
+        .collect();
+    elapsed.iter().sum::<f64>() / elapsed.len() as f64
+}
+
+fn main() {
+    // `Clock::tokio` reads tokio's clock, which needs no runtime when time is not paused, but the
+    // layer is built inside one as users do.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let _guard = runtime.enter();
+
+    let tokio_layer = layer(Clock::tokio());
+    let tsc_layer = layer(Clock::tsc());
+    // One endpoint shared by all threads (clones share the record), as a balancer's endpoint is.
+    let tokio_endpoint = tokio_layer.endpoint(Echo);
+    let tsc_endpoint = tsc_layer.endpoint(Echo);
+
+    println!(
+        "per-call overhead, {ITERATIONS} calls per thread, median of {RUNS} interleaved runs (ns/call)"
+    );
+    println!(
+        "{:<8} {:>10} {:>14} {:>10} {:>12} {:>10}",
+        "threads", "bare", "tokio clock", "ratio", "tsc clock", "ratio"
+    );
+    for threads in [1, 2] {
+        let (mut bare, mut tokio, mut tsc) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..RUNS {
+            bare.push(run(threads, &|| Echo));
+            tokio.push(run(threads, &|| tokio_endpoint.clone()));
+            tsc.push(run(threads, &|| tsc_endpoint.clone()));
+        }
+        let (bare, tokio, tsc) = (median(bare), median(tokio), median(tsc));
+        println!(
+            "{:<8} {:>10.2} {:>14.2} {:>9.1}x {:>12.2} {:>9.1}x",
+            threads,
+            bare,
+            tokio,
+            tokio / bare,
+            tsc,
+            tsc / bare
+        );
+        println!(
+            "{:<8} {:>10} {:>14.2} {:>10} {:>12.2}",
+            "", "added:", tokio - bare, "", tsc - bare
+        );
+    }
+    // The record saw every call: a sanity check that the work was not optimised away.
+    let calls = tsc_endpoint.record().policies()[0]
+        .counts(tsc_endpoint.record().clock().now())
+        .calls;
+    assert!(calls > 0, "the wrapped calls were recorded");
+}

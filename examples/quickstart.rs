@@ -1,1 +1,408 @@
-fn main() {}
+//! Quickstart: four real HTTP servers behind a power-of-two-choices balancer, one of which starts
+//! answering 503. The outlier-detection layer ejects it, the balancer stops sending it traffic,
+//! and once it heals a passive trial brings it back.
+//!
+//! ```text
+//! cargo run --example quickstart
+//! ```
+//!
+//! Everything runs on loopback (127.0.0.1, ports picked by the OS) and ends by itself in a
+//! second or two. The example checks its own claims and exits non-zero if one does not hold, so it
+//! doubles as a smoke test.
+
+use std::convert::Infallible;
+use std::error::Error;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::channel::mpsc;
+use futures::future::BoxFuture;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tower::balance::p2c::Balance;
+use tower::discover::Change;
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_outlier::{
+    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor, OutlierDetectionLayer, ServerErrors,
+};
+
+type DynError = Box<dyn Error + Send + Sync>;
+
+/// The servers of the demo; `FLAKY` answers 503 while the shared `broken` flag is set.
+const NAMES: [&str; 4] = ["alpha", "bravo", "charlie", "delta"];
+const FLAKY: &str = "charlie";
+
+/// Requests per phase: enough that p2c, which picks at random, sends every server its share many
+/// times over, so the checks at the end cannot pass or fail by luck.
+const REQUESTS: usize = 200;
+
+/// Requests are sent in concurrent batches of this size. p2c compares loads (latency estimate ×
+/// (requests in flight + 1)); one request at a time, nothing is ever in flight, the comparison is
+/// latency alone, and an endpoint that drew one slow answer (say, while opening its connection)
+/// loses every comparison for a long while. Concurrency spreads the load, as in a real client.
+/// Each batch completes before the next starts, so what the monitor shows between two batches
+/// holds for every request of the next one.
+const BATCH: usize = 20;
+
+/// Once the flaky server is ejected, a batch is sent only while its recovery check is at least
+/// this far off, so every request counted as "sent while it was ejected" certainly was, even on a
+/// slow machine.
+const MARGIN: Duration = Duration::from_millis(250);
+
+#[tokio::main]
+async fn main() -> Result<(), DynError> {
+    // The layer reports ejections (WARN) and re-admissions (INFO) through `tracing`.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_target(false)
+        .try_init()?;
+
+    // 1. Four HTTP/1 servers on loopback. `broken` is set from the start: the flaky one fails
+    //    from its first request, like an instance that came up without its database.
+    let broken = Arc::new(AtomicBool::new(true));
+    let mut servers = Vec::new();
+    for name in NAMES {
+        let flag = (name == FLAKY).then(|| broken.clone());
+        servers.push(Server::start(name, flag).await?);
+    }
+    let flaky = servers
+        .iter()
+        .position(|s| s.name == FLAKY)
+        .ok_or("no flaky server")?;
+    // The monitor names endpoints by their discover key, as `Debug` prints it.
+    let flaky_key = format!("{:?}", servers[flaky].addr);
+
+    // 2. Short timings so the demo runs in seconds (the EDAS defaults are a 10 s window and a
+    //    30 s recovery unit): more than 50 % errors over at least 5 calls in a 2 s window ejects,
+    //    the first recovery check comes 1 s after the ejection, at most half the set may be out.
+    let config = ErrorRateConfig::edas_spring_cloud()
+        .window(Duration::from_secs(2))
+        .min_calls(5)
+        .recovery_unit(Duration::from_secs(1))
+        .max_ejection_ratio(0.5)
+        .build()?;
+    // `ServerErrors` counts 5xx responses as failures; the default, `NetworkErrors`, counts only
+    // transport errors and would take a 503 for a perfectly good answer.
+    let outliers =
+        OutlierDetectionLayer::new(ErrorRatePolicy::new(config)).classifier(ServerErrors);
+    // Taken before the layer is consumed; it shows what the layer decided.
+    let monitor = outliers.monitor();
+
+    // Service discovery: a channel of changes keyed by address. A real client feeds it from DNS,
+    // Consul, Kubernetes...; keeping `discovery` alive keeps the stream open for more changes.
+    let (discovery, changes) = mpsc::unbounded::<Result<Change<SocketAddr, Backend>, Infallible>>();
+    for server in &servers {
+        discovery.unbounded_send(Ok(Change::Insert(server.addr, Backend::new(server.addr)?)))?;
+    }
+
+    // discovery -> outlier detection -> p2c balancer -> buffer. The buffer makes the balancer
+    // `Clone` (one clone per request) and drives it from its own task.
+    let client = ServiceBuilder::new()
+        .buffer(64)
+        .layer_fn(Balance::new)
+        .layer(outliers)
+        .service(changes);
+
+    // 3a. Warm-up, with the flaky server broken from the start. The layer ejects it once its
+    //     window holds 5 calls, all failed; we read the monitor after each batch to catch that.
+    println!("\n== (a) warm-up: {FLAKY} answers 503 from the start ==");
+    let before = received(&servers);
+    let mut errors_seen = 0;
+    // (requests the flaky server had received, requests sent) when the ejection showed.
+    let mut ejection = None;
+    let mut sent = 0;
+    while sent < REQUESTS {
+        if ejection.is_some() && !certainly_ejected(&monitor, &flaky_key) {
+            println!("(stopping early: the recovery check is about to run)");
+            break;
+        }
+        errors_seen += send_batch(&client).await?;
+        sent += BATCH;
+        if ejection.is_none() && status(&monitor, &flaky_key) == Some(EndpointStatus::Ejected) {
+            ejection = Some((since(&servers, &before)[flaky], sent));
+        }
+    }
+    let warm_up = since(&servers, &before);
+    print_table(&servers, &warm_up, &monitor);
+    let Some((before_ejection, sent_before_ejection)) = ejection else {
+        return Err(format!("{FLAKY} was never ejected during the warm-up").into());
+    };
+    // Only whole batches sent after the monitor showed the ejection count as "after".
+    let sent_while_ejected_a = sent - sent_before_ejection;
+    let after_ejection_a = warm_up[flaky] - before_ejection;
+    println!(
+        "{FLAKY} received {before_ejection} requests before its ejection and {after_ejection_a} \
+         of the {sent_while_ejected_a} sent after it; the callers saw {errors_seen} errors (503)"
+    );
+
+    // 3b. More traffic while it is ejected: the balancer no longer sees it, the others share it.
+    println!("\n== (b) {FLAKY} is ejected ==");
+    let before = received(&servers);
+    let mut sent_while_ejected_b = 0;
+    while sent_while_ejected_b < REQUESTS {
+        if !certainly_ejected(&monitor, &flaky_key) {
+            println!("(stopping early: the recovery check is about to run)");
+            break;
+        }
+        errors_seen += send_batch(&client).await?;
+        sent_while_ejected_b += BATCH;
+    }
+    let while_ejected = since(&servers, &before);
+    print_table(&servers, &while_ejected, &monitor);
+
+    // 3c. The server heals. With the default passive trial there is no health-check request:
+    //     once the recovery check is due, the layer re-admits the server and judges it on real
+    //     traffic for one window. The layer acts when the balancer polls it, at the next request.
+    broken.store(false, Ordering::SeqCst);
+    let due_in = monitor
+        .snapshot()
+        .get(&flaky_key)
+        .and_then(|e| e.next_check_in)
+        .unwrap_or_default();
+    println!("\n== (c) {FLAKY} heals; its recovery check is due in {due_in:.1?} ==");
+    tokio::time::sleep(due_in + Duration::from_millis(100)).await;
+    let before = received(&servers);
+    let errors_before = errors_seen;
+    for _ in 0..REQUESTS / BATCH {
+        errors_seen += send_batch(&client).await?;
+    }
+    let recovered = since(&servers, &before);
+    print_table(&servers, &recovered, &monitor);
+    let final_status = status(&monitor, &flaky_key);
+
+    // 4. The demo's claims, checked: this example doubles as a smoke test.
+    let mut failures = Vec::new();
+    let sent_while_ejected = sent_while_ejected_a + sent_while_ejected_b;
+    let received_while_ejected = after_ejection_a + while_ejected[flaky];
+    if sent_while_ejected == 0 {
+        failures.push("no request was sent while it was ejected".to_string());
+    }
+    if received_while_ejected > 0 {
+        failures.push(format!(
+            "{FLAKY} received {received_while_ejected} requests while ejected"
+        ));
+    }
+    for (server, &n) in servers.iter().zip(&while_ejected) {
+        if server.name != FLAKY && n == 0 && sent_while_ejected_b > 0 {
+            failures.push(format!(
+                "{} received nothing while {FLAKY} was out",
+                server.name
+            ));
+        }
+    }
+    if recovered[flaky] == 0 {
+        failures.push(format!("{FLAKY} received no request after it healed"));
+    }
+    if !final_status.is_some_and(|s| s.is_available()) {
+        failures.push(format!("{FLAKY} is {final_status:?} after it healed"));
+    }
+    if errors_seen != errors_before {
+        failures.push(format!(
+            "{} errors after it healed",
+            errors_seen - errors_before
+        ));
+    }
+    drop(discovery);
+    if !failures.is_empty() {
+        return Err(failures.join("; ").into());
+    }
+    println!(
+        "\nOK: {FLAKY} failed {before_ejection} requests, was ejected, received none of the \
+         {sent_while_ejected} sent while it was out, and {} of {REQUESTS} once it had healed.",
+        recovered[flaky]
+    );
+    Ok(())
+}
+
+/// Whether the endpoint is ejected and will stay so for at least `MARGIN`.
+fn certainly_ejected(monitor: &Monitor, key: &str) -> bool {
+    monitor.snapshot().get(key).is_some_and(|e| {
+        e.status == EndpointStatus::Ejected && e.next_check_in.is_some_and(|t| t > MARGIN)
+    })
+}
+
+/// One demo server: its name, address and how many requests it has received.
+struct Server {
+    name: &'static str,
+    addr: SocketAddr,
+    received: Arc<AtomicUsize>,
+}
+
+impl Server {
+    /// Binds 127.0.0.1 on a port the OS picks and serves HTTP/1 from a background task: 200 with
+    /// the server's name, or 503 while `broken` is given and set.
+    async fn start(name: &'static str, broken: Option<Arc<AtomicBool>>) -> Result<Self, DynError> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let received = Arc::new(AtomicUsize::new(0));
+        let counter = received.clone();
+        let handler = hyper::service::service_fn(move |_request: Request<Incoming>| {
+            // Counted here, on the server, so the tables show what the servers actually saw.
+            counter.fetch_add(1, Ordering::SeqCst);
+            let failing = broken.as_ref().is_some_and(|b| b.load(Ordering::SeqCst));
+            let mut response = Response::new(Full::new(Bytes::from(name)));
+            if failing {
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            }
+            async move { Ok::<_, Infallible>(response) }
+        });
+        tokio::spawn(async move {
+            loop {
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        // Usually out of file descriptors: back off instead of spinning.
+                        tracing::warn!(server = name, %error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let handler = handler.clone();
+                tokio::spawn(async move {
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), handler);
+                    if let Err(error) = connection.await {
+                        tracing::debug!(server = name, %error, "connection ended with an error");
+                    }
+                });
+            }
+        });
+        Ok(Server {
+            name,
+            addr,
+            received,
+        })
+    }
+}
+
+/// The service discovery hands the balancer for one server: an HTTP client that sends every
+/// request to that server's address, whatever authority the request names.
+///
+/// Each backend has its own `Client`, so its own connection pool. It must be `Clone`: the layer
+/// keeps a copy of every endpoint to re-admit it after an ejection.
+#[derive(Clone, Debug)]
+struct Backend {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    authority: Authority,
+}
+
+impl Backend {
+    fn new(addr: SocketAddr) -> Result<Self, DynError> {
+        let mut connector = HttpConnector::new();
+        // Small request/response pairs on a kept-alive connection: don't let Nagle delay them.
+        connector.set_nodelay(true);
+        Ok(Backend {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            authority: addr.to_string().parse()?,
+        })
+    }
+}
+
+impl Service<Request<Empty<Bytes>>> for Backend {
+    type Response = Response<Incoming>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<Incoming>, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // The legacy client queues on its pool internally; it is always ready to take a request.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: Request<Empty<Bytes>>) -> Self::Future {
+        let mut parts = request.uri().clone().into_parts();
+        parts.scheme = Some(Scheme::HTTP);
+        parts.authority = Some(self.authority.clone());
+        parts
+            .path_and_query
+            .get_or_insert(PathAndQuery::from_static("/"));
+        let client = self.client.clone();
+        Box::pin(async move {
+            *request.uri_mut() = Uri::from_parts(parts)?;
+            Ok(client.request(request).await?)
+        })
+    }
+}
+
+/// Sends one request through the balancer and reads the whole body, so the connection goes back
+/// to its pool. A 503 is an `Ok` response: the layer counts it, the caller gets it.
+async fn send<S>(client: &S) -> Result<StatusCode, DynError>
+where
+    S: Service<Request<Empty<Bytes>>, Response = Response<Incoming>, Error = BoxError> + Clone,
+{
+    let request = Request::get("/").body(Empty::new())?;
+    let response = client.clone().oneshot(request).await?;
+    let status = response.status();
+    response.into_body().collect().await?;
+    Ok(status)
+}
+
+/// Sends `BATCH` requests at once, waits for all of them and returns how many got a 5xx.
+async fn send_batch<S>(client: &S) -> Result<usize, DynError>
+where
+    S: Service<Request<Empty<Bytes>>, Response = Response<Incoming>, Error = BoxError> + Clone,
+{
+    let statuses = futures::future::try_join_all((0..BATCH).map(|_| send(client))).await?;
+    Ok(statuses.iter().filter(|s| s.is_server_error()).count())
+}
+
+/// How many requests each server has received so far.
+fn received(servers: &[Server]) -> Vec<usize> {
+    servers
+        .iter()
+        .map(|s| s.received.load(Ordering::SeqCst))
+        .collect()
+}
+
+/// How many requests each server has received since `before`.
+fn since(servers: &[Server], before: &[usize]) -> Vec<usize> {
+    received(servers)
+        .iter()
+        .zip(before)
+        .map(|(now, then)| now - then)
+        .collect()
+}
+
+/// The monitor's status for the endpoint whose key prints as `key`.
+fn status(monitor: &Monitor, key: &str) -> Option<EndpointStatus> {
+    monitor.snapshot().get(key).map(|e| e.status)
+}
+
+/// One line per server: the requests it received in this phase, then what the layer thinks of it.
+fn print_table(servers: &[Server], requests: &[usize], monitor: &Monitor) {
+    let snapshot = monitor.snapshot();
+    println!(
+        "{:<8} {:<16} {:>8}  {:<9} {:>10} {:>14}  {:>10}",
+        "server", "address", "requests", "status", "error rate", "failed/calls", "next check"
+    );
+    for (server, n) in servers.iter().zip(requests) {
+        let key = format!("{:?}", server.addr);
+        let Some(e) = snapshot.get(&key) else {
+            println!("{:<8} {:<16} {:>8}  (not tracked)", server.name, key, n);
+            continue;
+        };
+        let counts = e.windows.first().map(|w| w.counts).unwrap_or_default();
+        let next = e
+            .next_check_in
+            .map_or_else(|| "-".to_string(), |t| format!("{t:.1?}"));
+        println!(
+            "{:<8} {:<16} {:>8}  {:<9} {:>9.1}% {:>14}  {:>10}",
+            server.name,
+            key,
+            n,
+            format!("{:?}", e.status),
+            e.error_rate * 100.0,
+            format!("{}/{}", counts.failures, counts.calls),
+            next
+        );
+    }
+}

@@ -151,6 +151,21 @@ impl EndpointRecord {
         rtt * (-idle / RTT_DECAY.as_nanos() as f64).exp()
     }
 
+    /// Restarts the latency estimate at `rtt_nanos` as of `now`.
+    ///
+    /// The layer seeds new and re-admitted endpoints with the mean estimate of the available ones,
+    /// so a power-of-two-choices balancer gives them a fair share instead of judging them by stale
+    /// samples (or by none).
+    pub fn seed_rtt(&self, rtt_nanos: f64, now: Nanos) {
+        let rtt = if rtt_nanos.is_finite() && rtt_nanos >= 0.0 {
+            rtt_nanos as u64
+        } else {
+            duration_to_nanos(DEFAULT_RTT)
+        };
+        self.rtt_nanos.store(rtt, Ordering::Relaxed);
+        self.last_sample.store(now, Ordering::Relaxed);
+    }
+
     /// The weight relative to the endpoint's original weight (1.0 until a weight policy sets it).
     pub fn weight(&self) -> f64 {
         f64::from_bits(self.weight.load(Ordering::Relaxed))

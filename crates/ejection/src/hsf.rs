@@ -26,17 +26,15 @@ const MAX_SHOWN_CHARS: usize = 80;
 /// HSF's outlier-instance-removal configuration: the `"DEFAULT"` and per-service blocks of the
 /// configuration-center JSON, over the process-level `-D` parameters.
 ///
-/// Read it with [`from_json`](Self::from_json) (or [`str::parse`]), add `-D` parameters with
-/// [`with_process_properties`](Self::with_process_properties), and resolve it with
-/// [`application`](Self::application) or [`service`](Self::service).
-/// `HsfQosConfig::default()` holds no block at all; it resolves to HSF's built-in defaults, which
-/// are disabled.
-///
 /// HSF keeps this configuration in the EDAS configuration center (Data ID `<App ID>.QOSCONFIG`,
 /// group `HSF`) as a JSON object of blocks: the block `"DEFAULT"` is the application level, every
 /// other key (`"service:version"`, e.g. `"com.foo.Service:1.0.0"`) is one service. HSF also reads
-/// the same settings from `-D` JVM parameters. [`HsfQosConfig`] reads both and resolves them into
-/// validated [`ErrorRateConfig`]s:
+/// the same settings from `-D` JVM parameters. Read the JSON with [`from_json`](Self::from_json)
+/// (or [`str::parse`]), add `-D` parameters with
+/// [`with_process_properties`](Self::with_process_properties), and resolve a validated
+/// [`ErrorRateConfig`] with [`application`](Self::application) or [`service`](Self::service).
+/// `HsfQosConfig::default()` holds no block at all and resolves to HSF's built-in defaults, which
+/// are disabled.
 ///
 /// | JSON key | `-D` parameter | builder setting | allowed | HSF default |
 /// |---|---|---|---|---|
@@ -75,8 +73,9 @@ const MAX_SHOWN_CHARS: usize = 80;
 ///
 /// Validation happens when the text is read, for every block, whether or not it is ever resolved.
 /// An error names the key as written and qualified by its block (`DEFAULT.errorRateThreshold`,
-/// `com.foo.Service:1.0.0.isolationTime`, `-Dhsf.qos.isolation.time`), the value as given and the
-/// allowed range. Nothing is silently coerced or defaulted:
+/// `com.foo.Service:1.0.0.isolationTime`, `-Dhsf.qos.isolation.time`), the value as given (JSON
+/// re-serialised, so `1e30` shows as `1e+30`; longer than 80 characters, clipped) and the allowed
+/// range. Nothing is silently coerced or defaulted:
 ///
 /// * Numbers must be JSON numbers. A quoted number such as `"0.5"` is rejected with a type error,
 ///   although HSF's Java reader may coerce it: a config center entry whose numbers are strings was
@@ -103,7 +102,6 @@ const MAX_SHOWN_CHARS: usize = 80;
 ///   ([`HsfQosConfig::biz_exception_predicate_class_name`]) so an application can map it to its
 ///   own classifier ([`tower_outlier_core::Classify`]); which results count as failures is decided
 ///   by the classifier given to the layer, not by this configuration.
-///
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HsfQosConfig {
     process: Block,

@@ -56,6 +56,8 @@ pin_project! {
     }
 }
 
+type ProbeTask<K> = Abortable<Pin<Box<dyn Future<Output = (K, u64, bool)> + Send>>>;
+
 pub(crate) struct Settings {
     pub(crate) policies: Arc<[Arc<dyn Policy>]>,
     pub(crate) budget: Budget,
@@ -75,7 +77,7 @@ struct Detector<K, S, C, P> {
     timer: Option<Pin<Box<Sleep>>>,
     timer_at: Option<Instant>,
     timers_changed: bool,
-    probes: FuturesUnordered<Abortable<Pin<Box<dyn Future<Output = (K, u64, bool)> + Send>>>>,
+    probes: FuturesUnordered<ProbeTask<K>>,
 }
 
 struct Entry<S, C> {
@@ -276,6 +278,7 @@ where
             last_reason: None,
         });
         let endpoint = Endpoint::new(service, shared);
+        self.seed_rtt(&endpoint);
         self.queue
             .push_back(Change::Insert(key.clone(), endpoint.clone()));
         self.entries.insert(
@@ -312,6 +315,23 @@ where
         self.timers_changed = true;
         self.enforce_budget();
         self.retry_refused();
+    }
+
+    /// Starts `endpoint`'s latency estimate at the mean of the available endpoints', so it
+    /// competes for traffic on equal terms: the samples from before its ejection (or none at all)
+    /// would otherwise starve it, and a passive trial needs traffic to judge.
+    fn seed_rtt(&self, endpoint: &Endpoint<S, C>) {
+        let record = endpoint.record();
+        let now = record.clock().now();
+        let (sum, count) = self
+            .entries
+            .values()
+            .filter(|e| e.status.is_available())
+            .map(|e| e.endpoint.record().rtt_estimate(now))
+            .fold((0.0, 0usize), |(sum, n), rtt| (sum + rtt, n + 1));
+        if count > 0 {
+            record.seed_rtt(sum / count as f64, now);
+        }
     }
 
     fn available(&self) -> usize {
@@ -571,6 +591,11 @@ where
         }
         entry.endpoint.record().reset();
         entry.refused = false;
+        let endpoint = entry.endpoint.clone();
+        self.seed_rtt(&endpoint);
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
         let next = status.deadline();
         entry.status = status;
         self.ejected -= 1;
