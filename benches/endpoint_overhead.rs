@@ -136,7 +136,11 @@ fn main() {
         );
         println!(
             "{:<8} {:>10} {:>14.2} {:>10} {:>12.2}",
-            "", "added:", tokio - bare, "", tsc - bare
+            "",
+            "added:",
+            tokio - bare,
+            "",
+            tsc - bare
         );
     }
     // The record saw every call: a sanity check that the work was not optimised away.

@@ -166,8 +166,11 @@ async fn an_idle_balancer_is_not_polled_in_a_loop() {
         polls: worker_polls.clone(),
         limit: 100_000,
     });
+    let mut sent = 0;
     while monitor.snapshot().ejected() < 4 {
         let _ = balancer.clone().oneshot(()).await;
+        sent += 1;
+        assert!(sent < 2_000, "four failing endpoints were not all ejected");
     }
     // The same adaptor type driven directly as a discover stream by a task of its own.
     let adaptor_layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(

@@ -403,8 +403,8 @@ async fn upstream_errors_pass_through_and_lose_nothing() {
         Err("registry unreachable"),
         Ok(Change::Insert(2, support::Backend::new(2))),
     ]);
-    let adaptor = tower::Layer::layer(&layer, upstream);
-    let yielded: Vec<_> = adaptor
+    let mut adaptor = tower::Layer::layer(&layer, upstream);
+    let yielded: Vec<_> = (&mut adaptor)
         .take(3)
         .map(|item| match item {
             Ok(Change::Insert(k, _)) => Ok(k),

@@ -34,5 +34,5 @@ pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
     Budget, BudgetFloor, EndpointPolicy, Judgement, Policy, Reason, RecoverySchedule, Signal,
 };
-pub use record::{EndpointRecord, Notifier, DEFAULT_RTT, RTT_DECAY};
+pub use record::{EndpointRecord, Notifier, RTT_DECAY};
 pub use window::{Window, WindowCounts};

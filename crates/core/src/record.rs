@@ -58,9 +58,6 @@ impl fmt::Debug for Notifier {
 /// `exp(-idle / τ)`), as in tower's peak-EWMA.
 pub const RTT_DECAY: Duration = Duration::from_secs(10);
 
-/// The latency estimate of an endpoint that has answered nothing yet.
-pub const DEFAULT_RTT: Duration = Duration::from_millis(1);
-
 /// Everything the layer knows about one endpoint: its policies' state, its latency estimate and
 /// its relative weight.
 ///
@@ -89,7 +86,9 @@ impl EndpointRecord {
         EndpointRecord {
             clock,
             policies,
-            rtt_nanos: AtomicU64::new(duration_to_nanos(DEFAULT_RTT)),
+            // Zero: an endpoint nobody has measured yet is tried first (the layer seeds endpoints
+            // that join a measured fleet with the fleet's mean instead).
+            rtt_nanos: AtomicU64::new(0),
             last_sample: AtomicU64::new(now),
             weight: AtomicU64::new(1.0f64.to_bits()),
             flagged: AtomicBool::new(false),
@@ -160,7 +159,7 @@ impl EndpointRecord {
         let rtt = if rtt_nanos.is_finite() && rtt_nanos >= 0.0 {
             rtt_nanos as u64
         } else {
-            duration_to_nanos(DEFAULT_RTT)
+            0
         };
         self.rtt_nanos.store(rtt, Ordering::Relaxed);
         self.last_sample.store(now, Ordering::Relaxed);

@@ -642,6 +642,16 @@ where
     }
 }
 
+impl<K, S, C, P> Drop for Detector<K, S, C, P> {
+    fn drop(&mut self) {
+        // The monitor outlives the adaptor; it must not keep listing endpoints nobody tracks.
+        let mut tracked = self.registry.lock();
+        for entry in self.entries.values() {
+            tracked.remove(&entry.id);
+        }
+    }
+}
+
 impl<D, C, P> fmt::Debug for OutlierDetection<D, C, P>
 where
     D: Discover + fmt::Debug,

@@ -187,9 +187,12 @@ where
     }
 }
 
-/// The load of an [`Endpoint`]: latency estimate (ns) × (in-flight + 1) ÷ relative weight.
+/// The load of an [`Endpoint`]: (latency estimate + 1 µs) × (in-flight + 1) ÷ relative weight,
+/// in nanoseconds.
 ///
-/// Lower is better. A weight of zero makes the cost infinite, so such an endpoint never wins a
+/// Lower is better. The microsecond keeps requests in flight and weights meaningful between
+/// endpoints whose measured latency rounds to zero (an in-process service, or tokio's paused
+/// clock). A weight of zero makes the cost infinite, so such an endpoint never wins a
 /// power-of-two-choices pair against one with a finite cost.
 #[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
 pub struct Cost(f64);
@@ -201,6 +204,8 @@ impl Cost {
     }
 }
 
+const COST_FLOOR_NANOS: f64 = 1_000.0;
+
 impl<S, C> Load for Endpoint<S, C> {
     type Metric = Cost;
 
@@ -210,7 +215,7 @@ impl<S, C> Load for Endpoint<S, C> {
         if weight <= 0.0 {
             return Cost(f64::INFINITY);
         }
-        let rtt = record.rtt_estimate(record.clock().now());
+        let rtt = record.rtt_estimate(record.clock().now()) + COST_FLOOR_NANOS;
         let pending = self.in_flight() as f64 + 1.0;
         Cost(rtt * pending / weight)
     }

@@ -27,7 +27,7 @@ use crate::probe::PassiveTrial;
 /// use std::convert::Infallible;
 /// use tower::balance::p2c::Balance;
 /// use tower::discover::ServiceList;
-/// use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
+/// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
@@ -37,11 +37,11 @@ use crate::probe::PassiveTrial;
 ///     ErrorRateConfig::edas_spring_cloud().error_rate_threshold(0.5).build()?,
 /// ));
 /// let monitor = outliers.monitor();
-/// let balancer = ServiceBuilder::new()
+/// let mut balancer = ServiceBuilder::new()
 ///     .layer_fn(Balance::new)
 ///     .layer(outliers)
 ///     .service(ServiceList::new(endpoints));
-/// let answer = balancer.oneshot(()).await?;
+/// let answer = balancer.ready().await?.call(()).await?;
 /// assert!(answer < 3);
 /// assert_eq!(monitor.snapshot().endpoints.len(), 3);
 /// # Ok(()) }

@@ -92,8 +92,10 @@ where
 /// use tower::{Service, ServiceExt};
 /// use tower_outlier::probe::probe_fn;
 ///
-/// let probe = probe_fn(|_key: &u32, svc: tower::util::BoxService<&'static str, u16, std::io::Error>| {
-///     Box::pin(async move { matches!(svc.oneshot("ping").await, Ok(200)) })
+/// type Backend = tower::util::BoxCloneSyncService<String, u16, std::io::Error>;
+///
+/// let probe = probe_fn(|_key: &u32, svc: Backend| {
+///     Box::pin(async move { matches!(svc.oneshot("ping".to_string()).await, Ok(200)) })
 ///         as tower_outlier::probe::ProbeFuture
 /// });
 /// # let _ = probe;
