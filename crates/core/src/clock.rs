@@ -1,15 +1,18 @@
 //! The clock that timestamps calls.
 //!
 //! Every recorded call reads the clock twice (when it starts and when it completes), so the clock
-//! is the largest single cost on the hot path. Two sources are offered, and the choice is the
-//! user's:
+//! is the largest single cost on the hot path. Two sources are offered:
 //!
-//! * [`Clock::tokio`] (the default) reads `tokio::time::Instant`. It follows tokio's paused clock,
-//!   so tests written with `#[tokio::test(start_paused = true)]` are deterministic. On Linux it is a
-//!   vDSO `clock_gettime`, about 19 ns per read on the reference machine.
-//! * [`Clock::tsc`] reads the CPU's time-stamp counter through the `quanta` crate, about 8 ns per
-//!   read. It runs in real time only: it does not see tokio's paused clock, so use it in production
-//!   builds where the per-call cost matters and keep the default in tests.
+//! * [`Clock::tokio`] reads `tokio::time::Instant`. It follows tokio's paused clock, so tests
+//!   written with `#[tokio::test(start_paused = true)]` are deterministic. On Linux it is a vDSO
+//!   `clock_gettime`, about 19 ns per read on the reference machine.
+//! * [`Clock::tsc`] reads the CPU's time-stamp counter through the `quanta` crate (which falls back
+//!   to the OS clock where the counter is not reliable), about 8 ns per read. It runs in real time
+//!   only: it does not see tokio's paused clock.
+//!
+//! The default, [`Clock::auto`], picks between them when the layer is built: the tokio clock if
+//! tokio's clock is paused at that moment (a test), the time-stamp counter otherwise. Pausing the
+//! clock *after* building the layer is not detected; pass [`Clock::tokio`] explicitly then.
 //!
 //! Timestamps are nanoseconds since the clock was created, as a `u64` ([`Nanos`]), so they fit in
 //! an atomic and windows can index buckets without a lock.
@@ -43,10 +46,28 @@ pub struct Clock {
 #[derive(Clone)]
 enum Source {
     Tokio(tokio::time::Instant),
-    Tsc(quanta::Clock, quanta::Instant),
+    // The clock and its raw reading at the origin: raw counter deltas scale to nanoseconds with
+    // one multiply and shift, cheaper than building `quanta::Instant`s.
+    Tsc(quanta::Clock, u64),
 }
 
 impl Clock {
+    /// [`Clock::tokio`] when tokio's clock is paused now (in a `start_paused` test), else
+    /// [`Clock::tsc`].
+    ///
+    /// A paused tokio clock returns the same instant to consecutive reads, which a running clock
+    /// with nanosecond resolution does not. Where the OS clock is too coarse to tell, this picks
+    /// the tokio clock: correct everywhere, only slower.
+    pub fn auto() -> Self {
+        let first = tokio::time::Instant::now();
+        let second = tokio::time::Instant::now();
+        if first == second {
+            Clock::tokio()
+        } else {
+            Clock::tsc()
+        }
+    }
+
     /// A clock reading `tokio::time::Instant`, which honours tokio's paused test clock.
     pub fn tokio() -> Self {
         Clock {
@@ -58,7 +79,7 @@ impl Clock {
     /// system's monotonic clock. Real time only: it ignores tokio's paused clock.
     pub fn tsc() -> Self {
         let clock = quanta::Clock::new();
-        let origin = clock.now();
+        let origin = clock.raw();
         Clock {
             source: Source::Tsc(clock, origin),
         }
@@ -67,11 +88,12 @@ impl Clock {
     /// Nanoseconds since this clock's origin.
     #[inline]
     pub fn now(&self) -> Nanos {
-        let elapsed = match &self.source {
-            Source::Tokio(origin) => tokio::time::Instant::now().saturating_duration_since(*origin),
-            Source::Tsc(clock, origin) => clock.now().saturating_duration_since(*origin),
-        };
-        duration_to_nanos(elapsed)
+        match &self.source {
+            Source::Tokio(origin) => {
+                duration_to_nanos(tokio::time::Instant::now().saturating_duration_since(*origin))
+            }
+            Source::Tsc(clock, origin) => clock.delta_as_nanos(*origin, clock.raw()),
+        }
     }
 
     /// Whether this clock follows tokio's (possibly paused) clock.
@@ -82,7 +104,7 @@ impl Clock {
 
 impl Default for Clock {
     fn default() -> Self {
-        Clock::tokio()
+        Clock::auto()
     }
 }
 
@@ -99,4 +121,38 @@ impl fmt::Debug for Clock {
 #[inline]
 pub fn duration_to_nanos(d: Duration) -> Nanos {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn auto_follows_a_paused_clock() {
+        let clock = Clock::auto();
+        assert!(clock.is_tokio());
+        let start = clock.now();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(clock.now() - start, 3_000_000_000);
+    }
+
+    #[tokio::test]
+    async fn auto_reads_the_counter_in_real_time() {
+        let clock = Clock::auto();
+        let start = clock.now();
+        std::thread::sleep(Duration::from_millis(5));
+        let elapsed = clock.now() - start;
+        assert!(elapsed >= 4_000_000, "{elapsed}");
+        // Outside tokio's paused clock the choice is the counter, unless the OS clock is coarse.
+        let _ = clock.is_tokio();
+    }
+
+    #[test]
+    fn tsc_is_monotonic_and_starts_near_zero() {
+        let clock = Clock::tsc();
+        let a = clock.now();
+        let b = clock.now();
+        assert!(b >= a);
+        assert!(a < 1_000_000_000);
+    }
 }

@@ -58,6 +58,8 @@ impl fmt::Debug for Notifier {
 /// `exp(-idle / τ)`), as in tower's peak-EWMA.
 pub const RTT_DECAY: Duration = Duration::from_secs(10);
 
+const SAMPLE_TIME_GRANULARITY: Nanos = 1_000_000;
+
 /// Everything the layer knows about one endpoint: its policies' state, its latency estimate and
 /// its relative weight.
 ///
@@ -131,15 +133,21 @@ impl EndpointRecord {
     #[inline]
     fn sample_rtt(&self, rtt: u64, now: Nanos) {
         // A racing sample may overwrite this one; for a load estimate that is harmless and it
-        // keeps the hot path free of compare-and-swap loops.
+        // keeps the hot path free of compare-and-swap loops. Stores are skipped when nothing
+        // changes, so callers on several cores do not fight over the cache line in steady state.
         let old = self.rtt_nanos.load(Ordering::Relaxed);
         let next = if rtt >= old {
             rtt
         } else {
             old - (old - rtt) / 8
         };
-        self.rtt_nanos.store(next, Ordering::Relaxed);
-        self.last_sample.store(now, Ordering::Relaxed);
+        if next != old {
+            self.rtt_nanos.store(next, Ordering::Relaxed);
+        }
+        // Idle decay has a 10 s time constant; a millisecond of staleness does not matter.
+        if now.saturating_sub(self.last_sample.load(Ordering::Relaxed)) >= SAMPLE_TIME_GRANULARITY {
+            self.last_sample.store(now, Ordering::Relaxed);
+        }
     }
 
     /// The latency estimate at `now`, in nanoseconds: the peak-sensitive EWMA of observed

@@ -44,7 +44,9 @@ impl ErrorRatePolicy {
         ErrorRateEndpoint {
             window: Window::new(self.config.window, self.config.buckets)
                 .expect("the configuration validated the window"),
-            config: self.config.clone(),
+            enabled: self.config.enabled,
+            min_calls: self.config.min_calls,
+            threshold: self.config.threshold,
             suspect: AtomicBool::new(false),
         }
     }
@@ -75,7 +77,10 @@ impl Policy for ErrorRatePolicy {
 /// One endpoint's error-rate window.
 #[derive(Debug)]
 pub struct ErrorRateEndpoint {
-    config: Arc<ErrorRateConfig>,
+    // Copied from the configuration so the hot path touches only this endpoint's memory.
+    enabled: bool,
+    min_calls: u64,
+    threshold: f64,
     window: Window,
     // Set when the rate is above the threshold but the window is short of the minimum: the next
     // success may complete the minimum, so it must look at the window too.
@@ -84,14 +89,14 @@ pub struct ErrorRateEndpoint {
 
 impl ErrorRateEndpoint {
     fn outlier(&self, counts: WindowCounts) -> bool {
-        counts.calls >= self.config.min_calls && counts.failure_rate() > self.config.threshold
+        counts.calls >= self.min_calls && counts.failure_rate() > self.threshold
     }
 }
 
 impl EndpointPolicy for ErrorRateEndpoint {
     #[inline]
     fn record(&self, observation: &Observation, now: Nanos) -> Signal {
-        if !self.config.enabled {
+        if !self.enabled {
             return Signal::None;
         }
         let failed = observation.outcome.is_failure();
@@ -102,11 +107,9 @@ impl EndpointPolicy for ErrorRateEndpoint {
             return Signal::None;
         }
         let counts = self.window.counts(now);
-        if counts.calls < self.config.min_calls {
-            self.suspect.store(
-                counts.failure_rate() > self.config.threshold,
-                Ordering::Relaxed,
-            );
+        if counts.calls < self.min_calls {
+            self.suspect
+                .store(counts.failure_rate() > self.threshold, Ordering::Relaxed);
             return Signal::None;
         }
         self.suspect.store(false, Ordering::Relaxed);
@@ -119,12 +122,12 @@ impl EndpointPolicy for ErrorRateEndpoint {
 
     fn judge(&self, now: Nanos) -> Judgement {
         let counts = self.window.counts(now);
-        if self.config.enabled && self.outlier(counts) {
+        if self.enabled && self.outlier(counts) {
             Judgement::Outlier(Reason {
                 policy: "error-rate",
                 measure: "error rate",
                 value: counts.failure_rate(),
-                threshold: self.config.threshold,
+                threshold: self.threshold,
                 counts,
             })
         } else {

@@ -64,7 +64,7 @@ impl OutlierDetectionLayer {
             monitor: Monitor::new(names(&policies)),
             policies,
             budget: None,
-            clock: Clock::tokio(),
+            clock: Clock::auto(),
             classifier: NetworkErrors,
             probe: PassiveTrial,
         }
@@ -94,8 +94,9 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         self
     }
 
-    /// Sets the clock calls are timed with (default [`Clock::tokio`]; [`Clock::tsc`] is cheaper
-    /// per call but ignores tokio's paused clock).
+    /// Sets the clock calls are timed with. The default, [`Clock::auto`], chose when the layer was
+    /// built: tokio's clock if it was paused (a test), else the CPU's time-stamp counter, which
+    /// halves the per-call cost but ignores tokio's paused clock.
     pub fn clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
