@@ -468,3 +468,94 @@ async fn churn_of_ejected_and_probing_endpoints_leaves_no_state_behind() {
     );
     assert_eq!(layer.monitor().tracked(), 1);
 }
+
+/// A service whose readiness fails: tower's balancer drops such an endpoint for good, so the
+/// layer must not also count it (invariant 9).
+#[derive(Clone)]
+struct NeverReady;
+
+impl tower::Service<()> for NeverReady {
+    type Response = ();
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<(), std::io::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe)))
+    }
+
+    fn call(&mut self, _: ()) -> Self::Future {
+        std::future::ready(Ok(()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_errors_are_not_outcomes() {
+    let layer = layer(ErrorRateConfig::hsf().min_calls(1));
+    let mut endpoint = layer.endpoint(NeverReady);
+    for _ in 0..20 {
+        assert!(futures::future::poll_fn(|cx| endpoint.poll_ready(cx))
+            .await
+            .is_err());
+    }
+    let record = endpoint.record();
+    assert_eq!(record.policies()[0].counts(record.clock().now()).calls, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_seed_hsf_json_drives_the_layer() {
+    let json = r#"{ "DEFAULT": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2,
+        "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10 },
+        "service:version": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2,
+        "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10 } }"#;
+    let hsf = tower_outlier::HsfQosConfig::from_json(json).unwrap();
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        hsf.service("service:version").unwrap(),
+    ));
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 19, 0).await;
+    assert!(h.is_live(0), "requestThreshold 20");
+    h.calls(0, 1, 0).await;
+    assert!(!h.is_live(0));
+    assert_eq!(
+        layer.monitor().snapshot().get("0").unwrap().next_check_in,
+        Some(Duration::from_secs(60)),
+        "isolationTime 60000 ms"
+    );
+    // qosEnabled false: nothing is ever ejected.
+    let off =
+        tower_outlier::HsfQosConfig::from_json(r#"{"DEFAULT": {"qosEnabled": false}}"#).unwrap();
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(off.application().unwrap()));
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 100, 0).await;
+    assert!(h.is_live(0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_readmitted_endpoint_is_judged_only_on_calls_since_readmission() {
+    // The window (2 min) outlives the recovery unit (30 s), so the failures that caused the
+    // ejection are still inside it when the endpoint comes back.
+    let layer = layer(
+        ErrorRateConfig::edas_spring_cloud()
+            .window(Duration::from_secs(120))
+            .buckets(12),
+    );
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 10, 0).await;
+    assert!(!h.is_live(0));
+    h.advance(Duration::from_secs(30)).await;
+    assert!(h.is_live(0));
+    h.calls(0, 1, 1).await;
+    assert!(
+        h.is_live(0),
+        "one failure in two calls since re-admission is below the minimum"
+    );
+    assert_eq!(
+        layer.monitor().snapshot().get("0").unwrap().windows[0]
+            .counts
+            .calls,
+        2
+    );
+}
