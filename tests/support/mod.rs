@@ -64,6 +64,21 @@ impl Service<()> for Backend {
 
 pub type Upstream = mpsc::UnboundedReceiver<Result<Change<usize, Backend>, Infallible>>;
 
+/// A seeded generator (splitmix64) for `Balance::from_rng`, so p2c picks the same pairs on every
+/// run and the balancer tests are deterministic.
+#[derive(Clone, Debug)]
+pub struct SeededRng(pub u64);
+
+impl tower::util::rng::Rng for SeededRng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
 /// What the adaptor yielded, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Seen {
