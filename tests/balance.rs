@@ -65,7 +65,10 @@ async fn an_ejected_endpoint_gets_no_requests_and_returns_on_schedule() {
             .unwrap(),
     ));
     let monitor = layer.monitor();
-    let balancer = Buffer::new(Balance::from_rng(layer.layer(upstream(&backends)), SeededRng(7)), 16);
+    let balancer = Buffer::new(
+        Balance::from_rng(layer.layer(upstream(&backends)), SeededRng(7)),
+        16,
+    );
 
     let mut sent = 0;
     while monitor.snapshot().ejected() == 0 {
@@ -136,7 +139,10 @@ async fn the_budget_and_the_last_endpoint_hold_through_the_balancer() {
             .unwrap(),
     ));
     let monitor = layer.monitor();
-    let balancer = Buffer::new(Balance::from_rng(layer.layer(upstream(&backends)), SeededRng(7)), 16);
+    let balancer = Buffer::new(
+        Balance::from_rng(layer.layer(upstream(&backends)), SeededRng(7)),
+        16,
+    );
     for _ in 0..1_000 {
         let _ = balancer.clone().oneshot(()).await;
     }
@@ -159,7 +165,10 @@ async fn an_idle_balancer_is_not_polled_in_a_loop() {
     let monitor = layer.monitor();
 
     // The balancer's own task: the buffer worker, spawned by us so its polls can be counted.
-    let (balancer, worker) = Buffer::pair(Balance::from_rng(layer.layer(upstream(&backends)), SeededRng(7)), 16);
+    let (balancer, worker) = Buffer::pair(
+        Balance::from_rng(layer.layer(upstream(&backends)), SeededRng(7)),
+        16,
+    );
     let worker_polls = Arc::new(AtomicUsize::new(0));
     tokio::spawn(CountPolls {
         inner: Box::pin(worker),

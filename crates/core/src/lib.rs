@@ -35,4 +35,4 @@ pub use policy::{
     Budget, BudgetFloor, EndpointPolicy, Judgement, Policy, Reason, RecoverySchedule, Signal,
 };
 pub use record::{EndpointRecord, Notifier, RTT_DECAY};
-pub use window::{Window, WindowCounts};
+pub use window::{Window, WindowCounts, WindowShape};

@@ -72,6 +72,56 @@ impl Bucket {
     }
 }
 
+/// A validated window shape: a span and a bucket count. Policies validate the shape once, when
+/// they are configured, and build one window per endpoint from it without further checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowShape {
+    bucket_nanos: u64,
+    buckets: usize,
+}
+
+impl WindowShape {
+    /// Checks that `span` is at least one millisecond, `buckets` in `1..=1024`, and each bucket at
+    /// least one microsecond long.
+    pub fn new(span: Duration, buckets: usize) -> Result<Self, ConfigError> {
+        if span < Duration::from_millis(1) {
+            return Err(ConfigError::new(
+                "window",
+                format_args!("{span:?}"),
+                "at least 1ms",
+            ));
+        }
+        if !(1..=Window::MAX_BUCKETS).contains(&buckets) {
+            return Err(ConfigError::new("buckets", buckets, "1 to 1024"));
+        }
+        let bucket_nanos = duration_to_nanos(span) / buckets as u64;
+        if bucket_nanos < 1_000 {
+            return Err(ConfigError::new(
+                "buckets",
+                buckets,
+                "few enough that each bucket covers at least 1µs",
+            ));
+        }
+        Ok(WindowShape {
+            bucket_nanos,
+            buckets,
+        })
+    }
+
+    /// The time a window of this shape covers.
+    pub fn span(&self) -> Duration {
+        Duration::from_nanos(self.bucket_nanos * self.buckets as u64)
+    }
+
+    /// A new, empty window of this shape.
+    pub fn window(&self) -> Window {
+        Window {
+            buckets: (0..self.buckets).map(|_| Bucket::empty()).collect(),
+            bucket_nanos: self.bucket_nanos,
+        }
+    }
+}
+
 /// A sliding window of call counts over the last `span` of time, in `buckets` slices.
 ///
 /// ```
@@ -100,28 +150,7 @@ impl Window {
     /// `span` must be at least one millisecond and `buckets` in `1..=1024`, and each bucket must
     /// cover at least one microsecond.
     pub fn new(span: Duration, buckets: usize) -> Result<Self, ConfigError> {
-        if span < Duration::from_millis(1) {
-            return Err(ConfigError::new(
-                "window",
-                format_args!("{span:?}"),
-                "at least 1ms",
-            ));
-        }
-        if !(1..=Self::MAX_BUCKETS).contains(&buckets) {
-            return Err(ConfigError::new("buckets", buckets, "1 to 1024"));
-        }
-        let bucket_nanos = duration_to_nanos(span) / buckets as u64;
-        if bucket_nanos < 1_000 {
-            return Err(ConfigError::new(
-                "buckets",
-                buckets,
-                "few enough that each bucket covers at least 1µs",
-            ));
-        }
-        Ok(Window {
-            buckets: (0..buckets).map(|_| Bucket::empty()).collect(),
-            bucket_nanos,
-        })
+        Ok(WindowShape::new(span, buckets)?.window())
     }
 
     /// The time the window covers.

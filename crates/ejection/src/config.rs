@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tower_outlier_core::{
-    check_nonzero_duration, check_ratio, Budget, BudgetFloor, ConfigError, RecoverySchedule,
+    check_ratio, Budget, BudgetFloor, ConfigError, RecoverySchedule, WindowShape,
 };
 
 /// A validated error-rate ejection configuration. Build one with [`ErrorRateConfig::builder`] or
@@ -25,8 +25,7 @@ use tower_outlier_core::{
 #[derive(Clone, Debug, PartialEq)]
 pub struct ErrorRateConfig {
     pub(crate) enabled: bool,
-    pub(crate) window: Duration,
-    pub(crate) buckets: usize,
+    pub(crate) window: WindowShape,
     pub(crate) min_calls: u64,
     pub(crate) threshold: f64,
     pub(crate) budget: Budget,
@@ -77,12 +76,12 @@ impl ErrorRateConfig {
 
     /// The statistics window.
     pub fn window(&self) -> Duration {
-        self.window
+        self.window.span()
     }
 
-    /// How many buckets the window slides by.
-    pub fn buckets(&self) -> usize {
-        self.buckets
+    /// The window's shape (span and buckets).
+    pub fn window_shape(&self) -> WindowShape {
+        self.window
     }
 
     /// The minimum number of calls in the window before an endpoint is judged.
@@ -103,14 +102,6 @@ impl ErrorRateConfig {
     /// The recovery schedule.
     pub fn recovery(&self) -> RecoverySchedule {
         self.recovery
-    }
-}
-
-impl Default for ErrorRateConfig {
-    fn default() -> Self {
-        ErrorRateBuilder::default()
-            .build()
-            .expect("the built-in defaults are valid")
     }
 }
 
@@ -216,16 +207,13 @@ impl ErrorRateBuilder {
 
     /// Validates and builds the configuration.
     pub fn build(self) -> Result<ErrorRateConfig, ConfigError> {
-        check_nonzero_duration("window", self.window)?;
-        // Validates window and bucket shape the same way the window itself will.
-        tower_outlier_core::Window::new(self.window, self.buckets)?;
+        let window = WindowShape::new(self.window, self.buckets)?;
         if self.min_calls == 0 {
             return Err(ConfigError::new("min_calls", 0, "at least 1"));
         }
         Ok(ErrorRateConfig {
             enabled: self.enabled,
-            window: self.window,
-            buckets: self.buckets,
+            window,
             min_calls: self.min_calls,
             threshold: check_ratio("error_rate_threshold", self.threshold)?,
             budget: Budget::new(self.max_ejection_ratio, self.budget_floor)?,

@@ -42,8 +42,7 @@ impl ErrorRatePolicy {
     /// The state of one endpoint, on its own (the layer calls [`Policy::new_endpoint`]).
     pub fn endpoint(&self) -> ErrorRateEndpoint {
         ErrorRateEndpoint {
-            window: Window::new(self.config.window, self.config.buckets)
-                .expect("the configuration validated the window"),
+            window: self.config.window.window(),
             enabled: self.config.enabled,
             min_calls: self.config.min_calls,
             threshold: self.config.threshold,
@@ -66,7 +65,7 @@ impl Policy for ErrorRatePolicy {
     }
 
     fn trial_period(&self) -> Duration {
-        self.config.window
+        self.config.window.span()
     }
 
     fn budget(&self) -> Option<Budget> {

@@ -73,6 +73,8 @@ struct Detector<K, S, C, P> {
     registry: Arc<Registry>,
     entries: HashMap<K, Entry<S, C>>,
     ejected: usize,
+    // How many entries have `refused` set, so the common case (none) skips the scan.
+    refused: usize,
     queue: VecDeque<Change<K, Endpoint<S, C>>>,
     timer: Option<Pin<Box<Sleep>>>,
     timer_at: Option<Instant>,
@@ -167,6 +169,7 @@ where
                 registry,
                 entries: HashMap::new(),
                 ejected: 0,
+                refused: 0,
                 queue: VecDeque::new(),
                 timer: None,
                 timer_at: None,
@@ -302,6 +305,7 @@ where
             return;
         };
         self.registry.remove(entry.id);
+        self.refused -= usize::from(entry.refused);
         match entry.status {
             Status::Available | Status::Trial { .. } => {
                 self.queue.push_back(Change::Remove(key.clone()));
@@ -404,12 +408,16 @@ where
     }
 
     fn retry_refused(&mut self) {
+        if self.refused == 0 {
+            return;
+        }
         let refused: Vec<K> = self
             .entries
             .iter()
             .filter(|(_, e)| e.refused)
             .map(|(k, _)| k.clone())
             .collect();
+        debug_assert_eq!(refused.len(), self.refused, "refused count out of step");
         for key in refused {
             self.consider(&key);
         }
@@ -425,11 +433,13 @@ where
             return;
         };
         if !entry.status.is_available() {
+            self.refused -= usize::from(entry.refused);
             entry.refused = false;
             return;
         }
         let record = entry.endpoint.record();
         let Some((policy, reason)) = record.judge(record.clock().now()) else {
+            self.refused -= usize::from(entry.refused);
             entry.refused = false;
             return;
         };
@@ -453,9 +463,11 @@ where
                     "ejection refused: {why}"
                 );
             }
+            self.refused += usize::from(!entry.refused);
             entry.refused = true;
             return;
         }
+        self.refused -= usize::from(entry.refused);
         entry.refused = false;
         if matches!(entry.status, Status::Trial { .. }) {
             // Breaching during the trial is a failed recovery check.
@@ -590,6 +602,7 @@ where
             return;
         }
         entry.endpoint.record().reset();
+        self.refused -= usize::from(entry.refused);
         entry.refused = false;
         let endpoint = entry.endpoint.clone();
         self.seed_rtt(&endpoint);

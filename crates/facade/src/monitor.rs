@@ -93,6 +93,11 @@ impl Snapshot {
 ///
 /// Cheap to clone. Every adaptor the layer builds reports to the same monitor.
 ///
+/// Window counts are read live. Statuses change when the adaptor runs, which is when the balancer
+/// polls discovery: behind `tower::buffer::Buffer` that is on the next request, so an idle
+/// balancer can show an endpoint as ejected with its next check already due (`next_check_in` of
+/// zero) until traffic resumes and the check runs.
+///
 /// ```
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///
