@@ -559,3 +559,39 @@ async fn a_readmitted_endpoint_is_judged_only_on_calls_since_readmission() {
         2
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_active_request_probe_goes_through_a_clone_of_the_endpoint() {
+    let layer = layer(ErrorRateConfig::edas_spring_cloud())
+        .probe(tower_outlier::probe::request_probe(|| (), NetworkErrors));
+    let mut h = Harness::new(&layer, 5);
+    h.backend(0).set_failing(true);
+    let mut endpoint = h.live[&0].clone();
+    for _ in 0..10 {
+        let _ = endpoint.call(()).await;
+    }
+    h.sync();
+    assert!(!h.is_live(0));
+    let calls = h.backend(0).calls();
+    // The first check probes the still-failing backend: one request reaches it, and it stays out.
+    h.advance(Duration::from_secs(30)).await;
+    assert_eq!(
+        h.backend(0).calls(),
+        calls + 1,
+        "the probe reached the backend"
+    );
+    assert!(!h.is_live(0));
+    assert_eq!(
+        layer.monitor().snapshot().get("0").unwrap().failed_checks,
+        1
+    );
+    // Healed: the next check (two units later) succeeds and re-admits it.
+    h.backend(0).set_failing(false);
+    h.advance(Duration::from_secs(60)).await;
+    assert_eq!(h.backend(0).calls(), calls + 2);
+    assert!(h.is_live(0));
+    assert_eq!(
+        layer.monitor().snapshot().get("0").unwrap().status,
+        EndpointStatus::Available
+    );
+}

@@ -221,3 +221,80 @@ impl ErrorRateBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_outlier_core::BudgetFloor;
+
+    #[test]
+    fn presets_carry_the_seeds_defaults() {
+        let hsf = ErrorRateConfig::hsf().build().unwrap();
+        assert_eq!(hsf.window(), Duration::from_secs(10));
+        assert_eq!(hsf.min_calls(), 10);
+        assert_eq!(hsf.error_rate_threshold(), 0.5);
+        assert_eq!(hsf.budget().max_ratio(), 0.2);
+        assert_eq!(hsf.budget().floor(), BudgetFloor::One);
+        assert_eq!(hsf.recovery().unit(), Duration::from_secs(60));
+        assert_eq!(hsf.recovery().max_multiple(), 60);
+
+        let spring = ErrorRateConfig::edas_spring_cloud().build().unwrap();
+        assert_eq!(spring.window(), Duration::from_secs(10));
+        assert_eq!(spring.budget().floor(), BudgetFloor::Zero);
+        assert_eq!(spring.recovery().unit(), Duration::from_secs(30));
+        assert_eq!(spring.recovery().max_multiple(), 20);
+
+        let dubbo = ErrorRateConfig::edas_dubbo_2_7().build().unwrap();
+        assert_eq!(dubbo.window(), Duration::from_secs(15));
+        assert_eq!(dubbo.min_calls(), 15);
+        assert_eq!(dubbo.recovery().unit(), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn qps_lower_bound_scales_with_the_window() {
+        let config = ErrorRateConfig::edas_dubbo_2_7()
+            .qps_lower_bound(2.0)
+            .build()
+            .unwrap();
+        assert_eq!(config.min_calls(), 30);
+        assert!(ErrorRateConfig::hsf()
+            .qps_lower_bound(f64::NAN)
+            .build()
+            .is_err());
+    }
+
+    #[test]
+    fn every_invalid_field_is_named() {
+        let cases: Vec<(ErrorRateBuilder, &str)> = vec![
+            (ErrorRateConfig::hsf().window(Duration::ZERO), "window"),
+            (ErrorRateConfig::hsf().buckets(0), "buckets"),
+            (ErrorRateConfig::hsf().min_calls(0), "min_calls"),
+            (
+                ErrorRateConfig::hsf().error_rate_threshold(1.5),
+                "error_rate_threshold",
+            ),
+            (
+                ErrorRateConfig::hsf().error_rate_threshold(-0.1),
+                "error_rate_threshold",
+            ),
+            (
+                ErrorRateConfig::hsf().max_ejection_ratio(2.0),
+                "max_ejection_ratio",
+            ),
+            (
+                ErrorRateConfig::hsf().recovery_unit(Duration::ZERO),
+                "recovery_unit",
+            ),
+            (
+                ErrorRateConfig::hsf().max_recovery_multiple(0),
+                "max_recovery_multiple",
+            ),
+        ];
+        for (builder, field) in cases {
+            let error = builder.build().unwrap_err();
+            assert_eq!(error.field(), field);
+            assert!(error.to_string().contains(field), "{error}");
+            assert!(error.to_string().contains("allowed"), "{error}");
+        }
+    }
+}
