@@ -4,7 +4,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use tower::Service;
@@ -13,12 +14,20 @@ use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLay
 struct Counting;
 
 static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-static COUNTING: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    // Only the test's own thread counts: the test harness's threads may allocate meanwhile.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn counting(on: bool) {
+    COUNTING.with(|c| c.set(on));
+}
 
 // SAFETY: forwards every call to the system allocator unchanged; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::SeqCst) {
+        if COUNTING.try_with(Cell::get).unwrap_or(false) {
             ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
         }
         // SAFETY: the caller's contract is passed on as is.
@@ -68,14 +77,14 @@ fn run(clock: Clock) {
         let _ = endpoint.poll_ready(&mut cx);
         let _ = pin!(endpoint.call(i)).poll(&mut cx);
     }
-    COUNTING.store(true, Ordering::SeqCst);
+    counting(true);
     for i in 0..100_000 {
         let _ = endpoint.poll_ready(&mut cx);
         let _ = pin!(endpoint.call(i)).poll(&mut cx);
         // A dropped future (cancelled) too.
         drop(endpoint.call(i));
     }
-    COUNTING.store(false, Ordering::SeqCst);
+    counting(false);
     let record = endpoint.record();
     let counts = record.policies()[0].counts(record.clock().now());
     assert!(

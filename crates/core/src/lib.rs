@@ -32,7 +32,7 @@ pub use clock::{duration_to_nanos, Clock, Nanos};
 pub use error::{check_nonzero_duration, check_ratio, ConfigError};
 pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
-    Budget, BudgetFloor, EndpointPolicy, Judgement, Policy, Reason, RecoverySchedule, Signal,
+    Admit, Budget, BudgetFloor, EndpointPolicy, Judgement, Policy, Reason, RecoverySchedule, Signal,
 };
-pub use record::{EndpointRecord, Notifier, RTT_DECAY};
+pub use record::{EndpointRecord, Notifier, ProbePermits, RTT_DECAY};
 pub use window::{Window, WindowCounts, WindowShape};

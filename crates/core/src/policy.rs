@@ -10,9 +10,10 @@
 //! that ejected an endpoint decides when it is checked again ([`Policy::recovery`]).
 
 use std::fmt;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::clock::Nanos;
+use crate::clock::{Clock, Nanos};
 use crate::error::{check_nonzero_duration, check_ratio, ConfigError};
 use crate::outcome::Observation;
 use crate::window::WindowCounts;
@@ -53,6 +54,43 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + 'static {
     /// Forgets the recorded history: the endpoint is re-admitted and is judged only on what
     /// happens from now on.
     fn reset(&self);
+
+    /// Readiness gate, asked by the endpoint's `poll_ready` before every call.
+    ///
+    /// `armed` says whether this endpoint handle already holds this policy's probe permit (from
+    /// an earlier `Ready(Admit::Probe)` whose call has not been made yet). Return
+    /// `Ready(Admit::Probe)` to hand the next call the single probe permit, `Ready(Admit::Call)`
+    /// for an ordinary call, or `Pending` (with `cx`'s waker registered) while another probe is in
+    /// flight. The default admits every call.
+    ///
+    /// `clock` is there to read only when the answer depends on the time: this runs before every
+    /// call, and most states do not need it.
+    fn poll_admit(&self, armed: bool, clock: &Clock, cx: &mut Context<'_>) -> Poll<Admit> {
+        let _ = (armed, clock, cx);
+        Poll::Ready(Admit::Call)
+    }
+
+    /// Records the completion of the call that held this policy's probe permit. Hot path, like
+    /// [`record`](Self::record), which the default delegates to.
+    fn record_probe(&self, observation: &Observation, now: Nanos) -> Signal {
+        self.record(observation, now)
+    }
+
+    /// The probe permit was given up without a completed call (the future or the endpoint handle
+    /// was dropped).
+    fn probe_cancelled(&self, now: Nanos) {
+        let _ = now;
+    }
+}
+
+/// What a readiness gate grants the next call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// An ordinary call.
+    Call,
+    /// The policy's single probe: its completion goes to
+    /// [`EndpointPolicy::record_probe`].
+    Probe,
 }
 
 /// What a record asks of the layer.

@@ -3,14 +3,20 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::Waker;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures::task::AtomicWaker;
 
 use crate::clock::{duration_to_nanos, Clock, Nanos};
 use crate::outcome::{Observation, Outcome};
-use crate::policy::{EndpointPolicy, Judgement, Reason, Signal};
+use crate::policy::{Admit, EndpointPolicy, Judgement, Reason, Signal};
+
+/// Probe permits an endpoint handle or a call holds: bit `i` for the record's policy `i`. Policies
+/// past the 32nd cannot gate readiness.
+pub type ProbePermits = u32;
+
+const GATED_POLICIES: usize = ProbePermits::BITS as usize;
 
 /// Wakes the task that drives a layer when any endpoint's record signals.
 ///
@@ -120,18 +126,55 @@ impl EndpointRecord {
         &self.policies
     }
 
-    /// Records one finished call that ended at `now`. Lock-free and allocation-free.
-    ///
-    /// Cancelled calls are ignored: they count as neither success nor failure.
+    /// Asks every policy's readiness gate; `permits` holds the probe permits this handle has
+    /// and gains the ones granted now. `Pending` when any gate waits (its waker registered).
     #[inline]
-    pub fn observe(&self, observation: &Observation, now: Nanos) {
+    pub fn poll_admit(&self, permits: &mut ProbePermits, cx: &mut Context<'_>) -> Poll<()> {
+        for (index, policy) in self.policies.iter().enumerate().take(GATED_POLICIES) {
+            let bit = 1 << index;
+            match policy.poll_admit(*permits & bit != 0, &self.clock, cx) {
+                Poll::Ready(Admit::Call) => *permits &= !bit,
+                Poll::Ready(Admit::Probe) => *permits |= bit,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(())
+    }
+
+    /// Gives back probe permits that will not be used.
+    pub fn cancel_probes(&self, permits: ProbePermits) {
+        if permits == 0 {
+            return;
+        }
+        let now = self.clock.now();
+        for (index, policy) in self.policies.iter().enumerate().take(GATED_POLICIES) {
+            if permits & (1 << index) != 0 {
+                policy.probe_cancelled(now);
+            }
+        }
+    }
+
+    /// Records one finished call that ended at `now`, which held the probe permits `probes`.
+    /// Lock-free and allocation-free.
+    ///
+    /// Cancelled calls are not recorded: they count as neither success nor failure (their probe
+    /// permits are given back).
+    #[inline]
+    pub fn observe(&self, observation: &Observation, now: Nanos, probes: ProbePermits) {
         if observation.outcome == Outcome::Cancelled {
+            self.cancel_probes(probes);
             return;
         }
         self.sample_rtt(duration_to_nanos(observation.latency), now);
         let mut signal = false;
-        for policy in self.policies.iter() {
-            signal |= policy.record(observation, now) == Signal::Evaluate;
+        for (index, policy) in self.policies.iter().enumerate() {
+            let probe = index < GATED_POLICIES && probes & (1 << index) != 0;
+            let outcome = if probe {
+                policy.record_probe(observation, now)
+            } else {
+                policy.record(observation, now)
+            };
+            signal |= outcome == Signal::Evaluate;
         }
         if signal
             && !self.flagged.load(Ordering::Relaxed)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower::load::Load;
-use tower_outlier_core::{Classify, EndpointRecord};
+use tower_outlier_core::{Classify, EndpointRecord, ProbePermits};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
@@ -51,25 +51,31 @@ fn in_flight<C>(shared: &Arc<Shared<C>>) -> usize {
     Arc::strong_count(shared).saturating_sub(shared.holders.load(Ordering::Relaxed))
 }
 
-/// One holder's reference; cloning and dropping it keeps `holders` exact.
-struct Holder<C>(Arc<Shared<C>>);
+/// One holder's reference; cloning and dropping it keeps `holders` exact. It also carries the
+/// probe permits this handle was granted by `poll_ready` for its next call, and gives them back
+/// if it is dropped first (a balancer evicting a ready endpoint).
+struct Holder<C> {
+    shared: Arc<Shared<C>>,
+    permits: ProbePermits,
+}
 
 impl<C> Holder<C> {
     fn new(shared: Arc<Shared<C>>) -> Self {
         shared.holders.fetch_add(1, Ordering::Relaxed);
-        Holder(shared)
+        Holder { shared, permits: 0 }
     }
 }
 
 impl<C> Clone for Holder<C> {
     fn clone(&self) -> Self {
-        Holder::new(self.0.clone())
+        Holder::new(self.shared.clone())
     }
 }
 
 impl<C> Drop for Holder<C> {
     fn drop(&mut self) {
-        self.0.holders.fetch_sub(1, Ordering::Relaxed);
+        self.shared.record.cancel_probes(self.permits);
+        self.shared.holders.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -124,12 +130,12 @@ impl<S, C> Endpoint<S, C> {
 
     /// The endpoint's record: its policies' windows, latency estimate and weight.
     pub fn record(&self) -> &EndpointRecord {
-        &self.holder.0.record
+        &self.holder.shared.record
     }
 
     /// Requests sent through this endpoint (or its clones) whose response futures are still alive.
     pub fn in_flight(&self) -> usize {
-        in_flight(&self.holder.0)
+        in_flight(&self.holder.shared)
     }
 
     /// A reference to the inner service.
@@ -177,13 +183,27 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        std::task::ready!(self.inner.poll_ready(cx))?;
+        // Policies gate readiness only while one of them probes (a half-open breaker admits one
+        // call and keeps the others waiting until that call decides).
+        let holder = &mut self.holder;
+        holder
+            .shared
+            .record
+            .poll_admit(&mut holder.permits, cx)
+            .map(Ok)
     }
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
         let start = self.record().clock().now();
-        ResponseFuture::new(self.inner.call(request), self.holder.0.clone(), start)
+        let probes = std::mem::take(&mut self.holder.permits);
+        ResponseFuture::new(
+            self.inner.call(request),
+            self.holder.shared.clone(),
+            start,
+            probes,
+        )
     }
 }
 

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tower_outlier_core::{Classify, Nanos, Observation, Outcome};
+use tower_outlier_core::{Classify, Nanos, Observation, Outcome, ProbePermits};
 
 use crate::endpoint::Shared;
 
@@ -20,17 +20,34 @@ pin_project! {
     pub struct ResponseFuture<F, C> {
         #[pin]
         inner: F,
-        // Taken when the outcome is recorded, so it is recorded once.
-        shared: Option<Arc<Shared<C>>>,
+        completion: Completion<C>,
         start: Nanos,
     }
 }
 
+/// The record to report to, taken when the outcome is recorded so it is recorded once; dropped
+/// unrecorded, it gives back the call's probe permits.
+struct Completion<C> {
+    shared: Option<Arc<Shared<C>>>,
+    probes: ProbePermits,
+}
+
+impl<C> Drop for Completion<C> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.record.cancel_probes(self.probes);
+        }
+    }
+}
+
 impl<F, C> ResponseFuture<F, C> {
-    pub(crate) fn new(inner: F, shared: Arc<Shared<C>>, start: Nanos) -> Self {
+    pub(crate) fn new(inner: F, shared: Arc<Shared<C>>, start: Nanos, probes: ProbePermits) -> Self {
         ResponseFuture {
             inner,
-            shared: Some(shared),
+            completion: Completion {
+                shared: Some(shared),
+                probes,
+            },
             start,
         }
     }
@@ -47,7 +64,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let result = std::task::ready!(this.inner.poll(cx));
-        if let Some(shared) = this.shared.take() {
+        if let Some(shared) = this.completion.shared.take() {
             let record = &shared.record;
             let now = record.clock().now();
             let outcome = shared.classifier.classify(result.as_ref());
@@ -56,7 +73,9 @@ where
                     outcome,
                     latency: Duration::from_nanos(now.saturating_sub(*this.start)),
                 };
-                record.observe(&observation, now);
+                record.observe(&observation, now, this.completion.probes);
+            } else {
+                record.cancel_probes(this.completion.probes);
             }
         }
         Poll::Ready(result)
@@ -66,7 +85,7 @@ where
 impl<F, C> fmt::Debug for ResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("done", &self.shared.is_none())
+            .field("done", &self.completion.shared.is_none())
             .finish_non_exhaustive()
     }
 }
