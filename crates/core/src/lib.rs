@@ -35,4 +35,6 @@ pub use policy::{
     Admit, Budget, BudgetFloor, EndpointPolicy, Judgement, Policy, Reason, RecoverySchedule, Signal,
 };
 pub use record::{EndpointRecord, Notifier, ProbePermits, RTT_DECAY};
+/// The boxed error type of tower middleware (`tower::BoxError`).
+pub use tower::BoxError;
 pub use window::{Window, WindowCounts, WindowShape};

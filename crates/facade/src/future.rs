@@ -41,7 +41,12 @@ impl<C> Drop for Completion<C> {
 }
 
 impl<F, C> ResponseFuture<F, C> {
-    pub(crate) fn new(inner: F, shared: Arc<Shared<C>>, start: Nanos, probes: ProbePermits) -> Self {
+    pub(crate) fn new(
+        inner: F,
+        shared: Arc<Shared<C>>,
+        start: Nanos,
+        probes: ProbePermits,
+    ) -> Self {
         ResponseFuture {
             inner,
             completion: Completion {

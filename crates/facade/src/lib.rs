@@ -10,6 +10,10 @@
 //! Policies (each its own crate, re-exported behind a feature):
 //! * `ejection` (default): error-rate ejection with EDAS / HSF semantics —
 //!   [`ErrorRatePolicy`], [`ErrorRateConfig`], [`HsfQosConfig`].
+//! * `slow-call` (default): the slow-call ratio breaker with Sentinel semantics, in [`slow_call`]:
+//!   `SlowCallPolicy` per endpoint (composes with error-rate ejection through
+//!   [`OutlierDetectionLayer::with_policy`], sharing one budget) and the standalone
+//!   `CircuitBreakerLayer`.
 //!
 //! What counts as a failure is the classifier's choice ([`NetworkErrors`], [`ServerErrors`],
 //! [`classify::predicate`], [`classify::classify_fn`]); how an ejected endpoint is checked is the
@@ -60,6 +64,12 @@ pub use tower_outlier_core::{
     FailureKind, Judgement, NetworkErrors, Observation, Outcome, Policy, Reason, RecoverySchedule,
     ServerErrors, Signal, Window, WindowCounts,
 };
+
+/// The slow-call ratio circuit breaker (Sentinel semantics): [`SlowCallPolicy`](slow_call::SlowCallPolicy)
+/// per endpoint in this layer, or [`CircuitBreakerLayer`](slow_call::CircuitBreakerLayer) around
+/// any service.
+#[cfg(feature = "slow-call")]
+pub use tower_outlier_slow_call as slow_call;
 
 #[cfg(feature = "ejection")]
 pub use tower_outlier_ejection::{

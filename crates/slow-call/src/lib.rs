@@ -1,0 +1,40 @@
+//! A circuit breaker with the degrade semantics of Alibaba Sentinel — slow-call ratio, error ratio
+//! and error count — usable per endpoint inside `tower_outlier::OutlierDetectionLayer`
+//! ([`SlowCallPolicy`]) or on its own around any `Service` ([`CircuitBreakerLayer`]).
+//!
+//! * A call is slow when its latency is **strictly greater** than the max RT.
+//! * In CLOSED, after each completion: below the minimum requests in the statistics interval
+//!   nothing happens; otherwise the breaker opens when the measure is strictly greater than its
+//!   threshold, or, for the slow-call ratio at 1.0, when every call was slow.
+//! * OPEN rejects calls until the open duration has passed; then exactly one call is the
+//!   HALF_OPEN probe, even under concurrent callers, and its completion alone decides: slow or
+//!   failed re-opens for another open duration, otherwise the breaker closes and the statistics
+//!   restart.
+//! * Observers ([`CircuitBreakerLayer::on_state_change`], [`SlowCallPolicy::on_state_change`]) and
+//!   `tracing` events (`target: "tower_outlier::breaker"`) receive every change with the value
+//!   that triggered it.
+//! * Sentinel's `DegradeRule` JSON loads with [`parse_degrade_rules`].
+//!
+//! The statistics interval is the core crate's lock-free bucketed window; with one bucket (the
+//! default) it behaves exactly like Sentinel's `statIntervalMs`.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod breaker;
+mod config;
+mod error;
+mod future;
+mod layer;
+mod policy;
+// mod sentinel;
+mod service;
+
+pub use breaker::{Admission, Breaker, Observer, State, StateChange};
+pub use config::{BreakerBuilder, BreakerConfig, Strategy};
+pub use error::BrokenCircuit;
+pub use future::ResponseFuture;
+pub use layer::CircuitBreakerLayer;
+pub use policy::SlowCallPolicy;
+// pub use sentinel::{parse_degrade_rules, DegradeRule, RuleError};
+pub use service::CircuitBreaker;

@@ -1,0 +1,183 @@
+//! The breaker as an outlier policy: one breaker per endpoint.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower_outlier_core::{
+    Admit, Clock, EndpointPolicy, Judgement, Nanos, Observation, Policy, Reason, RecoverySchedule,
+    Signal, WindowCounts,
+};
+
+use crate::breaker::{Admission, Breaker, Observer, State, StateChange};
+use crate::config::{BreakerConfig, Strategy};
+
+/// The slow-call breaker as a policy of `tower_outlier::OutlierDetectionLayer`: every endpoint
+/// gets its own breaker.
+///
+/// * When an endpoint's breaker opens, the endpoint is ejected, spending from the layer's shared
+///   budget (never the last available endpoint).
+/// * After the open duration it is re-admitted for exactly one probe: its readiness admits one
+///   request and then stays `Pending` (with a waker) until that request decides. A fast, successful
+///   probe closes the breaker; a slow or failed one re-opens it and the endpoint is ejected again
+///   for another open duration.
+/// * If the budget refuses the ejection, the endpoint stays in rotation and serves normally.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_outlier_core::Policy;
+/// use tower_outlier_slow_call::{BreakerConfig, SlowCallPolicy};
+///
+/// let policy = SlowCallPolicy::new(
+///     BreakerConfig::slow_ratio(Duration::from_millis(200))
+///         .ratio(0.5)
+///         .min_requests(10)
+///         .open_duration(Duration::from_secs(5))
+///         .build()?,
+/// );
+/// assert_eq!(policy.name(), "slow-call");
+/// # Ok::<(), tower_outlier_core::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct SlowCallPolicy {
+    config: BreakerConfig,
+    observers: Vec<Observer>,
+}
+
+impl SlowCallPolicy {
+    /// A policy giving each endpoint a breaker with `config`.
+    pub fn new(config: BreakerConfig) -> Self {
+        SlowCallPolicy {
+            config,
+            observers: Vec::new(),
+        }
+    }
+
+    /// Registers a callback told of every endpoint breaker's state changes.
+    pub fn on_state_change(
+        mut self,
+        observer: impl Fn(&StateChange) + Send + Sync + 'static,
+    ) -> Self {
+        self.observers.push(Arc::new(observer));
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &BreakerConfig {
+        &self.config
+    }
+}
+
+impl std::fmt::Debug for SlowCallPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlowCallPolicy")
+            .field("config", &self.config)
+            .field("observers", &self.observers.len())
+            .finish()
+    }
+}
+
+impl Policy for SlowCallPolicy {
+    fn name(&self) -> &'static str {
+        "slow-call"
+    }
+
+    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
+        Box::new(BreakerEndpoint {
+            breaker: Breaker::with_observers(self.config.clone(), self.observers.clone().into()),
+        })
+    }
+
+    fn recovery(&self) -> RecoverySchedule {
+        // Sentinel re-opens for a full open duration after each failed probe: no growth.
+        RecoverySchedule::new(self.config.open_duration, 1)
+            .unwrap_or_else(|_| unreachable_schedule())
+    }
+
+    fn trial_period(&self) -> Duration {
+        self.config.stat_interval()
+    }
+}
+
+// `BreakerConfig` guarantees a non-zero open duration, so the schedule above always builds; this
+// keeps the policy total without a panic path.
+fn unreachable_schedule() -> RecoverySchedule {
+    match RecoverySchedule::new(Duration::from_secs(1), 1) {
+        Ok(schedule) => schedule,
+        Err(_) => unreachable_schedule(),
+    }
+}
+
+/// One endpoint's breaker.
+#[derive(Debug)]
+struct BreakerEndpoint {
+    breaker: Breaker,
+}
+
+fn signal(open: bool) -> Signal {
+    if open {
+        Signal::Evaluate
+    } else {
+        Signal::None
+    }
+}
+
+impl EndpointPolicy for BreakerEndpoint {
+    #[inline]
+    fn record(&self, observation: &Observation, now: Nanos) -> Signal {
+        signal(self.breaker.complete(Admission::Call, observation, now))
+    }
+
+    fn record_probe(&self, observation: &Observation, now: Nanos) -> Signal {
+        signal(self.breaker.complete(Admission::Probe, observation, now))
+    }
+
+    fn judge(&self, now: Nanos) -> Judgement {
+        // Only an open breaker still inside its open duration is an outlier: once the duration is
+        // over, the endpoint must be back in rotation for its probe.
+        if self.breaker.state() != State::Open || now >= self.breaker.open_until() {
+            return Judgement::Healthy;
+        }
+        let (measure, threshold) = match self.breaker.strategy() {
+            Strategy::SlowRatio { ratio, .. } => ("slow-call ratio", ratio),
+            Strategy::ErrorRatio { ratio } => ("error ratio", ratio),
+            Strategy::ErrorCount { count } => ("error count", count as f64),
+        };
+        Judgement::Outlier(Reason {
+            policy: "slow-call",
+            measure,
+            value: self.breaker.last_trigger(),
+            threshold,
+            counts: self.breaker.counts(now),
+        })
+    }
+
+    fn counts(&self, now: Nanos) -> WindowCounts {
+        self.breaker.counts(now)
+    }
+
+    fn reset(&self) {
+        // The breaker's own state machine decides re-admission through its probe.
+    }
+
+    #[inline]
+    fn poll_admit(&self, armed: bool, clock: &Clock, cx: &mut Context<'_>) -> Poll<Admit> {
+        if armed {
+            return Poll::Ready(Admit::Probe);
+        }
+        if self.breaker.state() == State::Closed {
+            return Poll::Ready(Admit::Call);
+        }
+        self.breaker
+            .poll_acquire(clock.now(), cx)
+            .map(|admission| match admission {
+                Admission::Probe => Admit::Probe,
+                // Still open but in rotation: the budget refused the ejection, so it serves.
+                Admission::Call | Admission::Rejected => Admit::Call,
+            })
+    }
+
+    fn probe_cancelled(&self, now: Nanos) {
+        self.breaker.probe_cancelled(now);
+    }
+}

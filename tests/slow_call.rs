@@ -1,0 +1,369 @@
+//! SEMANTICS.md section 2 (Sentinel's slow-call ratio, error ratio and error count breaker),
+//! rule by rule: on the breaker itself, through the standalone layer on tokio's paused clock, and
+//! per endpoint through the outlier layer.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_outlier::slow_call::{
+    Admission, Breaker, BreakerConfig, BrokenCircuit, CircuitBreakerLayer, SlowCallPolicy, State,
+    StateChange,
+};
+use tower_outlier::{FailureKind, Observation, Outcome};
+
+const MS: u64 = 1_000_000;
+const SECOND: u64 = 1_000 * MS;
+
+fn took(ms: u64) -> Observation {
+    Observation {
+        outcome: Outcome::Success,
+        latency: Duration::from_millis(ms),
+    }
+}
+
+fn failed() -> Observation {
+    Observation {
+        outcome: Outcome::Failure(FailureKind::Transport),
+        latency: Duration::from_millis(1),
+    }
+}
+
+/// Completes `observations` as ordinary calls at time `at`.
+fn feed(breaker: &Breaker, at: u64, observations: impl IntoIterator<Item = Observation>) {
+    for observation in observations {
+        let admission = breaker.acquire(at);
+        breaker.complete(admission, &observation, at);
+    }
+}
+
+fn slow_ratio(ratio: f64) -> Breaker {
+    Breaker::new(
+        BreakerConfig::slow_ratio(Duration::from_millis(500))
+            .ratio(ratio)
+            .min_requests(5)
+            .open_duration(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn slow_means_strictly_slower_than_max_rt() {
+    let breaker = slow_ratio(1.0);
+    feed(&breaker, 0, (0..5).map(|_| took(500)));
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "500 ms is not slower than 500 ms"
+    );
+    let breaker = slow_ratio(1.0);
+    let just_over = Observation {
+        outcome: Outcome::Success,
+        latency: Duration::from_millis(500) + Duration::from_nanos(1),
+    };
+    feed(&breaker, 0, (0..5).map(|_| just_over));
+    assert_eq!(breaker.state(), State::Open);
+}
+
+#[test]
+fn nothing_happens_below_the_minimum_requests() {
+    let breaker = slow_ratio(1.0);
+    feed(&breaker, 0, (0..4).map(|_| took(1000)));
+    assert_eq!(breaker.state(), State::Closed);
+    feed(&breaker, 0, [took(1000)]);
+    assert_eq!(breaker.state(), State::Open);
+}
+
+#[test]
+fn the_slow_ratio_must_be_strictly_greater() {
+    let breaker = slow_ratio(0.5);
+    feed(&breaker, 0, (0..5).map(|_| took(10)));
+    feed(&breaker, 0, (0..5).map(|_| took(1000)));
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "5 of 10 = 0.5 is not above 0.5"
+    );
+    feed(&breaker, 0, [took(1000)]);
+    assert_eq!(breaker.state(), State::Open, "6 of 11 > 0.5");
+}
+
+#[test]
+fn at_ratio_one_only_an_all_slow_interval_opens() {
+    let breaker = slow_ratio(1.0);
+    feed(&breaker, 0, [took(10)]);
+    feed(&breaker, 0, (0..20).map(|_| took(1000)));
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "one fast call keeps it closed"
+    );
+    let breaker = slow_ratio(1.0);
+    feed(&breaker, 0, (0..20).map(|_| took(1000)));
+    assert_eq!(breaker.state(), State::Open);
+}
+
+#[test]
+fn the_interval_restarts_with_one_bucket() {
+    let breaker = slow_ratio(1.0);
+    feed(&breaker, 0, (0..4).map(|_| took(1000)));
+    // The next interval starts empty: four more slow calls are again below the minimum.
+    feed(&breaker, SECOND, (0..4).map(|_| took(1000)));
+    assert_eq!(breaker.state(), State::Closed);
+    assert_eq!(breaker.counts(SECOND).calls, 4);
+}
+
+#[test]
+fn error_ratio_and_error_count_are_strict() {
+    let ratio = Breaker::new(
+        BreakerConfig::error_ratio(0.5)
+            .min_requests(10)
+            .open_duration(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    );
+    feed(&ratio, 0, (0..5).map(|_| failed()));
+    feed(&ratio, 0, (0..5).map(|_| took(1)));
+    assert_eq!(ratio.state(), State::Closed, "5 of 10 is not above 0.5");
+    feed(&ratio, 0, [failed()]);
+    assert_eq!(ratio.state(), State::Open);
+
+    let count = Breaker::new(
+        BreakerConfig::error_count(3)
+            .min_requests(1)
+            .open_duration(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    );
+    feed(&count, 0, (0..3).map(|_| failed()));
+    assert_eq!(count.state(), State::Closed, "3 errors are not above 3");
+    feed(&count, 0, [failed()]);
+    assert_eq!(count.state(), State::Open);
+}
+
+#[test]
+fn open_rejects_until_the_duration_then_admits_one_probe() {
+    let breaker = slow_ratio(1.0);
+    feed(&breaker, 0, (0..5).map(|_| took(1000)));
+    assert_eq!(breaker.acquire(10 * SECOND - 1), Admission::Rejected);
+    assert_eq!(breaker.acquire(10 * SECOND), Admission::Probe);
+    assert_eq!(breaker.state(), State::HalfOpen);
+    assert_eq!(breaker.acquire(10 * SECOND), Admission::Rejected);
+    assert_eq!(
+        breaker.acquire(20 * SECOND),
+        Admission::Rejected,
+        "still waiting for the probe"
+    );
+    // An ordinary call admitted before the breaker opened completes now: it does not decide.
+    breaker.complete(Admission::Call, &took(1), 20 * SECOND);
+    assert_eq!(breaker.state(), State::HalfOpen);
+}
+
+#[test]
+fn the_probe_alone_decides() {
+    let breaker = slow_ratio(1.0);
+    feed(&breaker, 0, (0..5).map(|_| took(1000)));
+    // Slow probe: open again for a full duration.
+    assert_eq!(breaker.acquire(10 * SECOND), Admission::Probe);
+    breaker.complete(Admission::Probe, &took(600), 11 * SECOND);
+    assert_eq!(breaker.state(), State::Open);
+    assert_eq!(breaker.acquire(21 * SECOND - 1), Admission::Rejected);
+    // Failed probe: the same.
+    assert_eq!(breaker.acquire(21 * SECOND), Admission::Probe);
+    breaker.complete(Admission::Probe, &failed(), 21 * SECOND);
+    assert_eq!(breaker.state(), State::Open);
+    // Fast probe: closed, and the statistics restart.
+    assert_eq!(breaker.acquire(31 * SECOND), Admission::Probe);
+    breaker.complete(Admission::Probe, &took(10), 31 * SECOND);
+    assert_eq!(breaker.state(), State::Closed);
+    assert_eq!(breaker.counts(31 * SECOND).calls, 0);
+    assert_eq!(breaker.acquire(31 * SECOND), Admission::Call);
+}
+
+#[test]
+fn a_dropped_probe_lets_the_next_call_probe() {
+    let breaker = slow_ratio(1.0);
+    feed(&breaker, 0, (0..5).map(|_| took(1000)));
+    assert_eq!(breaker.acquire(10 * SECOND), Admission::Probe);
+    breaker.probe_cancelled(10 * SECOND);
+    assert_eq!(breaker.state(), State::Open);
+    assert_eq!(breaker.acquire(10 * SECOND), Admission::Probe);
+}
+
+#[test]
+fn observers_receive_the_triggering_value() {
+    let changes = Arc::new(Mutex::new(Vec::<StateChange>::new()));
+    let seen = changes.clone();
+    let layer = CircuitBreakerLayer::new(
+        BreakerConfig::slow_ratio(Duration::from_millis(500))
+            .ratio(0.5)
+            .min_requests(4)
+            .open_duration(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    )
+    .on_state_change(move |change| seen.lock().unwrap().push(change.clone()));
+    let service = tower::Layer::layer(
+        &layer,
+        service_fn(|()| async { Ok::<_, std::io::Error>(()) }),
+    );
+    let breaker = service.breaker();
+    feed(breaker, 0, [took(10), took(900), took(900), took(900)]);
+    breaker.acquire(SECOND);
+    breaker.complete(Admission::Probe, &took(20), SECOND);
+    let changes = changes.lock().unwrap();
+    let summary: Vec<(State, State, Option<f64>)> =
+        changes.iter().map(|c| (c.from, c.to, c.value)).collect();
+    assert_eq!(
+        summary,
+        vec![
+            (State::Closed, State::Open, Some(0.75)),
+            (State::Open, State::HalfOpen, None),
+            (State::HalfOpen, State::Closed, Some(20.0)),
+        ]
+    );
+    assert_eq!(changes[0].counts.unwrap().calls, 4);
+}
+
+/// A service whose latency is switched between slow (1 s) and fast (10 ms) on tokio's clock.
+fn sleepy(
+    slow: Arc<AtomicBool>,
+    calls: Arc<AtomicUsize>,
+) -> impl Service<(), Response = (), Error = std::io::Error, Future = impl Send> + Clone {
+    service_fn(move |()| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let slow = slow.load(Ordering::SeqCst);
+        async move {
+            let latency = if slow { 1000 } else { 10 };
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+            Ok::<_, std::io::Error>(())
+        }
+    })
+}
+
+fn is_broken(error: &tower::BoxError) -> bool {
+    error.downcast_ref::<BrokenCircuit>().is_some()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_seed_walk_through_on_a_paused_clock() {
+    // Interval 1 s, minimum 5, ratio 1.0, max RT 500 ms; a service that takes 1 s; 10 calls in a
+    // second.
+    let slow = Arc::new(AtomicBool::new(true));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = ServiceBuilder::new()
+        .layer(CircuitBreakerLayer::new(
+            BreakerConfig::slow_ratio(Duration::from_millis(500))
+                .ratio(1.0)
+                .min_requests(5)
+                .stat_interval(Duration::from_secs(1))
+                .open_duration(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        ))
+        .service(sleepy(slow.clone(), calls.clone()));
+    let mut callers = Vec::new();
+    for _ in 0..10 {
+        callers.push(tokio::spawn(service.clone().oneshot(())));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for caller in callers {
+        caller.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        service.state(),
+        State::Open,
+        "ten 1 s calls in a second open the breaker"
+    );
+    // Rejected during the open time, without reaching the service.
+    let before = calls.load(Ordering::SeqCst);
+    let error = service.clone().oneshot(()).await.unwrap_err();
+    assert!(is_broken(&error), "{error}");
+    assert_eq!(calls.load(Ordering::SeqCst), before);
+    // After it, one fast call closes the breaker.
+    slow.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    service.clone().oneshot(()).await.unwrap();
+    assert_eq!(service.state(), State::Closed);
+    service.clone().oneshot(()).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn exactly_one_probe_under_eight_concurrent_callers() {
+    let gate = Arc::new(Semaphore::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (gate_in, calls_in) = (gate.clone(), calls.clone());
+    let service = ServiceBuilder::new()
+        .layer(CircuitBreakerLayer::new(
+            BreakerConfig::error_count(0)
+                .min_requests(1)
+                .open_duration(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        ))
+        .service(service_fn(move |fail: bool| {
+            calls_in.fetch_add(1, Ordering::SeqCst);
+            let gate = gate_in.clone();
+            async move {
+                if fail {
+                    return Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+                }
+                // Held until the test releases it, so the probe stays in flight.
+                let _permit = gate.acquire().await;
+                Ok(())
+            }
+        }));
+    assert!(service.clone().oneshot(true).await.is_err());
+    assert_eq!(service.state(), State::Open);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let callers: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(service.clone().oneshot(false)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "one failure, then exactly one probe"
+    );
+    gate.add_permits(8);
+    let mut rejected = 0;
+    for caller in callers {
+        match caller.await.unwrap() {
+            Ok(()) => {}
+            Err(error) if is_broken(&error) => rejected += 1,
+            Err(error) => panic!("unexpected {error}"),
+        }
+    }
+    assert_eq!(rejected, 7);
+    assert_eq!(service.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_standalone_breaker_does_not_busy_poll() {
+    // Open breakers fail calls; readiness stays the inner service's, so nothing spins.
+    let service = ServiceBuilder::new()
+        .layer(CircuitBreakerLayer::new(
+            BreakerConfig::error_count(0)
+                .min_requests(1)
+                .open_duration(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        ))
+        .service(service_fn(|()| async {
+            Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+        }));
+    let mut service = service;
+    assert!(service.ready().await.unwrap().call(()).await.is_err());
+    let mut ready = tokio_test::task::spawn(());
+    for _ in 0..3 {
+        assert!(ready.enter(|cx, _| service.poll_ready(cx)).is_ready());
+        let error = service.call(()).await.unwrap_err();
+        assert!(is_broken(&error));
+    }
+    assert!(!ready.is_woken());
+}
