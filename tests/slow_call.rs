@@ -367,3 +367,167 @@ async fn a_standalone_breaker_does_not_busy_poll() {
     }
     assert!(!ready.is_woken());
 }
+
+mod through_the_outlier_layer {
+    use super::support::{announce, SeededRng, Sleepy};
+    use super::*;
+    use tower::balance::p2c::Balance;
+    use tower::buffer::Buffer;
+    use tower::Layer;
+    use tower_outlier::{
+        Budget, BudgetFloor, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor,
+        OutlierDetectionLayer,
+    };
+
+    fn breaker_layer() -> OutlierDetectionLayer {
+        OutlierDetectionLayer::new(SlowCallPolicy::new(
+            BreakerConfig::slow_ratio(Duration::from_millis(500))
+                .ratio(1.0)
+                .min_requests(3)
+                .stat_interval(Duration::from_secs(5))
+                .open_duration(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        ))
+        .budget(Budget::new(0.5, BudgetFloor::One).unwrap())
+    }
+
+    /// `workers` callers, each sending requests back to back through the balancer for `span`.
+    async fn load<S>(balancer: &Buffer<(), S>, workers: usize, span: Duration) -> usize
+    where
+        S: std::future::Future<Output = Result<usize, tower::BoxError>> + Send + 'static,
+    {
+        let until = tokio::time::Instant::now() + span;
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                let balancer = balancer.clone();
+                tokio::spawn(async move {
+                    let mut sent = 0;
+                    while tokio::time::Instant::now() < until {
+                        let _ = balancer.clone().oneshot(()).await;
+                        sent += 1;
+                    }
+                    sent
+                })
+            })
+            .collect();
+        let mut sent = 0;
+        for handle in handles {
+            sent += handle.await.unwrap();
+        }
+        sent
+    }
+
+    fn status(monitor: &Monitor, key: usize) -> EndpointStatus {
+        monitor.snapshot().get(&key.to_string()).unwrap().status
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_endpoint_is_ejected_probed_once_and_brought_back() {
+        let backends: Vec<(usize, Sleepy)> = (0..4)
+            .map(|id| (id, Sleepy::new(id, if id == 3 { 600 } else { 100 })))
+            .collect();
+        let layer = breaker_layer();
+        let monitor = layer.monitor();
+        let balancer = Buffer::new(
+            Balance::from_rng(layer.layer(announce(&backends)), SeededRng(3)),
+            64,
+        );
+        let slow = backends[3].1.clone();
+
+        load(&balancer, 16, Duration::from_secs(4)).await;
+        assert_eq!(
+            status(&monitor, 3),
+            EndpointStatus::Ejected,
+            "600 ms > 500 ms for every call"
+        );
+        assert!(slow.calls() >= 3);
+        // While it is out, the others serve every request and it gets none.
+        let at_ejection = slow.calls();
+        let sent = load(&balancer, 16, Duration::from_secs(4)).await;
+        assert!(sent > 100);
+        assert_eq!(slow.calls(), at_ejection);
+        assert!(backends[..3].iter().all(|(_, b)| b.calls() > 50));
+
+        // It becomes fast; after the open duration it is back for exactly one probe.
+        slow.set_latency(100);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let before_probe = slow.calls();
+        slow.max_in_flight.store(0, Ordering::SeqCst);
+        load(&balancer, 16, Duration::from_millis(90)).await;
+        assert_eq!(
+            slow.calls(),
+            before_probe + 1,
+            "exactly one request while the probe is in flight"
+        );
+        assert_eq!(slow.max_in_flight.load(Ordering::SeqCst), 1);
+        // The probe was fast: the breaker closed and the endpoint takes its share again.
+        load(&balancer, 16, Duration::from_secs(2)).await;
+        assert!(
+            slow.calls() > before_probe + 20,
+            "back in rotation ({})",
+            slow.calls() - before_probe
+        );
+        assert!(status(&monitor, 3).is_available());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_budget_and_the_last_endpoint_hold_when_several_are_slow() {
+        let backends: Vec<(usize, Sleepy)> = (0..4)
+            .map(|id| (id, Sleepy::new(id, if id == 0 { 100 } else { 600 })))
+            .collect();
+        let layer = breaker_layer();
+        let monitor = layer.monitor();
+        let balancer = Buffer::new(
+            Balance::from_rng(layer.layer(announce(&backends)), SeededRng(5)),
+            64,
+        );
+        load(&balancer, 16, Duration::from_secs(8)).await;
+        // 4 × 50 % = 2 may be out; the third slow endpoint keeps serving.
+        assert_eq!(monitor.snapshot().ejected(), 2);
+        assert!(status(&monitor, 0).is_available());
+
+        // Every endpoint slow, and only two endpoints: one always stays.
+        let pair: Vec<(usize, Sleepy)> = (0..2).map(|id| (id, Sleepy::new(id, 600))).collect();
+        let layer = breaker_layer().budget(Budget::new(1.0, BudgetFloor::One).unwrap());
+        let monitor = layer.monitor();
+        let balancer = Buffer::new(
+            Balance::from_rng(layer.layer(announce(&pair)), SeededRng(9)),
+            64,
+        );
+        load(&balancer, 8, Duration::from_secs(8)).await;
+        assert_eq!(
+            monitor.snapshot().ejected(),
+            1,
+            "the last available endpoint is never ejected"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn it_composes_with_error_rate_ejection_and_shares_the_budget() {
+        let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+            ErrorRateConfig::hsf()
+                .max_ejection_ratio(0.25)
+                .build()
+                .unwrap(),
+        ))
+        .with_policy(SlowCallPolicy::new(
+            BreakerConfig::slow_ratio(Duration::from_millis(500))
+                .min_requests(3)
+                .stat_interval(Duration::from_secs(5))
+                .open_duration(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        ));
+        let monitor = layer.monitor();
+        let mut h = super::support::Harness::new(&layer, 4);
+        // Endpoint 0 fails: ejected by the error-rate policy, spending the one slot (4 × 25 %).
+        h.calls(0, 10, 0).await;
+        assert!(!h.is_live(0));
+        let snapshot = monitor.snapshot();
+        let reason = snapshot.get("0").unwrap().last_reason.clone().unwrap();
+        assert_eq!(reason.policy, "error-rate");
+        assert_eq!(snapshot.get("0").unwrap().windows.len(), 2);
+        assert_eq!(snapshot.get("0").unwrap().windows[1].policy, "slow-call");
+    }
+}

@@ -202,3 +202,69 @@ impl<P: Probe<usize, Backend> + Clone> Harness<P> {
             .collect()
     }
 }
+
+/// A backend whose latency (on tokio's clock) can be changed while it runs.
+#[derive(Clone, Debug)]
+pub struct Sleepy {
+    pub id: usize,
+    pub latency_ms: Arc<std::sync::atomic::AtomicU64>,
+    pub calls: Arc<AtomicUsize>,
+    pub in_flight: Arc<AtomicUsize>,
+    pub max_in_flight: Arc<AtomicUsize>,
+}
+
+impl Sleepy {
+    pub fn new(id: usize, latency_ms: u64) -> Self {
+        Sleepy {
+            id,
+            latency_ms: Arc::new(std::sync::atomic::AtomicU64::new(latency_ms)),
+            calls: Arc::new(AtomicUsize::new(0)),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            max_in_flight: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    pub fn set_latency(&self, ms: u64) {
+        self.latency_ms.store(ms, Ordering::SeqCst);
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+impl Service<()> for Sleepy {
+    type Response = usize;
+    type Error = io::Error;
+    type Future = futures::future::BoxFuture<'static, Result<usize, io::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: ()) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let latency = self.latency_ms.load(Ordering::SeqCst);
+        let (id, in_flight) = (self.id, self.in_flight.clone());
+        Box::pin(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(latency)).await;
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok(id)
+        })
+    }
+}
+
+/// An upstream that announces `services` and then stays open, as a registry watch would.
+pub fn announce<S: Clone>(
+    services: &[(usize, S)],
+) -> mpsc::UnboundedReceiver<Result<Change<usize, S>, Infallible>> {
+    let (tx, rx) = mpsc::unbounded();
+    for (key, service) in services {
+        tx.unbounded_send(Ok(Change::Insert(*key, service.clone())))
+            .unwrap();
+    }
+    std::mem::forget(tx);
+    rx
+}
