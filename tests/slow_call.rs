@@ -531,3 +531,98 @@ mod through_the_outlier_layer {
         assert_eq!(snapshot.get("0").unwrap().windows[1].policy, "slow-call");
     }
 }
+
+mod against_a_real_server {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::Empty;
+    use hyper::body::Incoming;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use std::sync::atomic::AtomicU64;
+
+    /// An HTTP/1 server on loopback answering 200 after `delay_ms`, counting requests.
+    async fn server(delay_ms: Arc<AtomicU64>, requests: Arc<AtomicUsize>) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (delay_ms, requests) = (delay_ms.clone(), requests.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |_: hyper::Request<Incoming>| {
+                        requests.fetch_add(1, Ordering::SeqCst);
+                        let delay = delay_ms.load(Ordering::SeqCst);
+                        async move {
+                            tokio::time::sleep(Duration::from_millis(delay)).await;
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                Empty::<Bytes>::new(),
+                            ))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_seed_walk_through_against_a_hyper_server() {
+        let delay_ms = Arc::new(AtomicU64::new(60));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let addr = server(delay_ms.clone(), requests.clone()).await;
+        let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+        // The seed's rule scaled down: slower than 30 ms is slow, at least 5 calls, ratio 1.0.
+        let service = ServiceBuilder::new()
+            .layer(CircuitBreakerLayer::new(
+                BreakerConfig::slow_ratio(Duration::from_millis(30))
+                    .ratio(1.0)
+                    .min_requests(5)
+                    .stat_interval(Duration::from_secs(1))
+                    .open_duration(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            ))
+            .service(client);
+        let uri: http::Uri = format!("http://{addr}/").parse().unwrap();
+        let request = || {
+            http::Request::get(uri.clone())
+                .body(Empty::<Bytes>::new())
+                .unwrap()
+        };
+
+        // Ten 60 ms calls, started 10 ms apart: at least five land in one interval, all slow.
+        let mut callers = Vec::new();
+        for _ in 0..10 {
+            callers.push(tokio::spawn(service.clone().oneshot(request())));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for caller in callers {
+            assert_eq!(caller.await.unwrap().unwrap().status(), 200);
+        }
+        assert_eq!(service.state(), State::Open);
+
+        // Rejected at once while open; the server sees nothing.
+        let seen = requests.load(Ordering::SeqCst);
+        let started = std::time::Instant::now();
+        let error = service.clone().oneshot(request()).await.unwrap_err();
+        assert!(is_broken(&error), "{error}");
+        assert!(started.elapsed() < Duration::from_millis(30), "fails fast");
+        assert_eq!(requests.load(Ordering::SeqCst), seen);
+
+        // The server recovers; after the open duration one fast call closes the breaker.
+        delay_ms.store(0, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        assert_eq!(
+            service.clone().oneshot(request()).await.unwrap().status(),
+            200
+        );
+        assert_eq!(service.state(), State::Closed);
+        assert_eq!(requests.load(Ordering::SeqCst), seen + 1);
+    }
+}
