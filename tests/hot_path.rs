@@ -2,9 +2,9 @@
 //! under a counting global allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::pin;
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 

@@ -66,7 +66,7 @@ async fn events_and_snapshots_tell_what_happened() {
     assert!(log.contains("error_rate=0.6"), "{log}");
     assert!(log.contains("next_check_in=30s"), "{log}");
     assert!(
-        log.contains("error rate 0.600 > 0.500 (6 of 10 calls)"),
+        log.contains("error rate 0.600 over threshold 0.500 (10 calls: 6 failed, 0 slow)"),
         "{log}"
     );
 

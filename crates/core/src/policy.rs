@@ -130,8 +130,13 @@ impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} {:.3} > {:.3} ({} of {} calls)",
-            self.measure, self.value, self.threshold, self.counts.failures, self.counts.calls
+            "{} {:.3} over threshold {:.3} ({} calls: {} failed, {} slow)",
+            self.measure,
+            self.value,
+            self.threshold,
+            self.counts.calls,
+            self.counts.failures,
+            self.counts.slow
         )
     }
 }
