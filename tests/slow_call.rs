@@ -626,3 +626,55 @@ mod against_a_real_server {
         assert_eq!(requests.load(Ordering::SeqCst), seen + 1);
     }
 }
+
+#[test]
+fn invalid_breaker_configurations_are_named() {
+    let open = Duration::from_secs(1);
+    let cases = [
+        (
+            BreakerConfig::slow_ratio(Duration::from_millis(1))
+                .open_duration(open)
+                .min_requests(0),
+            "min_requests",
+        ),
+        (
+            BreakerConfig::slow_ratio(Duration::from_millis(1))
+                .open_duration(open)
+                .stat_interval(Duration::ZERO),
+            "stat_interval",
+        ),
+        (
+            BreakerConfig::slow_ratio(Duration::from_millis(1)),
+            "open_duration",
+        ),
+        (
+            BreakerConfig::slow_ratio(Duration::from_millis(1))
+                .open_duration(open)
+                .ratio(1.01),
+            "slow_ratio_threshold",
+        ),
+        (
+            BreakerConfig::slow_ratio(Duration::from_millis(1))
+                .open_duration(open)
+                .ratio(-0.5),
+            "slow_ratio_threshold",
+        ),
+        (
+            BreakerConfig::error_ratio(1.5).open_duration(open),
+            "error_ratio",
+        ),
+        (
+            BreakerConfig::error_ratio(f64::NAN).open_duration(open),
+            "error_ratio",
+        ),
+        (
+            BreakerConfig::error_count(1).open_duration(open).buckets(0),
+            "buckets",
+        ),
+    ];
+    for (builder, field) in cases {
+        let error = builder.build().unwrap_err();
+        assert_eq!(error.field(), field, "{error}");
+        assert!(error.to_string().contains("allowed"), "{error}");
+    }
+}
