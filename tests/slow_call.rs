@@ -678,3 +678,31 @@ fn invalid_breaker_configurations_are_named() {
         assert!(error.to_string().contains("allowed"), "{error}");
     }
 }
+
+#[test]
+fn a_fast_call_that_completes_the_minimum_can_open_the_breaker() {
+    let breaker = slow_ratio(0.5);
+    feed(&breaker, 0, (0..4).map(|_| took(1000)));
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "4 calls are below the minimum of 5"
+    );
+    feed(&breaker, 0, [took(10)]);
+    assert_eq!(
+        breaker.state(),
+        State::Open,
+        "4 slow of 5 = 0.8 > 0.5 once the minimum is reached"
+    );
+
+    let errors = Breaker::new(
+        BreakerConfig::error_ratio(0.5)
+            .min_requests(3)
+            .open_duration(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    );
+    feed(&errors, 0, [failed(), failed()]);
+    feed(&errors, 0, [took(1)]);
+    assert_eq!(errors.state(), State::Open, "2 of 3 failed > 0.5");
+}

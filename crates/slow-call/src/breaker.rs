@@ -1,7 +1,7 @@
 //! The breaker: Sentinel's CLOSED → OPEN → HALF_OPEN state machine, lock-free.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -110,6 +110,10 @@ pub struct Breaker {
     // f64 bits of the value that last opened the breaker.
     last_trigger: AtomicU64,
     window: Window,
+    // Set when the measure is over its threshold but the interval is short of the minimum: then a
+    // call that does not count towards the measure may still complete the minimum, so it must
+    // check too. Otherwise only calls that count (slow, or failed) can trip the breaker.
+    suspect: AtomicBool,
     strategy: Strategy,
     max_rt_nanos: u64,
     min_requests: u64,
@@ -136,6 +140,7 @@ impl Breaker {
             open_until: AtomicU64::new(0),
             last_trigger: AtomicU64::new(0f64.to_bits()),
             window: config.interval.window(),
+            suspect: AtomicBool::new(false),
             strategy: config.strategy,
             max_rt_nanos,
             min_requests: config.min_requests,
@@ -233,7 +238,11 @@ impl Breaker {
                     return false;
                 }
                 self.window.record(now, failed, slow);
-                if failed || slow || self.strategy_counts_successes() {
+                let counts_towards = match self.strategy {
+                    Strategy::SlowRatio { .. } => slow,
+                    Strategy::ErrorRatio { .. } | Strategy::ErrorCount { .. } => failed,
+                };
+                if counts_towards || self.suspect.load(Ordering::Relaxed) {
                     return self.check(now);
                 }
                 false
@@ -256,6 +265,7 @@ impl Breaker {
                     }
                 } else {
                     self.window.clear();
+                    self.suspect.store(false, Ordering::Relaxed);
                     if self
                         .state
                         .compare_exchange(HALF_OPEN, CLOSED, Ordering::AcqRel, Ordering::Acquire)
@@ -285,18 +295,8 @@ impl Breaker {
         self.probe_done.wake();
     }
 
-    // A success can complete the minimum (and for the ratio-1.0 rule an all-slow interval needs no
-    // failure), so only the error-count strategy may skip checking on plain successes.
-    #[inline]
-    fn strategy_counts_successes(&self) -> bool {
-        !matches!(self.strategy, Strategy::ErrorCount { .. })
-    }
-
     fn check(&self, now: Nanos) -> bool {
         let counts = self.window.counts(now);
-        if counts.calls < self.min_requests {
-            return false;
-        }
         let (trip, value) = match self.strategy {
             Strategy::SlowRatio { ratio, .. } => {
                 let measured = counts.slow_rate();
@@ -309,6 +309,11 @@ impl Breaker {
             }
             Strategy::ErrorCount { count } => (counts.failures > count, counts.failures as f64),
         };
+        if counts.calls < self.min_requests {
+            self.suspect.store(trip, Ordering::Relaxed);
+            return false;
+        }
+        self.suspect.store(false, Ordering::Relaxed);
         if !trip {
             return false;
         }

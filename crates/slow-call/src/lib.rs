@@ -27,7 +27,7 @@ mod error;
 mod future;
 mod layer;
 mod policy;
-// mod sentinel;
+mod sentinel;
 mod service;
 
 pub use breaker::{Admission, Breaker, Observer, State, StateChange};
@@ -36,5 +36,5 @@ pub use error::BrokenCircuit;
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
 pub use policy::SlowCallPolicy;
-// pub use sentinel::{parse_degrade_rules, DegradeRule, RuleError};
+pub use sentinel::{parse_degrade_rules, DegradeRule, RuleError};
 pub use service::CircuitBreaker;

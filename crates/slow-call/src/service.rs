@@ -44,6 +44,11 @@ impl<S, C> CircuitBreaker<S, C> {
         self.shared.breaker.state()
     }
 
+    /// The breaker's statistics interval as it stands now.
+    pub fn counts(&self) -> tower_outlier_core::WindowCounts {
+        self.shared.breaker.counts(self.shared.clock.now())
+    }
+
     /// The breaker itself.
     pub fn breaker(&self) -> &Breaker {
         &self.shared.breaker
