@@ -211,6 +211,7 @@ pub struct Sleepy {
     pub calls: Arc<AtomicUsize>,
     pub in_flight: Arc<AtomicUsize>,
     pub max_in_flight: Arc<AtomicUsize>,
+    pub failing: Arc<AtomicBool>,
 }
 
 impl Sleepy {
@@ -221,6 +222,7 @@ impl Sleepy {
             calls: Arc::new(AtomicUsize::new(0)),
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight: Arc::new(AtomicUsize::new(0)),
+            failing: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -248,10 +250,16 @@ impl Service<()> for Sleepy {
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         let latency = self.latency_ms.load(Ordering::SeqCst);
         let (id, in_flight) = (self.id, self.in_flight.clone());
+        let failing = self.failing.load(Ordering::SeqCst);
         Box::pin(async move {
             tokio::time::sleep(std::time::Duration::from_millis(latency)).await;
             in_flight.fetch_sub(1, Ordering::SeqCst);
-            Ok(id)
+            if failing {
+                // "Server busy": an overload, as SOFARPC counts it.
+                Err(io::Error::from(io::ErrorKind::TimedOut))
+            } else {
+                Ok(id)
+            }
         })
     }
 }

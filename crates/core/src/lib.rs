@@ -32,7 +32,8 @@ pub use clock::{duration_to_nanos, Clock, Nanos};
 pub use error::{check_nonzero_duration, check_ratio, ConfigError};
 pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
-    Admit, Budget, BudgetFloor, EndpointPolicy, Judgement, Policy, Reason, RecoverySchedule, Signal,
+    Admit, AsAny, Budget, BudgetFloor, EndpointPolicy, FleetMember, Judgement, Policy, Reason,
+    RecoverySchedule, Signal,
 };
 pub use record::{EndpointRecord, Notifier, ProbePermits, RTT_DECAY};
 /// The boxed error type of tower middleware (`tower::BoxError`).

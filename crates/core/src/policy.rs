@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::clock::{Clock, Nanos};
 use crate::error::{check_nonzero_duration, check_ratio, ConfigError};
 use crate::outcome::Observation;
+use crate::record::EndpointRecord;
 use crate::window::WindowCounts;
 
 /// A policy's configuration, shared by all endpoints of a layer.
@@ -38,10 +39,49 @@ pub trait Policy: fmt::Debug + Send + Sync + 'static {
     fn budget(&self) -> Option<Budget> {
         None
     }
+
+    /// How often the layer calls [`evaluate_fleet`](Self::evaluate_fleet), for policies that judge
+    /// endpoints against each other (a service average). `None` (the default): never.
+    fn fleet_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Judges the whole set at once, on a timer (cold path). `fleet` holds every endpoint the
+    /// upstream holds, with this policy's state for it; a policy acts through the records (for
+    /// example their weights).
+    fn evaluate_fleet(&self, fleet: &[FleetMember<'_>], now: Nanos) {
+        let _ = (fleet, now);
+    }
+}
+
+/// One endpoint as [`Policy::evaluate_fleet`] sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct FleetMember<'a> {
+    /// The endpoint's key, for logs.
+    pub key: &'a dyn fmt::Debug,
+    /// This policy's state for the endpoint (downcast it with [`AsAny::as_any`]).
+    pub state: &'a dyn EndpointPolicy,
+    /// The endpoint's record.
+    pub record: &'a EndpointRecord,
+    /// Whether the endpoint is in the balancer's set (not ejected).
+    pub available: bool,
+}
+
+/// Access to a policy state's concrete type, for [`Policy::evaluate_fleet`]. Implemented for
+/// every `'static` type.
+pub trait AsAny {
+    /// `self` as `Any`.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: std::any::Any> AsAny for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// A policy's state for one endpoint.
-pub trait EndpointPolicy: fmt::Debug + Send + Sync + 'static {
+pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// Records one finished call. Called on the hot path: must not lock, allocate or block.
     fn record(&self, observation: &Observation, now: Nanos) -> Signal;
 
@@ -236,6 +276,14 @@ impl RecoverySchedule {
             return Err(ConfigError::new("max_recovery_multiple", 0, "at least 1"));
         }
         Ok(RecoverySchedule { unit, max_multiple })
+    }
+
+    /// The same wait, `unit` (at least one nanosecond), before every check: no growth.
+    pub fn fixed(unit: Duration) -> Self {
+        RecoverySchedule {
+            unit: unit.max(Duration::from_nanos(1)),
+            max_multiple: 1,
+        }
     }
 
     /// The recovery unit.

@@ -21,7 +21,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower::discover::{Change, Discover};
 use tower_outlier_core::{
-    Budget, Clock, EndpointRecord, Notifier, Policy, Reason, RecoverySchedule,
+    Budget, Clock, EndpointRecord, FleetMember, Notifier, Policy, Reason, RecoverySchedule,
 };
 
 use crate::endpoint::{Endpoint, HasRecord, Shared};
@@ -80,6 +80,14 @@ struct Detector<K, S, C, P> {
     timer_at: Option<Instant>,
     timers_changed: bool,
     probes: FuturesUnordered<ProbeTask<K>>,
+    fleet: Vec<FleetSchedule>,
+}
+
+#[derive(Clone, Copy)]
+struct FleetSchedule {
+    policy: usize,
+    every: Duration,
+    next: Instant,
 }
 
 struct Entry<S, C> {
@@ -157,6 +165,20 @@ where
             .map(|p| p.trial_period())
             .max()
             .unwrap_or(Duration::from_secs(10));
+        let start = Instant::now();
+        let fleet = settings
+            .policies
+            .iter()
+            .enumerate()
+            .filter_map(|(policy, p)| {
+                let every = p.fleet_interval().filter(|every| !every.is_zero())?;
+                Some(FleetSchedule {
+                    policy,
+                    every,
+                    next: start + every,
+                })
+            })
+            .collect();
         OutlierDetection {
             discover,
             upstream_done: false,
@@ -173,8 +195,10 @@ where
                 queue: VecDeque::new(),
                 timer: None,
                 timer_at: None,
-                timers_changed: false,
+                // Arms the fleet evaluations on the first poll.
+                timers_changed: true,
                 probes: FuturesUnordered::new(),
+                fleet,
             },
         }
     }
@@ -380,6 +404,7 @@ where
             .entries
             .values()
             .filter_map(|e| e.status.deadline())
+            .chain(self.fleet.iter().map(|f| f.next))
             .min();
         if next == self.timer_at {
             return;
@@ -511,6 +536,7 @@ where
 
     fn fire_due(&mut self) {
         let now = Instant::now();
+        self.evaluate_fleet(now);
         let due: Vec<K> = self
             .entries
             .iter()
@@ -532,6 +558,39 @@ where
                 Status::Ejected { .. } => self.check(key),
                 Status::Available | Status::Probing { .. } => {}
             }
+        }
+    }
+
+    /// Runs the fleet-wide evaluations that are due (policies judging endpoints against each
+    /// other, such as weight degradation against the service average).
+    fn evaluate_fleet(&mut self, now: Instant) {
+        for index in 0..self.fleet.len() {
+            let schedule = self.fleet[index];
+            if schedule.next > now {
+                continue;
+            }
+            // From now, not from the missed deadline: an idle stretch is one long window, not a
+            // burst of empty ones.
+            self.fleet[index].next = now + schedule.every;
+            self.timers_changed = true;
+            if self.entries.is_empty() {
+                continue;
+            }
+            let members: Vec<FleetMember<'_>> = self
+                .entries
+                .iter()
+                .map(|(key, entry)| {
+                    let record = entry.endpoint.record();
+                    FleetMember {
+                        key: key as &dyn fmt::Debug,
+                        state: &*record.policies()[schedule.policy],
+                        record,
+                        available: entry.status.is_available(),
+                    }
+                })
+                .collect();
+            self.settings.policies[schedule.policy]
+                .evaluate_fleet(&members, self.settings.clock.now());
         }
     }
 

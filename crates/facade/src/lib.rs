@@ -14,6 +14,9 @@
 //!   `SlowCallPolicy` per endpoint (composes with error-rate ejection through
 //!   [`OutlierDetectionLayer::with_policy`], sharing one budget) and the standalone
 //!   `CircuitBreakerLayer`.
+//! * `weight` (default): weight degradation with SOFARPC semantics, in [`weight`]: `WeightPolicy`
+//!   evaluated once per window against the service average; the weight divides each endpoint's
+//!   load.
 //!
 //! What counts as a failure is the classifier's choice ([`NetworkErrors`], [`ServerErrors`],
 //! [`classify::predicate`], [`classify::classify_fn`]); how an ejected endpoint is checked is the
@@ -60,9 +63,9 @@ pub use layer::OutlierDetectionLayer;
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, PolicyWindow, Snapshot};
 
 pub use tower_outlier_core::{
-    classify, Budget, BudgetFloor, Classify, Clock, ConfigError, EndpointPolicy, EndpointRecord,
-    FailureKind, Judgement, NetworkErrors, Observation, Outcome, Policy, Reason, RecoverySchedule,
-    ServerErrors, Signal, Window, WindowCounts,
+    classify, Admit, AsAny, Budget, BudgetFloor, Classify, Clock, ConfigError, EndpointPolicy,
+    EndpointRecord, FailureKind, FleetMember, Judgement, NetworkErrors, Notifier, Observation,
+    Outcome, Policy, Reason, RecoverySchedule, ServerErrors, Signal, Window, WindowCounts,
 };
 
 /// The slow-call ratio circuit breaker (Sentinel semantics): [`SlowCallPolicy`](slow_call::SlowCallPolicy)
@@ -70,6 +73,12 @@ pub use tower_outlier_core::{
 /// any service.
 #[cfg(feature = "slow-call")]
 pub use tower_outlier_slow_call as slow_call;
+
+/// Weight degradation (SOFARPC semantics): [`WeightPolicy`](weight::WeightPolicy) lowers the
+/// weight of endpoints whose exception rate is a multiple of the service average and restores it
+/// when they are healthy; the weight divides the endpoint's load.
+#[cfg(feature = "weight")]
+pub use tower_outlier_weight as weight;
 
 #[cfg(feature = "ejection")]
 pub use tower_outlier_ejection::{

@@ -90,21 +90,11 @@ impl Policy for SlowCallPolicy {
 
     fn recovery(&self) -> RecoverySchedule {
         // Sentinel re-opens for a full open duration after each failed probe: no growth.
-        RecoverySchedule::new(self.config.open_duration, 1)
-            .unwrap_or_else(|_| unreachable_schedule())
+        RecoverySchedule::fixed(self.config.open_duration)
     }
 
     fn trial_period(&self) -> Duration {
         self.config.stat_interval()
-    }
-}
-
-// `BreakerConfig` guarantees a non-zero open duration, so the schedule above always builds; this
-// keeps the policy total without a panic path.
-fn unreachable_schedule() -> RecoverySchedule {
-    match RecoverySchedule::new(Duration::from_secs(1), 1) {
-        Ok(schedule) => schedule,
-        Err(_) => unreachable_schedule(),
     }
 }
 
