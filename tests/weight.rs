@@ -226,7 +226,7 @@ mod through_p2c {
     use tower::buffer::Buffer;
     use tower::{Layer, ServiceExt};
 
-    async fn load(
+    pub(super) async fn load(
         balancer: &Buffer<
             (),
             impl std::future::Future<Output = Result<usize, tower::BoxError>> + Send + 'static,
@@ -305,5 +305,68 @@ mod through_p2c {
         let restored = shares(&backends, &before);
         println!("shares at full weight: {restored:?}");
         assert!(restored.iter().all(|&s| s > 0.15), "{restored:?}");
+    }
+}
+
+mod all_three_policies {
+    use super::support::{announce, SeededRng, Sleepy};
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use tower::balance::p2c::Balance;
+    use tower::buffer::Buffer;
+    use tower::Layer;
+    use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
+    use tower_outlier::{ErrorRateConfig, ErrorRatePolicy};
+
+    #[tokio::test(start_paused = true)]
+    async fn error_rate_slow_calls_and_weights_share_one_layer_and_one_budget() {
+        // 0 fails, 1 is slow; 6 × 20 % = 1.2: one ejection between them.
+        let backends: Vec<(usize, Sleepy)> = (0..6)
+            .map(|id| (id, Sleepy::new(id, if id == 1 { 600 } else { 50 })))
+            .collect();
+        backends[0].1.failing.store(true, Ordering::SeqCst);
+        let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+            ErrorRateConfig::hsf().min_calls(5).build().unwrap(),
+        ))
+        .with_policy(SlowCallPolicy::new(
+            BreakerConfig::slow_ratio(Duration::from_millis(500))
+                .min_requests(3)
+                .stat_interval(Duration::from_secs(5))
+                .open_duration(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        ))
+        .with_policy(WeightPolicy::new(
+            WeightConfig::sofarpc()
+                .exceptions(&[tower_outlier::FailureKind::Timeout])
+                .least_window_count(5)
+                .exception_rate_multiple(2.0)
+                .build()
+                .unwrap(),
+        ));
+        let monitor = layer.monitor();
+        let balancer = Buffer::new(
+            Balance::from_rng(layer.layer(announce(&backends)), SeededRng(21)),
+            64,
+        );
+        super::through_p2c::load(&balancer, Duration::from_secs(12)).await;
+        let snapshot = monitor.snapshot();
+        assert_eq!(snapshot.ejected(), 1, "one shared budget: {snapshot:#?}");
+        let zero = snapshot.get("0").unwrap();
+        let one = snapshot.get("1").unwrap();
+        let names: Vec<&str> = zero.windows.iter().map(|w| w.policy).collect();
+        assert_eq!(names, vec!["error-rate", "slow-call", "weight"]);
+        // Both are outliers; the one ejected first spent the budget, the other stays in rotation.
+        let ejected_reason = if zero.status.is_available() {
+            one.last_reason.clone().unwrap()
+        } else {
+            zero.last_reason.clone().unwrap()
+        };
+        assert!(["error-rate", "slow-call"].contains(&ejected_reason.policy));
+        // The failing endpoint's timeouts also cost it weight while it served.
+        assert!(
+            zero.weight < 1.0 || !zero.status.is_available(),
+            "{zero:#?}"
+        );
     }
 }
