@@ -595,3 +595,31 @@ async fn an_active_request_probe_goes_through_a_clone_of_the_endpoint() {
         EndpointStatus::Available
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn absurd_intervals_do_not_panic() {
+    let layer = layer(
+        ErrorRateConfig::hsf()
+            .recovery_unit(Duration::from_secs(u64::MAX))
+            .max_recovery_multiple(u32::MAX),
+    )
+    .with_policy(tower_outlier::weight::WeightPolicy::new(
+        tower_outlier::weight::WeightConfig::sofarpc()
+            .time_window(Duration::MAX)
+            .build()
+            .unwrap(),
+    ));
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 10, 0).await;
+    assert!(!h.is_live(0));
+    let next = layer
+        .monitor()
+        .snapshot()
+        .get("0")
+        .unwrap()
+        .next_check_in
+        .unwrap();
+    assert!(next > Duration::from_secs(365 * 24 * 3600), "{next:?}");
+    h.advance(Duration::from_secs(3600)).await;
+    assert!(!h.is_live(0));
+}

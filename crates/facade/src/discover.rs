@@ -83,6 +83,15 @@ struct Detector<K, S, C, P> {
     fleet: Vec<FleetSchedule>,
 }
 
+/// `at + delay`, or about thirty years from `at` when that overflows: configuration may ask for
+/// absurd intervals (an HSF `isolationTime` near `u64::MAX` ms), and that must not panic.
+fn later(at: Instant, delay: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    at.checked_add(delay.min(FAR))
+        .or_else(|| at.checked_add(Duration::from_secs(3600)))
+        .unwrap_or(at)
+}
+
 #[derive(Clone, Copy)]
 struct FleetSchedule {
     policy: usize,
@@ -175,7 +184,7 @@ where
                 Some(FleetSchedule {
                     policy,
                     every,
-                    next: start + every,
+                    next: later(start, every),
                 })
             })
             .collect();
@@ -500,7 +509,7 @@ where
         }
         let schedule = self.settings.policies[policy].recovery();
         let delay = schedule.delay(entry.failed_checks);
-        let next_check = Instant::now() + delay;
+        let next_check = later(Instant::now(), delay);
         entry.status = Status::Ejected { next_check };
         entry.schedule = Some(schedule);
         self.ejected += 1;
@@ -571,7 +580,7 @@ where
             }
             // From now, not from the missed deadline: an idle stretch is one long window, not a
             // burst of empty ones.
-            self.fleet[index].next = now + schedule.every;
+            self.fleet[index].next = later(now, schedule.every);
             self.timers_changed = true;
             if self.entries.is_empty() {
                 continue;
@@ -618,7 +627,7 @@ where
                 self.publish(&key, None, None);
             }
             None => {
-                let until = Instant::now() + self.trial;
+                let until = later(Instant::now(), self.trial);
                 self.readmit(&key, Status::Trial { until }, Readmission::PassiveTrial);
             }
         }
@@ -639,7 +648,7 @@ where
             let delay = entry
                 .schedule
                 .map_or(Duration::from_secs(10), |s| s.delay(entry.failed_checks));
-            let next_check = Instant::now() + delay;
+            let next_check = later(Instant::now(), delay);
             entry.status = Status::Ejected { next_check };
             self.timers_changed = true;
             tracing::info!(
@@ -708,7 +717,7 @@ where
             if let Some(Status::Probing { abort }) = self.entries.get(&key).map(|e| &e.status) {
                 abort.abort();
             }
-            let until = Instant::now() + self.trial;
+            let until = later(Instant::now(), self.trial);
             self.readmit(&key, Status::Trial { until }, cause);
         }
     }
