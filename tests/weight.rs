@@ -370,3 +370,24 @@ mod all_three_policies {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_zero_weight_never_wins_a_pair() {
+    use tower::load::Load;
+    use tower::Service;
+    let layer = layer(seed());
+    let mut heavy = layer.endpoint(support::Backend::new(0));
+    let zero = layer.endpoint(support::Backend::new(1));
+    // The other endpoint as loaded as it gets: slow and busy.
+    heavy.record().seed_rtt(10e9, heavy.record().clock().now());
+    let _in_flight: Vec<_> = (0..1000).map(|_| heavy.call(())).collect();
+    assert_eq!(heavy.in_flight(), 1000);
+    zero.record().set_weight(0.0);
+    assert!(zero.load().value().is_infinite());
+    assert!(heavy.load() < zero.load());
+    // Negative and non-numeric weights are stored as zero.
+    zero.record().set_weight(f64::NAN);
+    assert_eq!(zero.record().weight(), 0.0);
+    zero.record().set_weight(-1.0);
+    assert_eq!(zero.record().weight(), 0.0);
+}
