@@ -356,14 +356,17 @@ where
 
     /// Starts `endpoint`'s latency estimate at the mean of the available endpoints', so it
     /// competes for traffic on equal terms: the samples from before its ejection (or none at all)
-    /// would otherwise starve it, and a passive trial needs traffic to judge.
+    /// would otherwise starve it, and a passive trial needs traffic to judge. A sample of the
+    /// fleet is enough for a starting point and keeps inserting n endpoints linear in n.
     fn seed_rtt(&self, endpoint: &Endpoint<S, C>) {
+        const SAMPLE: usize = 32;
         let record = endpoint.record();
         let now = record.clock().now();
         let (sum, count) = self
             .entries
             .values()
             .filter(|e| e.status.is_available())
+            .take(SAMPLE)
             .map(|e| e.endpoint.record().rtt_estimate(now))
             .fold((0.0, 0usize), |(sum, n), rtt| (sum + rtt, n + 1));
         if count > 0 {
