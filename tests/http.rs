@@ -1,0 +1,192 @@
+//! Real HTTP servers on loopback behind the recommended stack — per-endpoint timeout, the outlier
+//! layer, p2c, buffer: a server that resets connections and a server that hangs are both ejected,
+//! and the healthy ones serve everything after.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::channel::mpsc;
+use futures::future::BoxFuture;
+use futures::TryStreamExt;
+use http_body_util::Empty;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tower::balance::p2c::Balance;
+use tower::discover::Change;
+use tower::timeout::Timeout;
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_outlier::{EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Behaviour {
+    Healthy,
+    /// Accepts the connection and closes it at once, before any response.
+    Resets,
+    /// Reads the request and never answers.
+    Hangs,
+}
+
+async fn server(behaviour: Behaviour, served: Arc<AtomicUsize>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            match behaviour {
+                Behaviour::Resets => {
+                    // Linger 0 turns the close into a reset (RST). The deprecation is about
+                    // lingering closes blocking the thread, which a zero linger does not do.
+                    #[allow(deprecated)]
+                    let _ = stream.set_linger(Some(Duration::ZERO));
+                    drop(stream);
+                }
+                Behaviour::Healthy | Behaviour::Hangs => {
+                    let served = served.clone();
+                    tokio::spawn(async move {
+                        let service =
+                            hyper::service::service_fn(move |_: hyper::Request<Incoming>| {
+                                served.fetch_add(1, Ordering::SeqCst);
+                                async move {
+                                    if behaviour == Behaviour::Hangs {
+                                        futures::future::pending::<()>().await;
+                                    }
+                                    Ok::<_, Infallible>(hyper::Response::new(Empty::<Bytes>::new()))
+                                }
+                            });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    });
+                }
+            }
+        }
+    });
+    addr
+}
+
+/// A hyper client pinned to one server: what a discover stream hands the balancer.
+#[derive(Clone)]
+struct Backend {
+    addr: SocketAddr,
+    client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+impl Service<http::Request<Empty<Bytes>>> for Backend {
+    type Response = http::Response<Incoming>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: http::Request<Empty<Bytes>>) -> Self::Future {
+        *request.uri_mut() = format!("http://{}/", self.addr).parse().unwrap();
+        let client = self.client.clone();
+        Box::pin(async move { client.request(request).await.map_err(BoxError::from) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resetting_and_hanging_servers_are_ejected_behind_the_recommended_stack() {
+    let behaviours = [
+        Behaviour::Healthy,
+        Behaviour::Healthy,
+        Behaviour::Resets,
+        Behaviour::Hangs,
+    ];
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let (tx, rx) = mpsc::unbounded::<Result<Change<SocketAddr, Backend>, Infallible>>();
+    let mut counters = Vec::new();
+    let mut addrs = Vec::new();
+    for behaviour in behaviours {
+        let served = Arc::new(AtomicUsize::new(0));
+        let addr = server(behaviour, served.clone()).await;
+        tx.unbounded_send(Ok(Change::Insert(
+            addr,
+            Backend {
+                addr,
+                client: client.clone(),
+            },
+        )))
+        .unwrap();
+        counters.push(served);
+        addrs.push(addr);
+    }
+
+    // The recommended stack: a timeout per endpoint (so a hung server produces failures the
+    // layer can count), the outlier layer, p2c, and a buffer in front.
+    let per_endpoint_timeout = Duration::from_millis(200);
+    let discover = rx.map_ok(move |change| match change {
+        Change::Insert(addr, backend) => {
+            Change::Insert(addr, Timeout::new(backend, per_endpoint_timeout))
+        }
+        Change::Remove(addr) => Change::Remove(addr),
+    });
+    // p2c itself starves a hung endpoint once its first calls time out (its latency estimate jumps
+    // to the timeout), so the minimum must be reachable in the first round of concurrent calls,
+    // when every endpoint is still unmeasured and shares the traffic.
+    let outliers = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .min_calls(3)
+            .max_ejection_ratio(0.5)
+            .build()
+            .unwrap(),
+    ));
+    let monitor = outliers.monitor();
+    let balancer = ServiceBuilder::new()
+        .buffer(64)
+        .layer_fn(Balance::new)
+        .layer(outliers)
+        .service(discover);
+
+    let request = || {
+        http::Request::get("http://placeholder/")
+            .body(Empty::new())
+            .unwrap()
+    };
+    let started = std::time::Instant::now();
+    while monitor.snapshot().ejected() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not both ejected: {:#?}",
+            monitor.snapshot()
+        );
+        let batch: Vec<_> = (0..16)
+            .map(|_| tokio::spawn(balancer.clone().oneshot(request())))
+            .collect();
+        for call in batch {
+            let _ = call.await.unwrap();
+        }
+    }
+    let snapshot = monitor.snapshot();
+    for (index, addr) in addrs.iter().enumerate() {
+        let endpoint = snapshot.get(&format!("{addr:?}")).unwrap();
+        let expected = if index >= 2 {
+            EndpointStatus::Ejected
+        } else {
+            EndpointStatus::Available
+        };
+        assert_eq!(endpoint.status, expected, "{endpoint:#?}");
+    }
+    let reset = snapshot.get(&format!("{:?}", addrs[2])).unwrap();
+    let hung = snapshot.get(&format!("{:?}", addrs[3])).unwrap();
+    assert!(reset.last_reason.is_some() && hung.last_reason.is_some());
+
+    // Only the healthy servers answer from now on, and every request succeeds.
+    let hung_before = counters[3].load(Ordering::SeqCst);
+    for _ in 0..50 {
+        let response = balancer.clone().oneshot(request()).await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(counters[3].load(Ordering::SeqCst), hung_before);
+}
