@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower::load::Load;
-use tower_outlier_core::{Classify, EndpointRecord, ProbePermits};
+use tower_outlier_core::{EndpointRecord, ProbePermits};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
+use crate::response::ResponseClassifier;
 
 /// What the endpoint, its clones and its response futures share.
 pub(crate) struct Shared<C> {
@@ -175,9 +176,9 @@ impl<S: fmt::Debug, C> fmt::Debug for Endpoint<S, C> {
 impl<S, C, Req> Service<Req> for Endpoint<S, C>
 where
     S: Service<Req>,
-    C: Classify<S::Response, S::Error>,
+    C: ResponseClassifier<S::Response, S::Error>,
 {
-    type Response = S::Response;
+    type Response = C::Response;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, C>;
 

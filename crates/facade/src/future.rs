@@ -5,18 +5,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tower_outlier_core::{Classify, Nanos, Observation, Outcome, ProbePermits};
+use tower_outlier_core::{Nanos, ProbePermits};
 
 use crate::endpoint::Shared;
+use crate::response::{Recorder, ResponseClassifier};
 
 pin_project! {
     /// The response future of an [`Endpoint`](crate::Endpoint).
     ///
-    /// When the inner future completes, the result is classified and recorded with its latency.
-    /// If this future is dropped first, nothing is recorded: the call counts as cancelled.
+    /// When the inner future completes, its classifier records the outcome with its latency (or
+    /// takes the call's [`Recorder`] into the response to record later, at the end of a gRPC
+    /// body). If this future is dropped first, nothing is recorded: the call counts as cancelled.
     pub struct ResponseFuture<F, C> {
         #[pin]
         inner: F,
@@ -25,8 +26,8 @@ pin_project! {
     }
 }
 
-/// The record to report to, taken when the outcome is recorded so it is recorded once; dropped
-/// unrecorded, it gives back the call's probe permits.
+/// The record to report to, taken when the future completes; dropped before, it gives back the
+/// call's probe permits.
 struct Completion<C> {
     shared: Option<Arc<Shared<C>>>,
     probes: ProbePermits,
@@ -61,29 +62,24 @@ impl<F, C> ResponseFuture<F, C> {
 impl<F, C, T, E> Future for ResponseFuture<F, C>
 where
     F: Future<Output = Result<T, E>>,
-    C: Classify<T, E>,
+    C: ResponseClassifier<T, E>,
 {
-    type Output = Result<T, E>;
+    type Output = Result<C::Response, E>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let result = std::task::ready!(this.inner.poll(cx));
-        if let Some(shared) = this.completion.shared.take() {
-            let record = &shared.record;
-            let now = record.clock().now();
-            let outcome = shared.classifier.classify(result.as_ref());
-            if outcome != Outcome::Cancelled {
-                let observation = Observation {
-                    outcome,
-                    latency: Duration::from_nanos(now.saturating_sub(*this.start)),
-                };
-                record.observe(&observation, now, this.completion.probes);
-            } else {
-                record.cancel_probes(this.completion.probes);
-            }
+        if this.completion.shared.is_none() {
+            // Polled after it completed. `Future` allows anything here but a panic is the
+            // caller's to have, not ours: stay pending, as the trait permits.
+            return Poll::Pending;
         }
-        Poll::Ready(result)
+        let result = std::task::ready!(this.inner.poll(cx));
+        let Some(shared) = this.completion.shared.take() else {
+            return Poll::Pending;
+        };
+        let recorder = Recorder::new(shared, *this.start, this.completion.probes);
+        Poll::Ready(C::complete(result, recorder))
     }
 }
 

@@ -55,6 +55,7 @@ mod future;
 mod layer;
 mod monitor;
 pub mod probe;
+pub mod response;
 
 pub use discover::OutlierDetection;
 pub use endpoint::{Cost, Endpoint};

@@ -1,0 +1,167 @@
+//! Classifying a response when it completes, or later: at the end of its body.
+//!
+//! Most classifiers decide from the result of the response future alone: the core crate's
+//! [`Classify`] ones, adapted here by [`ResponseClassifier`] implementations that record at once.
+//! Some cannot: a gRPC status usually arrives in the trailers, after the body. Those take the
+//! call's [`Recorder`] into the response (for gRPC, into its body) and record when they know.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_outlier_core::classify::{ClassifyFn, Predicate};
+use tower_outlier_core::{
+    Classify, NetworkErrors, Nanos, Observation, Outcome, ProbePermits, ServerErrors,
+};
+
+use crate::endpoint::Shared;
+
+/// Decides the outcome of a finished call and hands the caller its response.
+///
+/// Implemented for every classifier of the core crate, which decide at once; wrap a classifier
+/// of your own (anything implementing [`Classify`]) in [`Immediate`]. [`GrpcErrors`] defers to the
+/// end of the response body.
+///
+/// [`GrpcErrors`]: crate::grpc::GrpcErrors
+pub trait ResponseClassifier<Res, E>: Sized {
+    /// What the caller receives: `Res` itself, or a wrapper that records later.
+    type Response;
+
+    /// Classifies `result` now (`recorder.record(..)`, with the classifier at
+    /// [`Recorder::classifier`]) or moves `recorder` into the response to record later. A
+    /// recorder dropped unrecorded counts the call as cancelled.
+    fn complete(result: Result<Res, E>, recorder: Recorder<Self>) -> Result<Self::Response, E>;
+}
+
+/// Adapts any [`Classify`] implementation into a [`ResponseClassifier`] that records as soon as
+/// the response future completes.
+///
+/// ```
+/// use tower_outlier::{response::Immediate, Classify, FailureKind, Outcome};
+///
+/// #[derive(Clone)]
+/// struct EveryErrorButNotFound;
+///
+/// impl Classify<u16, std::io::Error> for EveryErrorButNotFound {
+///     fn classify(&self, result: Result<&u16, &std::io::Error>) -> Outcome {
+///         match result {
+///             Ok(404) | Ok(200) => Outcome::Success,
+///             _ => Outcome::Failure(FailureKind::ServerError),
+///         }
+///     }
+/// }
+///
+/// let classifier = Immediate(EveryErrorButNotFound);
+/// # let _ = classifier;
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Immediate<C>(pub C);
+
+impl<C, Res, E> Classify<Res, E> for Immediate<C>
+where
+    C: Classify<Res, E>,
+{
+    #[inline]
+    fn classify(&self, result: Result<&Res, &E>) -> Outcome {
+        self.0.classify(result)
+    }
+}
+
+macro_rules! immediate {
+    ($($classifier:ty $(, $generic:ident)*;)*) => {$(
+        impl<Res, E $(, $generic)*> ResponseClassifier<Res, E> for $classifier
+        where
+            $classifier: Classify<Res, E>,
+        {
+            type Response = Res;
+
+            #[inline]
+            fn complete(result: Result<Res, E>, recorder: Recorder<Self>) -> Result<Res, E> {
+                let outcome = recorder.classifier().classify(result.as_ref());
+                recorder.record(outcome);
+                result
+            }
+        }
+    )*};
+}
+
+immediate! {
+    Immediate<C>, C;
+    NetworkErrors;
+    ServerErrors;
+    Predicate<F>, F;
+    ClassifyFn<F>, F;
+}
+
+/// One call's pending record: where and when to record its outcome, and the classifier.
+///
+/// Dropped without recording, the call counts as cancelled (neither success nor failure) and any
+/// probe permit it held is given back.
+pub struct Recorder<C> {
+    shared: Arc<Shared<C>>,
+    start: Nanos,
+    // Fixed when the response headers arrived, for outcomes decided at the end of the body.
+    latency: Option<Nanos>,
+    probes: ProbePermits,
+    recorded: bool,
+}
+
+impl<C> Recorder<C> {
+    pub(crate) fn new(shared: Arc<Shared<C>>, start: Nanos, probes: ProbePermits) -> Self {
+        Recorder {
+            shared,
+            start,
+            latency: None,
+            probes,
+            recorded: false,
+        }
+    }
+
+    /// The endpoint's classifier.
+    #[inline]
+    pub fn classifier(&self) -> &C {
+        &self.shared.classifier
+    }
+
+    /// Fixes the call's latency at now (the time to the response headers), for an outcome that
+    /// will be recorded later.
+    pub fn freeze_latency(&mut self) {
+        let now = self.shared.record.clock().now();
+        self.latency = Some(now.saturating_sub(self.start));
+    }
+
+    /// Records the call's outcome now. [`Outcome::Cancelled`] records nothing.
+    #[inline]
+    pub fn record(mut self, outcome: Outcome) {
+        self.recorded = true;
+        let record = &self.shared.record;
+        if outcome == Outcome::Cancelled {
+            record.cancel_probes(self.probes);
+            return;
+        }
+        let now = record.clock().now();
+        let latency = self.latency.unwrap_or_else(|| now.saturating_sub(self.start));
+        let observation = Observation {
+            outcome,
+            latency: Duration::from_nanos(latency),
+        };
+        record.observe(&observation, now, self.probes);
+    }
+}
+
+impl<C> Drop for Recorder<C> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.shared.record.cancel_probes(self.probes);
+        }
+    }
+}
+
+impl<C> fmt::Debug for Recorder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recorder")
+            .field("recorded", &self.recorded)
+            .field("latency", &self.latency)
+            .finish_non_exhaustive()
+    }
+}
