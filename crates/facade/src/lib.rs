@@ -52,6 +52,7 @@
 mod discover;
 mod endpoint;
 mod future;
+pub mod grpc;
 mod layer;
 mod monitor;
 pub mod probe;

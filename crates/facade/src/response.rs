@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tower_outlier_core::classify::{ClassifyFn, Predicate};
 use tower_outlier_core::{
-    Classify, NetworkErrors, Nanos, Observation, Outcome, ProbePermits, ServerErrors,
+    Classify, Nanos, NetworkErrors, Observation, Outcome, ProbePermits, ServerErrors,
 };
 
 use crate::endpoint::Shared;
@@ -140,7 +140,9 @@ impl<C> Recorder<C> {
             return;
         }
         let now = record.clock().now();
-        let latency = self.latency.unwrap_or_else(|| now.saturating_sub(self.start));
+        let latency = self
+            .latency
+            .unwrap_or_else(|| now.saturating_sub(self.start));
         let observation = Observation {
             outcome,
             latency: Duration::from_nanos(latency),

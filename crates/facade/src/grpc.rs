@@ -1,0 +1,340 @@
+//! gRPC classification: the status in the response headers (trailers-only responses) or in the
+//! trailers at the end of the body.
+//!
+//! [`GrpcErrors`] classifies `http::Response<B>` results of a gRPC client (a tonic `Channel`, or
+//! a hyper client speaking gRPC):
+//!
+//! * a `grpc-status` header (a trailers-only response) decides at once;
+//! * a non-200 HTTP status without `grpc-status` (a proxy in front of the server answering 503,
+//!   say) is mapped as the gRPC spec maps HTTP statuses: 429, 502, 503, 504 are UNAVAILABLE, 400
+//!   INTERNAL, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 UNIMPLEMENTED, others UNKNOWN;
+//! * otherwise the body is wrapped in a [`GrpcBody`] that records when the trailers arrive; a
+//!   stream that ends with no `grpc-status` at all is UNAVAILABLE, a body error is a transport
+//!   failure, and a body dropped before its end counts as cancelled (neither success nor
+//!   failure);
+//! * an unparsable `grpc-status` counts as UNKNOWN.
+//!
+//! Which codes are failures is configurable; by default UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL,
+//! UNKNOWN, RESOURCE_EXHAUSTED and DATA_LOSS are, and NOT_FOUND, INVALID_ARGUMENT and the other
+//! codes that are the caller's business are not.
+//!
+//! **Latency** (for the slow-call breaker and the load estimate) is the time to the response
+//! headers, not to the end of the stream: a long server stream is not a slow call.
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tower_outlier_core::classify::error_kind;
+use tower_outlier_core::{FailureKind, Outcome};
+
+use crate::response::{Recorder, ResponseClassifier};
+
+/// A gRPC status code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Code {
+    /// 0
+    Ok,
+    /// 1
+    Cancelled,
+    /// 2
+    Unknown,
+    /// 3
+    InvalidArgument,
+    /// 4
+    DeadlineExceeded,
+    /// 5
+    NotFound,
+    /// 6
+    AlreadyExists,
+    /// 7
+    PermissionDenied,
+    /// 8
+    ResourceExhausted,
+    /// 9
+    FailedPrecondition,
+    /// 10
+    Aborted,
+    /// 11
+    OutOfRange,
+    /// 12
+    Unimplemented,
+    /// 13
+    Internal,
+    /// 14
+    Unavailable,
+    /// 15
+    DataLoss,
+    /// 16
+    Unauthenticated,
+}
+
+const CODES: [Code; 17] = [
+    Code::Ok,
+    Code::Cancelled,
+    Code::Unknown,
+    Code::InvalidArgument,
+    Code::DeadlineExceeded,
+    Code::NotFound,
+    Code::AlreadyExists,
+    Code::PermissionDenied,
+    Code::ResourceExhausted,
+    Code::FailedPrecondition,
+    Code::Aborted,
+    Code::OutOfRange,
+    Code::Unimplemented,
+    Code::Internal,
+    Code::Unavailable,
+    Code::DataLoss,
+    Code::Unauthenticated,
+];
+
+impl Code {
+    /// The code for a numeric value; values outside 0..=16 are [`Code::Unknown`].
+    pub fn from_i32(value: i32) -> Code {
+        usize::try_from(value)
+            .ok()
+            .and_then(|i| CODES.get(i).copied())
+            .unwrap_or(Code::Unknown)
+    }
+
+    /// The numeric value.
+    pub fn value(self) -> i32 {
+        CODES
+            .iter()
+            .position(|c| *c == self)
+            .map_or(2, |i| i as i32)
+    }
+
+    /// The code a `grpc-status` value stands for; unparsable values are [`Code::Unknown`].
+    pub fn from_header(value: &http::HeaderValue) -> Code {
+        value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<i32>().ok())
+            .map_or(Code::Unknown, Code::from_i32)
+    }
+
+    /// The code the gRPC spec assigns to an HTTP status of a response without `grpc-status`.
+    pub fn from_http_status(status: http::StatusCode) -> Code {
+        match status.as_u16() {
+            200 => Code::Ok,
+            400 => Code::Internal,
+            401 => Code::Unauthenticated,
+            403 => Code::PermissionDenied,
+            404 => Code::Unimplemented,
+            429 | 502 | 503 | 504 => Code::Unavailable,
+            _ => Code::Unknown,
+        }
+    }
+
+    fn bit(self) -> u32 {
+        1 << self.value()
+    }
+
+    /// The failure kind a code counted as a failure stands for.
+    pub fn failure_kind(self) -> FailureKind {
+        match self {
+            Code::Unavailable | Code::ResourceExhausted => FailureKind::Overload,
+            Code::DeadlineExceeded => FailureKind::Timeout,
+            Code::Internal | Code::Unknown | Code::DataLoss => FailureKind::ServerError,
+            _ => FailureKind::Business,
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?} ({})", self.value())
+    }
+}
+
+/// Classifies gRPC responses by their status; see the [module docs](self).
+///
+/// ```
+/// use tower_outlier::grpc::{Code, GrpcErrors};
+/// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+///
+/// // The default failure codes, plus NOT_FOUND for a service where it means a broken replica.
+/// let classifier = GrpcErrors::default().with_failure(Code::NotFound);
+/// assert!(classifier.is_failure(Code::Unavailable));
+/// assert!(!classifier.is_failure(Code::InvalidArgument));
+/// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?))
+///     .classifier(classifier);
+/// # let _ = layer;
+/// # Ok::<(), tower_outlier::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct GrpcErrors {
+    failures: u32,
+}
+
+impl Default for GrpcErrors {
+    fn default() -> Self {
+        GrpcErrors::only(&[
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Internal,
+            Code::Unknown,
+            Code::ResourceExhausted,
+            Code::DataLoss,
+        ])
+    }
+}
+
+impl GrpcErrors {
+    /// Exactly `codes` count as failures.
+    pub fn only(codes: &[Code]) -> Self {
+        GrpcErrors {
+            failures: codes.iter().fold(0, |bits, code| bits | code.bit()),
+        }
+    }
+
+    /// Also counts `code` as a failure.
+    pub fn with_failure(mut self, code: Code) -> Self {
+        self.failures |= code.bit();
+        self
+    }
+
+    /// No longer counts `code` as a failure.
+    pub fn without_failure(mut self, code: Code) -> Self {
+        self.failures &= !code.bit();
+        self
+    }
+
+    /// Whether `code` counts as a failure.
+    pub fn is_failure(&self, code: Code) -> bool {
+        self.failures & code.bit() != 0
+    }
+
+    /// The outcome of a call that ended with `code`.
+    pub fn outcome(&self, code: Code) -> Outcome {
+        if code != Code::Ok && self.is_failure(code) {
+            Outcome::Failure(code.failure_kind())
+        } else {
+            Outcome::Success
+        }
+    }
+
+    fn status_in(&self, headers: &HeaderMap) -> Option<Code> {
+        headers.get("grpc-status").map(Code::from_header)
+    }
+}
+
+impl fmt::Debug for GrpcErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let failures: Vec<Code> = CODES
+            .iter()
+            .copied()
+            .filter(|c| self.is_failure(*c))
+            .collect();
+        f.debug_struct("GrpcErrors")
+            .field("failures", &failures)
+            .finish()
+    }
+}
+
+impl<B, E: 'static> ResponseClassifier<http::Response<B>, E> for GrpcErrors {
+    type Response = http::Response<GrpcBody<B>>;
+
+    fn complete(
+        result: Result<http::Response<B>, E>,
+        mut recorder: Recorder<Self>,
+    ) -> Result<Self::Response, E> {
+        let response = match result {
+            Ok(response) => response,
+            Err(error) => {
+                recorder.record(Outcome::Failure(error_kind(&error)));
+                return Err(error);
+            }
+        };
+        let classifier = *recorder.classifier();
+        let code = classifier.status_in(response.headers()).or_else(|| {
+            (response.status() != http::StatusCode::OK)
+                .then(|| Code::from_http_status(response.status()))
+        });
+        let recorder = match code {
+            Some(code) => {
+                recorder.record(classifier.outcome(code));
+                None
+            }
+            None => {
+                recorder.freeze_latency();
+                Some(recorder)
+            }
+        };
+        Ok(response.map(|inner| GrpcBody { inner, recorder }))
+    }
+}
+
+pin_project! {
+    /// A gRPC response body that records the call's outcome from its trailers.
+    pub struct GrpcBody<B> {
+        #[pin]
+        inner: B,
+        recorder: Option<Recorder<GrpcErrors>>,
+    }
+}
+
+impl<B> GrpcBody<B> {
+    /// The wrapped body.
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+impl<B: Body> Body for GrpcBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = std::task::ready!(this.inner.poll_frame(cx));
+        let outcome = match &frame {
+            Some(Ok(frame)) => frame.trailers_ref().map(|trailers| {
+                let recorder = this.recorder.as_ref();
+                match recorder.map(|r| (*r.classifier(), r.classifier().status_in(trailers))) {
+                    Some((classifier, Some(code))) => classifier.outcome(code),
+                    // Trailers without a status are as bad as none at all.
+                    Some((classifier, None)) => classifier.outcome(Code::Unavailable),
+                    None => Outcome::Success,
+                }
+            }),
+            Some(Err(_)) => Some(Outcome::Failure(FailureKind::Transport)),
+            None => this
+                .recorder
+                .as_ref()
+                .map(|r| r.classifier().outcome(Code::Unavailable)),
+        };
+        if let Some(outcome) = outcome {
+            if let Some(recorder) = this.recorder.take() {
+                recorder.record(outcome);
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for GrpcBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcBody")
+            .field("inner", &self.inner)
+            .field("pending", &self.recorder.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,293 @@
+//! gRPC classification: the status in the headers (trailers-only) decides at once; otherwise the
+//! body records when its trailers arrive, on tokio's paused clock.
+
+use std::io;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::{self, BoxStream, StreamExt};
+use http_body_util::{BodyExt, StreamBody};
+use tower::{service_fn, Service, ServiceExt};
+use tower_outlier::grpc::{Code, GrpcErrors};
+use tower_outlier::{
+    Endpoint, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, WindowCounts,
+};
+
+type TestBody = StreamBody<BoxStream<'static, Result<http_body::Frame<Bytes>, io::Error>>>;
+
+/// How the test server answers.
+#[derive(Clone)]
+struct Answer {
+    http_status: u16,
+    header_status: Option<&'static str>,
+    trailer_status: Option<&'static str>,
+    trailers: bool,
+    body_error: bool,
+    headers_after: Duration,
+    trailers_after: Duration,
+}
+
+impl Answer {
+    fn trailers(status: &'static str) -> Self {
+        Answer {
+            http_status: 200,
+            header_status: None,
+            trailer_status: Some(status),
+            trailers: true,
+            body_error: false,
+            headers_after: Duration::ZERO,
+            trailers_after: Duration::ZERO,
+        }
+    }
+
+    fn trailers_only(status: &'static str) -> Self {
+        Answer {
+            header_status: Some(status),
+            trailers: false,
+            trailer_status: None,
+            ..Answer::trailers("0")
+        }
+    }
+}
+
+fn endpoint(
+    classifier: GrpcErrors,
+) -> Endpoint<
+    impl Service<
+            Answer,
+            Response = http::Response<TestBody>,
+            Error = io::Error,
+            Future = impl std::future::Future<Output = Result<http::Response<TestBody>, io::Error>>
+                         + Send,
+        > + Clone,
+    GrpcErrors,
+> {
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ))
+    .classifier(classifier);
+    layer.endpoint(service_fn(|answer: Answer| async move {
+        tokio::time::sleep(answer.headers_after).await;
+        let mut frames: Vec<Result<http_body::Frame<Bytes>, io::Error>> = vec![Ok(
+            http_body::Frame::data(Bytes::from_static(b"\0\0\0\0\0")),
+        )];
+        if answer.body_error {
+            frames.push(Err(io::Error::from(io::ErrorKind::ConnectionReset)));
+        } else if answer.trailers {
+            let mut trailers = http::HeaderMap::new();
+            if let Some(status) = answer.trailer_status {
+                trailers.insert("grpc-status", status.parse().unwrap());
+            }
+            frames.push(Ok(http_body::Frame::trailers(trailers)));
+        }
+        let delay = answer.trailers_after;
+        let body = stream::iter(frames)
+            .then(move |frame| async move {
+                if frame.as_ref().map_or(true, |f| !f.is_data()) {
+                    tokio::time::sleep(delay).await;
+                }
+                frame
+            })
+            .boxed();
+        let mut response = http::Response::builder().status(answer.http_status);
+        if let Some(status) = answer.header_status {
+            response = response.header("grpc-status", status);
+        }
+        Ok::<_, io::Error>(response.body(StreamBody::new(body)).unwrap())
+    }))
+}
+
+fn counts<S>(endpoint: &Endpoint<S, GrpcErrors>) -> WindowCounts {
+    let record = endpoint.record();
+    record.policies()[0].counts(record.clock().now())
+}
+
+async fn call_and_read(classifier: GrpcErrors, answer: Answer) -> WindowCounts {
+    let mut endpoint = endpoint(classifier);
+    let response = endpoint.ready().await.unwrap().call(answer).await.unwrap();
+    let _ = response.into_body().collect().await;
+    counts(&endpoint)
+}
+
+fn failures(counts: WindowCounts) -> (u64, u64) {
+    (counts.calls, counts.failures)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trailers_only_status_decides_at_once() {
+    let mut ok = endpoint(GrpcErrors::default());
+    let response = ok
+        .ready()
+        .await
+        .unwrap()
+        .call(Answer::trailers_only("0"))
+        .await
+        .unwrap();
+    assert_eq!(
+        failures(counts(&ok)),
+        (1, 0),
+        "recorded before the body is read"
+    );
+    drop(response);
+    let mut unavailable = endpoint(GrpcErrors::default());
+    let _response = unavailable
+        .ready()
+        .await
+        .unwrap()
+        .call(Answer::trailers_only("14"))
+        .await
+        .unwrap();
+    assert_eq!(failures(counts(&unavailable)), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_in_the_trailers_is_recorded_when_the_body_ends() {
+    let mut endpoint = endpoint(GrpcErrors::default());
+    let response = endpoint
+        .ready()
+        .await
+        .unwrap()
+        .call(Answer::trailers("14"))
+        .await
+        .unwrap();
+    assert_eq!(
+        failures(counts(&endpoint)),
+        (0, 0),
+        "not decided before the trailers"
+    );
+    let _ = response.into_body().collect().await;
+    assert_eq!(failures(counts(&endpoint)), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_caller_s_faults_are_not_failures_unless_configured() {
+    for status in ["5", "3", "0"] {
+        assert_eq!(
+            failures(call_and_read(GrpcErrors::default(), Answer::trailers(status)).await),
+            (1, 0),
+            "grpc-status {status}"
+        );
+    }
+    for status in ["14", "4", "13", "2", "8", "15"] {
+        assert_eq!(
+            failures(call_and_read(GrpcErrors::default(), Answer::trailers(status)).await),
+            (1, 1),
+            "grpc-status {status}"
+        );
+    }
+    let strict = GrpcErrors::default().with_failure(Code::NotFound);
+    assert_eq!(
+        failures(call_and_read(strict, Answer::trailers("5")).await),
+        (1, 1)
+    );
+    let lenient = GrpcErrors::default().without_failure(Code::Unavailable);
+    assert_eq!(
+        failures(call_and_read(lenient, Answer::trailers("14")).await),
+        (1, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_status_at_all_is_unavailable() {
+    let no_trailers = Answer {
+        trailers: false,
+        ..Answer::trailers("0")
+    };
+    assert_eq!(
+        failures(call_and_read(GrpcErrors::default(), no_trailers).await),
+        (1, 1)
+    );
+    let empty_trailers = Answer {
+        trailer_status: None,
+        ..Answer::trailers("0")
+    };
+    assert_eq!(
+        failures(call_and_read(GrpcErrors::default(), empty_trailers).await),
+        (1, 1)
+    );
+    let garbage = Answer::trailers("fourteen");
+    assert_eq!(
+        failures(call_and_read(GrpcErrors::default(), garbage).await),
+        (1, 1),
+        "an unparsable status is UNKNOWN"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_from_a_proxy_is_unavailable() {
+    for (status, failed) in [(503, 1), (502, 1), (429, 1), (504, 1), (404, 0)] {
+        let answer = Answer {
+            http_status: status,
+            trailers: false,
+            ..Answer::trailers("0")
+        };
+        // 404 maps to UNIMPLEMENTED, which is not a failure by default.
+        assert_eq!(
+            failures(call_and_read(GrpcErrors::default(), answer).await),
+            (1, failed),
+            "HTTP {status}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_dropped_early_is_cancelled_and_a_broken_body_fails() {
+    let mut endpoint = endpoint(GrpcErrors::default());
+    let response = endpoint
+        .ready()
+        .await
+        .unwrap()
+        .call(Answer::trailers("14"))
+        .await
+        .unwrap();
+    drop(response);
+    assert_eq!(
+        failures(counts(&endpoint)),
+        (0, 0),
+        "cancelled: neither success nor failure"
+    );
+
+    let broken = Answer {
+        body_error: true,
+        ..Answer::trailers("0")
+    };
+    assert_eq!(
+        failures(call_and_read(GrpcErrors::default(), broken).await),
+        (1, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_is_the_time_to_the_response_headers() {
+    let mut endpoint = endpoint(GrpcErrors::default());
+    let answer = Answer {
+        headers_after: Duration::from_millis(10),
+        trailers_after: Duration::from_secs(5),
+        ..Answer::trailers("0")
+    };
+    let response = endpoint.ready().await.unwrap().call(answer).await.unwrap();
+    let _ = response.into_body().collect().await;
+    let record = endpoint.record();
+    let estimate = record.rtt_estimate(record.clock().now());
+    assert_eq!(
+        estimate, 10_000_000.0,
+        "10 ms to the headers, not 5 s to the trailers"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn transport_errors_fail() {
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ))
+    .classifier(GrpcErrors::default());
+    let mut endpoint = layer.endpoint(service_fn(|_: ()| async {
+        Err::<http::Response<TestBody>, _>(io::Error::from(io::ErrorKind::ConnectionRefused))
+    }));
+    assert!(endpoint.ready().await.unwrap().call(()).await.is_err());
+    let record = endpoint.record();
+    assert_eq!(
+        failures(record.policies()[0].counts(record.clock().now())),
+        (1, 1)
+    );
+}
