@@ -57,6 +57,8 @@ mod layer;
 mod monitor;
 pub mod probe;
 pub mod response;
+#[cfg(feature = "tower-http")]
+pub mod tower_http;
 
 pub use discover::OutlierDetection;
 pub use endpoint::{Cost, Endpoint};
