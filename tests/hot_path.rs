@@ -56,7 +56,7 @@ impl Service<u64> for Flaky {
     }
 
     fn call(&mut self, request: u64) -> Self::Future {
-        std::future::ready(if request % 3 == 0 {
+        std::future::ready(if request.is_multiple_of(3) {
             Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
         } else {
             Ok(request)
