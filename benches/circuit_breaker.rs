@@ -24,10 +24,15 @@
 //!   default policy): one `Arc` clone and drop, two `parking_lot` mutex acquisitions, two
 //!   `Instant` reads and an EMA update. It does not time calls (no slow-call rule).
 
+#[path = "common.rs"]
+mod common;
+
+use common::{median, ns_per_call, Echo};
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::convert::Infallible;
-use std::future::{ready, Future, Ready};
+use std::future::{Future, Ready};
 use std::hint::black_box;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,26 +85,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-/// The cheapest possible service: always ready, answers at once.
-#[derive(Clone, Copy)]
-struct Echo;
-
-impl Service<u64> for Echo {
-    type Response = u64;
-    type Error = Infallible;
-    type Future = Ready<Result<u64, Infallible>>;
-
-    #[inline]
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    #[inline]
-    fn call(&mut self, request: u64) -> Self::Future {
-        ready(Ok(request))
-    }
-}
 
 type FailsafeBreaker = failsafe::StateMachine<
     failsafe::failure_policy::OrElse<
@@ -155,15 +140,6 @@ fn drive<S: Service<u64>>(service: &mut S, iterations: u64) -> (Duration, u64) {
         }
     }
     (start.elapsed(), extra)
-}
-
-fn ns_per_call(elapsed: Duration, calls: u64) -> f64 {
-    elapsed.as_nanos() as f64 / calls as f64
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
 }
 
 /// One run of a case: ns per call and `Pending` polls per call, averaged over the threads.

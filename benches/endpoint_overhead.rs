@@ -10,11 +10,15 @@
 //! clock reads (latency), classification, the error-rate window update, the latency estimate
 //! update and the in-flight accounting.
 
-use std::convert::Infallible;
-use std::future::{ready, Future, Ready};
+#[path = "common.rs"]
+mod common;
+
+use common::{median, ns_per_call, Echo};
+
+use std::future::Future;
 use std::hint::black_box;
 use std::pin::pin;
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::{Duration, Instant};
 
 use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
@@ -22,26 +26,6 @@ use tower_service::Service;
 
 const ITERATIONS: u64 = 10_000_000;
 const RUNS: usize = 3;
-
-/// The cheapest possible service: always ready, answers at once.
-#[derive(Clone, Copy)]
-struct Echo;
-
-impl Service<u64> for Echo {
-    type Response = u64;
-    type Error = Infallible;
-    type Future = Ready<Result<u64, Infallible>>;
-
-    #[inline]
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    #[inline]
-    fn call(&mut self, request: u64) -> Self::Future {
-        ready(Ok(request))
-    }
-}
 
 #[inline]
 fn drive<S: Service<u64>>(service: &mut S, iterations: u64) -> Duration {
@@ -54,15 +38,6 @@ fn drive<S: Service<u64>>(service: &mut S, iterations: u64) -> Duration {
         let _ = black_box(future.poll(&mut cx));
     }
     start.elapsed()
-}
-
-fn ns_per_call(elapsed: Duration, calls: u64) -> f64 {
-    elapsed.as_nanos() as f64 / calls as f64
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
 }
 
 fn layer(clock: Clock) -> OutlierDetectionLayer {
