@@ -35,6 +35,7 @@ async fn six_failures_in_ten_calls_at_fifty_percent_is_ejected() {
     assert!(!h.is_live(0), "6 of 10 = 60 % > 50 % must eject at once");
     let snapshot = layer.monitor().snapshot();
     let endpoint = snapshot.get("0").unwrap();
+    assert_eq!(snapshot.get_key(&0usize), Some(endpoint));
     assert_eq!(endpoint.status, EndpointStatus::Ejected);
     assert_eq!(endpoint.error_rate, 0.6);
     assert_eq!(endpoint.windows[0].counts.calls, 10);

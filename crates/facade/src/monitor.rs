@@ -75,9 +75,21 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// The endpoint whose key prints as `key`.
+    /// The endpoint whose key prints (with `Debug`) as `key`.
     pub fn get(&self, key: &str) -> Option<&EndpointSnapshot> {
         self.endpoints.iter().find(|e| e.key == key)
+    }
+
+    /// The endpoint with discover key `key` (compared by its `Debug` form, as snapshots keep it).
+    ///
+    /// ```
+    /// # use tower_outlier::Snapshot;
+    /// let addr: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+    /// let snapshot = Snapshot::default();
+    /// assert!(snapshot.get_key(&addr).is_none());
+    /// ```
+    pub fn get_key<K: fmt::Debug + ?Sized>(&self, key: &K) -> Option<&EndpointSnapshot> {
+        self.get(&format!("{key:?}"))
     }
 
     /// How many endpoints are out of the balancer's set (ejected or probing).
