@@ -185,6 +185,20 @@ impl<P: Probe<usize, Backend> + Clone> Harness<P> {
         self.backends[&id].set_failing(false);
     }
 
+    /// Like [`calls`](Self::calls), but stops quietly once the endpoint is no longer live.
+    pub async fn calls_while_live(&mut self, id: usize, failures: usize, successes: usize) {
+        for i in 0..failures + successes {
+            let backend = self.backends[&id].clone();
+            backend.set_failing(i < failures);
+            let Some(endpoint) = self.live.get_mut(&id) else {
+                break;
+            };
+            let _ = endpoint.ready().await.unwrap().call(()).await;
+            self.sync();
+        }
+        self.backends[&id].set_failing(false);
+    }
+
     /// Advances the paused clock and lets the adaptor fire its timers.
     pub async fn advance(&mut self, by: std::time::Duration) {
         tokio::time::advance(by).await;
