@@ -153,7 +153,7 @@ async fn invariants_hold_with_active_probes() {
                 .wrapping_mul(2862933555777941757);
             Box::pin(async move {
                 tokio::time::sleep(Duration::from_secs(draw % 7)).await;
-                draw % 3 == 0
+                draw.is_multiple_of(3)
             })
         });
         let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
