@@ -21,6 +21,10 @@
 //! upstream received and what the layer decided, checks its claims and exits non-zero if one does
 //! not hold.
 
+#[path = "demo/mod.rs"]
+mod demo;
+
+use demo::{certainly_ejected, print_table, received, since, status, Counted as Upstream};
 use std::convert::Infallible;
 use std::error::Error;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -51,7 +55,7 @@ use tower::timeout::Timeout;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_outlier::{
-    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor, OutlierDetectionLayer, ServerErrors,
+    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, ServerErrors,
 };
 
 type DynError = Box<dyn Error + Send + Sync>;
@@ -170,7 +174,7 @@ async fn main() -> Result<(), DynError> {
     let mut ejection = None;
     let mut sent = 0;
     while sent < REQUESTS {
-        if ejection.is_some() && !certainly_ejected(&monitor, &flaky_key) {
+        if ejection.is_some() && !certainly_ejected(&monitor, &flaky_key, MARGIN) {
             println!("(stopping early: the recovery check is about to run)");
             break;
         }
@@ -181,7 +185,7 @@ async fn main() -> Result<(), DynError> {
         }
     }
     let warm_up = since(&upstreams, &before);
-    print_table(&upstreams, &warm_up, &monitor);
+    print_table(&upstreams, &warm_up, &monitor, "upstream", "requests");
     println!("the client got: {warm_up_statuses}");
     let Some((before_ejection, sent_before_ejection)) = ejection else {
         return Err(format!("{FLAKY} was never ejected during the warm-up").into());
@@ -196,7 +200,7 @@ async fn main() -> Result<(), DynError> {
     let mut ejected_statuses = Statuses::default();
     let mut sent_while_ejected_b = 0;
     while sent_while_ejected_b < REQUESTS {
-        if !certainly_ejected(&monitor, &flaky_key) {
+        if !certainly_ejected(&monitor, &flaky_key, MARGIN) {
             println!("(stopping early: the recovery check is about to run)");
             break;
         }
@@ -204,7 +208,7 @@ async fn main() -> Result<(), DynError> {
         sent_while_ejected_b += BATCH;
     }
     let while_ejected = since(&upstreams, &before);
-    print_table(&upstreams, &while_ejected, &monitor);
+    print_table(&upstreams, &while_ejected, &monitor, "upstream", "requests");
     println!("the client got: {ejected_statuses}");
 
     // 4c. The upstream heals. With the default passive trial there is no health-check request:
@@ -224,7 +228,7 @@ async fn main() -> Result<(), DynError> {
         healed_statuses.add(client.send_batch(batch * BATCH).await?);
     }
     let healed = since(&upstreams, &before);
-    print_table(&upstreams, &healed, &monitor);
+    print_table(&upstreams, &healed, &monitor, "upstream", "requests");
     println!("the client got: {healed_statuses}");
     let final_status = status(&monitor, &flaky_key);
 
@@ -343,13 +347,6 @@ impl Service<Request> for Backend {
             Ok(client.request(request).await?)
         })
     }
-}
-
-/// One upstream server: its name, address and how many requests it has received.
-struct Upstream {
-    name: &'static str,
-    addr: SocketAddr,
-    received: Arc<AtomicUsize>,
 }
 
 impl Upstream {
@@ -478,65 +475,5 @@ impl std::fmt::Display for Statuses {
             "{} × 200, {} × 502, {} other",
             self.ok, self.bad_gateway, self.other
         )
-    }
-}
-
-/// Whether the endpoint is ejected and will stay so for at least `MARGIN`.
-fn certainly_ejected(monitor: &Monitor, key: &str) -> bool {
-    monitor.snapshot().get(key).is_some_and(|e| {
-        e.status == EndpointStatus::Ejected && e.next_check_in.is_some_and(|t| t > MARGIN)
-    })
-}
-
-/// How many requests each upstream has received so far.
-fn received(upstreams: &[Upstream]) -> Vec<usize> {
-    upstreams
-        .iter()
-        .map(|u| u.received.load(Ordering::SeqCst))
-        .collect()
-}
-
-/// How many requests each upstream has received since `before`.
-fn since(upstreams: &[Upstream], before: &[usize]) -> Vec<usize> {
-    received(upstreams)
-        .iter()
-        .zip(before)
-        .map(|(now, then)| now - then)
-        .collect()
-}
-
-/// The monitor's status for the endpoint whose key prints as `key`.
-fn status(monitor: &Monitor, key: &str) -> Option<EndpointStatus> {
-    monitor.snapshot().get(key).map(|e| e.status)
-}
-
-/// One line per upstream: the requests it received in this phase, then what the layer thinks of
-/// it.
-fn print_table(upstreams: &[Upstream], requests: &[usize], monitor: &Monitor) {
-    let snapshot = monitor.snapshot();
-    println!(
-        "{:<8} {:<16} {:>8}  {:<9} {:>10} {:>14}  {:>10}",
-        "upstream", "address", "requests", "status", "error rate", "failed/calls", "next check"
-    );
-    for (upstream, n) in upstreams.iter().zip(requests) {
-        let key = format!("{:?}", upstream.addr);
-        let Some(e) = snapshot.get(&key) else {
-            println!("{:<8} {:<16} {:>8}  (not tracked)", upstream.name, key, n);
-            continue;
-        };
-        let counts = e.windows.first().map(|w| w.counts).unwrap_or_default();
-        let next = e
-            .next_check_in
-            .map_or_else(|| "-".to_string(), |t| format!("{t:.1?}"));
-        println!(
-            "{:<8} {:<16} {:>8}  {:<9} {:>9.1}% {:>14}  {:>10}",
-            upstream.name,
-            key,
-            n,
-            format!("{:?}", e.status),
-            e.error_rate * 100.0,
-            format!("{}/{}", counts.failures, counts.calls),
-            next
-        );
     }
 }

@@ -10,6 +10,10 @@
 //! second or two. The example checks its own claims and exits non-zero if one does not hold, so it
 //! doubles as a smoke test.
 
+#[path = "demo/mod.rs"]
+mod demo;
+
+use demo::{certainly_ejected, print_table, received, since, status, Counted as Server};
 use std::convert::Infallible;
 use std::error::Error;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -33,7 +37,7 @@ use tower::balance::p2c::Balance;
 use tower::discover::Change;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_outlier::{
-    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor, OutlierDetectionLayer, ServerErrors,
+    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, ServerErrors,
 };
 
 type DynError = Box<dyn Error + Send + Sync>;
@@ -122,7 +126,7 @@ async fn main() -> Result<(), DynError> {
     let mut ejection = None;
     let mut sent = 0;
     while sent < REQUESTS {
-        if ejection.is_some() && !certainly_ejected(&monitor, &flaky_key) {
+        if ejection.is_some() && !certainly_ejected(&monitor, &flaky_key, MARGIN) {
             println!("(stopping early: the recovery check is about to run)");
             break;
         }
@@ -133,7 +137,7 @@ async fn main() -> Result<(), DynError> {
         }
     }
     let warm_up = since(&servers, &before);
-    print_table(&servers, &warm_up, &monitor);
+    print_table(&servers, &warm_up, &monitor, "server", "requests");
     let Some((before_ejection, sent_before_ejection)) = ejection else {
         return Err(format!("{FLAKY} was never ejected during the warm-up").into());
     };
@@ -150,7 +154,7 @@ async fn main() -> Result<(), DynError> {
     let before = received(&servers);
     let mut sent_while_ejected_b = 0;
     while sent_while_ejected_b < REQUESTS {
-        if !certainly_ejected(&monitor, &flaky_key) {
+        if !certainly_ejected(&monitor, &flaky_key, MARGIN) {
             println!("(stopping early: the recovery check is about to run)");
             break;
         }
@@ -158,7 +162,7 @@ async fn main() -> Result<(), DynError> {
         sent_while_ejected_b += BATCH;
     }
     let while_ejected = since(&servers, &before);
-    print_table(&servers, &while_ejected, &monitor);
+    print_table(&servers, &while_ejected, &monitor, "server", "requests");
 
     // 3c. The server heals. With the default passive trial there is no health-check request:
     //     once the recovery check is due, the layer re-admits the server and judges it on real
@@ -177,7 +181,7 @@ async fn main() -> Result<(), DynError> {
         errors_seen += send_batch(&client).await?;
     }
     let recovered = since(&servers, &before);
-    print_table(&servers, &recovered, &monitor);
+    print_table(&servers, &recovered, &monitor, "server", "requests");
     let final_status = status(&monitor, &flaky_key);
 
     // 4. The demo's claims, checked: this example doubles as a smoke test.
@@ -222,20 +226,6 @@ async fn main() -> Result<(), DynError> {
         recovered[flaky]
     );
     Ok(())
-}
-
-/// Whether the endpoint is ejected and will stay so for at least `MARGIN`.
-fn certainly_ejected(monitor: &Monitor, key: &str) -> bool {
-    monitor.snapshot().get(key).is_some_and(|e| {
-        e.status == EndpointStatus::Ejected && e.next_check_in.is_some_and(|t| t > MARGIN)
-    })
-}
-
-/// One demo server: its name, address and how many requests it has received.
-struct Server {
-    name: &'static str,
-    addr: SocketAddr,
-    received: Arc<AtomicUsize>,
 }
 
 impl Server {
@@ -353,56 +343,4 @@ where
 {
     let statuses = futures::future::try_join_all((0..BATCH).map(|_| send(client))).await?;
     Ok(statuses.iter().filter(|s| s.is_server_error()).count())
-}
-
-/// How many requests each server has received so far.
-fn received(servers: &[Server]) -> Vec<usize> {
-    servers
-        .iter()
-        .map(|s| s.received.load(Ordering::SeqCst))
-        .collect()
-}
-
-/// How many requests each server has received since `before`.
-fn since(servers: &[Server], before: &[usize]) -> Vec<usize> {
-    received(servers)
-        .iter()
-        .zip(before)
-        .map(|(now, then)| now - then)
-        .collect()
-}
-
-/// The monitor's status for the endpoint whose key prints as `key`.
-fn status(monitor: &Monitor, key: &str) -> Option<EndpointStatus> {
-    monitor.snapshot().get(key).map(|e| e.status)
-}
-
-/// One line per server: the requests it received in this phase, then what the layer thinks of it.
-fn print_table(servers: &[Server], requests: &[usize], monitor: &Monitor) {
-    let snapshot = monitor.snapshot();
-    println!(
-        "{:<8} {:<16} {:>8}  {:<9} {:>10} {:>14}  {:>10}",
-        "server", "address", "requests", "status", "error rate", "failed/calls", "next check"
-    );
-    for (server, n) in servers.iter().zip(requests) {
-        let key = format!("{:?}", server.addr);
-        let Some(e) = snapshot.get(&key) else {
-            println!("{:<8} {:<16} {:>8}  (not tracked)", server.name, key, n);
-            continue;
-        };
-        let counts = e.windows.first().map(|w| w.counts).unwrap_or_default();
-        let next = e
-            .next_check_in
-            .map_or_else(|| "-".to_string(), |t| format!("{t:.1?}"));
-        println!(
-            "{:<8} {:<16} {:>8}  {:<9} {:>9.1}% {:>14}  {:>10}",
-            server.name,
-            key,
-            n,
-            format!("{:?}", e.status),
-            e.error_rate * 100.0,
-            format!("{}/{}", counts.failures, counts.calls),
-            next
-        );
-    }
 }
