@@ -1,0 +1,379 @@
+//! Detection quality: how many failed requests reach callers, how fast a bad endpoint is taken
+//! out, how often a healthy one is taken out by noise, how much goodput the balancer keeps.
+//!
+//! Simulated endpoints sit behind a per-endpoint `Timeout`, the real `OutlierDetectionLayer` and
+//! the real `tower::balance::p2c::Balance`, on tokio's paused clock with seeded randomness, so
+//! every number below is reproducible to the request. Prints one markdown table per scenario, the
+//! fairness check, and writes the incident picture (`benches/detection/incident.svg`).
+//!
+//! ```sh
+//! cargo bench -p tower-outlier-benches --bench detection
+//! ```
+
+mod plot;
+mod sim;
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use tower::balance::p2c::Balance;
+use tower::discover::ServiceList;
+use tower::load::{CompleteOnResponse, PeakEwmaDiscover};
+use tower::timeout::Timeout;
+use tower_layer::Layer;
+use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
+use tower_outlier::weight::{WeightConfig, WeightPolicy};
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+
+use sim::{Backend, Fault, Log, Scenario, Schedule, World};
+
+const SEED: u64 = 0x5EED_0F_0D7EC7;
+/// When the fault starts in every scenario (seconds): the fleet has a measured history by then.
+const FAULT_AT: f64 = 10.0;
+const NORMAL_RATE: f64 = 200.0;
+const LOW_RATE: f64 = 5.0;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Config {
+    /// What a user would otherwise pick: tower's peak-EWMA load and p2c, no detection.
+    Baseline,
+    Edas,
+    Hsf,
+    Sentinel,
+    Sofa,
+    All,
+}
+
+const CONFIGS: [Config; 6] = [
+    Config::Baseline,
+    Config::Edas,
+    Config::Hsf,
+    Config::Sentinel,
+    Config::Sofa,
+    Config::All,
+];
+
+impl Config {
+    fn name(self) -> &'static str {
+        match self {
+            Config::Baseline => "no detection (PeakEwma + p2c)",
+            Config::Edas => "EDAS preset",
+            Config::Hsf => "HSF preset",
+            Config::Sentinel => "Sentinel slow-call",
+            Config::Sofa => "SOFA weights",
+            Config::All => "EDAS + Sentinel + SOFA",
+        }
+    }
+
+    fn layer(self) -> Option<OutlierDetectionLayer> {
+        let edas = || ErrorRatePolicy::new(ErrorRateConfig::edas_spring_cloud().build().unwrap());
+        // Slow is five times the fleet's mean latency; Sentinel's defaults otherwise (ratio 1.0,
+        // 5 requests in a 1 s interval), open for 10 s.
+        let sentinel = || {
+            SlowCallPolicy::new(
+                BreakerConfig::slow_ratio(Duration::from_millis(50))
+                    .open_duration(Duration::from_secs(10))
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let sofa = || WeightPolicy::new(WeightConfig::sofarpc().build().unwrap());
+        Some(match self {
+            Config::Baseline => return None,
+            Config::Edas => OutlierDetectionLayer::new(edas()),
+            Config::Hsf => OutlierDetectionLayer::new(ErrorRatePolicy::new(
+                ErrorRateConfig::hsf().build().unwrap(),
+            )),
+            Config::Sentinel => OutlierDetectionLayer::new(sentinel()),
+            Config::Sofa => OutlierDetectionLayer::new(sofa()),
+            Config::All => OutlierDetectionLayer::new(edas())
+                .with_policy(sentinel())
+                .with_policy(sofa()),
+        })
+    }
+}
+
+fn scenario(name: &'static str, bad: &[usize], fault: Fault) -> Scenario {
+    Scenario {
+        name,
+        endpoints: 5,
+        rate: NORMAL_RATE,
+        duration: 130.0,
+        bad: bad.to_vec(),
+        fault,
+        schedule: Schedule::Window {
+            start: FAULT_AT,
+            end: None,
+        },
+        noise: 0.0,
+        latency: Duration::from_millis(10),
+        one_slow_call: None,
+    }
+}
+
+fn scenarios() -> Vec<Scenario> {
+    let low = |name, fault| Scenario {
+        rate: LOW_RATE,
+        ..scenario(name, &[0], fault)
+    };
+    vec![
+        scenario("hard down", &[0], Fault::Down),
+        scenario("black hole", &[0], Fault::BlackHole),
+        scenario("gray failure 10 %", &[0], Fault::Gray(0.1)),
+        scenario("gray failure 30 %", &[0], Fault::Gray(0.3)),
+        scenario("slow (10× latency)", &[0], Fault::Slow(10.0)),
+        Scenario {
+            schedule: Schedule::Flapping {
+                start: FAULT_AT,
+                down: 5.0,
+                up: 5.0,
+            },
+            ..scenario("flapping (down 5 s, up 5 s)", &[0], Fault::Down)
+        },
+        scenario("two of five down", &[0, 1], Fault::Down),
+        Scenario {
+            noise: 0.01,
+            ..scenario("healthy noise (1 % failures everywhere)", &[], Fault::Down)
+        },
+        low("low traffic (5 req/s): hard down", Fault::Down),
+        low("low traffic (5 req/s): black hole", Fault::BlackHole),
+    ]
+}
+
+/// Runs one scenario under one configuration on a fresh paused runtime.
+fn run(scenario: &Scenario, config: Config) -> Log {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let world = World::new(scenario.clone(), SEED);
+        let services = (0..scenario.endpoints).map(|id| {
+            Timeout::new(
+                Backend {
+                    id,
+                    world: world.clone(),
+                },
+                sim::TIMEOUT,
+            )
+        });
+        let discover = ServiceList::new(services.collect::<Vec<_>>());
+        match config.layer() {
+            None => {
+                let discover = PeakEwmaDiscover::new(
+                    discover,
+                    scenario.latency,
+                    Duration::from_secs(10),
+                    CompleteOnResponse::default(),
+                );
+                sim::drive(world.clone(), Balance::new(discover)).await;
+            }
+            Some(layer) => {
+                let mut seen = vec![false; scenario.endpoints];
+                let observer = world.clone();
+                let detected = layer
+                    .layer(discover)
+                    .inspect_ok(move |change| observer.observe_change(change, &mut seen));
+                sim::drive(world.clone(), Balance::new(detected)).await;
+            }
+        }
+        std::sync::Arc::try_unwrap(world)
+            .ok()
+            .expect("the world outlives every endpoint")
+            .log
+            .into_inner()
+            .unwrap()
+    })
+}
+
+/// One row of the table.
+struct Row {
+    failed: u64,
+    failed_from_bad: u64,
+    time_to_eject: String,
+    false_ejections: usize,
+    false_out_secs: f64,
+    goodput: f64,
+    shares: String,
+}
+
+fn measure(scenario: &Scenario, log: &Log) -> Row {
+    let end = scenario.duration;
+    let start = scenario.schedule.start();
+    let mut time_to_eject = Vec::new();
+    for &bad in &scenario.bad {
+        let first = log
+            .events
+            .iter()
+            .find(|&&(t, i, ejected)| ejected && i == bad && t >= start)
+            .map(|&(t, ..)| t - start);
+        time_to_eject.push(first);
+    }
+    let time_to_eject = if scenario.bad.is_empty() {
+        "—".to_string()
+    } else if time_to_eject.iter().all(Option::is_some) {
+        let worst = time_to_eject
+            .iter()
+            .flatten()
+            .fold(0.0f64, |a, &b| a.max(b));
+        format!("{worst:.2} s")
+    } else {
+        let ejected = time_to_eject.iter().flatten().count();
+        format!("never ({ejected}/{} ejected)", scenario.bad.len())
+    };
+    let mut false_ejections = 0;
+    let mut false_out_secs = 0.0;
+    let mut out_since: Vec<Option<f64>> = vec![None; scenario.endpoints];
+    for &(t, i, ejected) in &log.events {
+        if scenario.is_bad(i) {
+            continue;
+        }
+        if ejected {
+            false_ejections += 1;
+            out_since[i] = Some(t);
+        } else if let Some(since) = out_since[i].take() {
+            false_out_secs += t - since;
+        }
+    }
+    false_out_secs += out_since
+        .iter()
+        .flatten()
+        .map(|since| end - since)
+        .sum::<f64>();
+    let total: usize = log.calls.iter().sum();
+    let scheduled = (scenario.rate * scenario.duration) as u64;
+    let shares = log
+        .calls
+        .iter()
+        .map(|&c| format!("{:.1}", 100.0 * c as f64 / total.max(1) as f64))
+        .collect::<Vec<_>>()
+        .join(" / ");
+    Row {
+        failed: log.failed,
+        failed_from_bad: log.failed_from_bad,
+        time_to_eject,
+        false_ejections,
+        false_out_secs,
+        goodput: 100.0 * log.succeeded as f64 / scheduled as f64,
+        shares,
+    }
+}
+
+fn table(scenario: &Scenario, out: &mut String) {
+    let bad = if scenario.bad.is_empty() {
+        "none".to_string()
+    } else {
+        scenario
+            .bad
+            .iter()
+            .map(|b| format!("#{b}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        out,
+        "\n### {} — {} endpoints, {} req/s, {} s, fault from {} s on {bad}\n",
+        scenario.name, scenario.endpoints, scenario.rate, scenario.duration, FAULT_AT
+    );
+    let _ = writeln!(
+        out,
+        "| configuration | failed to callers | of them from bad | time to eject | false ejections (time out) | goodput | share per endpoint (%) |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---|");
+    let mut baseline_failed = None;
+    for config in CONFIGS {
+        let log = run(scenario, config);
+        let row = measure(scenario, &log);
+        let change = match baseline_failed {
+            None => {
+                baseline_failed = Some(row.failed);
+                String::new()
+            }
+            Some(0) => String::new(),
+            Some(base) => format!(
+                " ({:+.0} %)",
+                100.0 * (row.failed as f64 - base as f64) / base as f64
+            ),
+        };
+        let time_to_eject = if config == Config::Baseline {
+            "—".to_string()
+        } else {
+            row.time_to_eject
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {}{change} | {} | {} | {} ({:.0} s) | {:.2} % | {} |",
+            config.name(),
+            row.failed,
+            row.failed_from_bad,
+            time_to_eject,
+            row.false_ejections,
+            row.false_out_secs,
+            row.goodput,
+            row.shares
+        );
+    }
+}
+
+fn fairness(out: &mut String) {
+    let scenario = Scenario {
+        name: "fairness",
+        endpoints: 10,
+        rate: 1000.0,
+        duration: 100.0,
+        bad: vec![],
+        fault: Fault::Down,
+        schedule: Schedule::Window {
+            start: f64::INFINITY,
+            end: None,
+        },
+        noise: 0.0,
+        latency: Duration::from_millis(1),
+        one_slow_call: Some(3),
+    };
+    let _ = writeln!(
+        out,
+        "\n### Fairness — 10 identical endpoints (1 ms), 100 000 requests at 1 000 req/s; endpoint #0's 3rd call takes 1 s\n"
+    );
+    let _ = writeln!(
+        out,
+        "| configuration | calls to #0 | fewest of the others | most | #0 ÷ fair share |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+    for config in CONFIGS {
+        let log = run(&scenario, config);
+        let total: usize = log.calls.iter().sum();
+        let fair = total as f64 / scenario.endpoints as f64;
+        let others = &log.calls[1..];
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.2} |",
+            config.name(),
+            log.calls[0],
+            others.iter().min().unwrap(),
+            others.iter().max().unwrap(),
+            log.calls[0] as f64 / fair
+        );
+    }
+}
+
+fn main() {
+    let started = std::time::Instant::now();
+    let mut out = String::new();
+    for scenario in scenarios() {
+        table(&scenario, &mut out);
+        print!("{out}");
+        out.clear();
+    }
+    fairness(&mut out);
+    print!("{out}");
+
+    let incident = plot::incident_scenario();
+    let log = run(&incident, Config::Edas);
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/detection/incident.svg");
+    plot::draw(&incident, &log, path).expect("the picture is written");
+    println!("\nwrote {path}");
+    println!("ran in {:.1} s", started.elapsed().as_secs_f64());
+}
