@@ -277,13 +277,18 @@ async fn passive_trial_readmits_judges_fresh_and_lengthens_on_relapse() {
     assert!(!h.is_live(0));
     h.advance(SECOND).await;
     assert!(h.is_live(0));
-    // Healthy through the trial (one window): recovered, and the interval is back to one unit.
+    // Healthy through the trial (one window, holding the minimum of calls when it ends):
+    // recovered, and the interval is back to one unit.
+    h.advance(Duration::from_secs(5)).await;
     h.calls(0, 0, 10).await;
-    h.advance(Duration::from_secs(10)).await;
+    h.advance(Duration::from_secs(5)).await;
     let snapshot = layer.monitor().snapshot();
     assert_eq!(snapshot.get("0").unwrap().status, EndpointStatus::Available);
     assert_eq!(snapshot.get("0").unwrap().failed_checks, 0);
+    // The trial's 10 successes are still in the window: the 11th failure crosses 50 %.
     h.calls(0, 10, 0).await;
+    assert!(h.is_live(0));
+    h.calls(0, 1, 0).await;
     assert!(!h.is_live(0));
     assert_eq!(
         layer.monitor().snapshot().get("0").unwrap().next_check_in,

@@ -26,9 +26,9 @@ use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
 use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 
-use sim::{Backend, Fault, Log, Scenario, Schedule, World};
+use sim::{Backend, Event, Fault, Log, Scenario, Schedule, World};
 
-const SEED: u64 = 0x5EED_0F_0D7EC7;
+const SEED: u64 = 0x5EED_0F0D_7EC7;
 /// When the fault starts in every scenario (seconds): the fleet has a measured history by then.
 const FAULT_AT: f64 = 10.0;
 const NORMAL_RATE: f64 = 200.0;
@@ -141,8 +141,9 @@ fn scenarios() -> Vec<Scenario> {
     ]
 }
 
-/// Runs one scenario under one configuration on a fresh paused runtime.
-fn run(scenario: &Scenario, config: Config) -> Log {
+/// Runs one scenario under one configuration on a fresh paused runtime. With `watch`, passed
+/// trials are logged too (from the monitor, sampled every 100 ms).
+fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -171,12 +172,18 @@ fn run(scenario: &Scenario, config: Config) -> Log {
                 sim::drive(world.clone(), Balance::new(discover)).await;
             }
             Some(layer) => {
+                let watcher =
+                    watch.then(|| tokio::spawn(sim::watch_trials(world.clone(), layer.monitor())));
                 let mut seen = vec![false; scenario.endpoints];
                 let observer = world.clone();
                 let detected = layer
                     .layer(discover)
                     .inspect_ok(move |change| observer.observe_change(change, &mut seen));
                 sim::drive(world.clone(), Balance::new(detected)).await;
+                if let Some(watcher) = watcher {
+                    watcher.abort();
+                    let _ = watcher.await;
+                }
             }
         }
         std::sync::Arc::try_unwrap(world)
@@ -207,7 +214,7 @@ fn measure(scenario: &Scenario, log: &Log) -> Row {
         let first = log
             .events
             .iter()
-            .find(|&&(t, i, ejected)| ejected && i == bad && t >= start)
+            .find(|&&(t, i, event)| event == Event::Ejected && i == bad && t >= start)
             .map(|&(t, ..)| t - start);
         time_to_eject.push(first);
     }
@@ -226,15 +233,21 @@ fn measure(scenario: &Scenario, log: &Log) -> Row {
     let mut false_ejections = 0;
     let mut false_out_secs = 0.0;
     let mut out_since: Vec<Option<f64>> = vec![None; scenario.endpoints];
-    for &(t, i, ejected) in &log.events {
+    for &(t, i, event) in &log.events {
         if scenario.is_bad(i) {
             continue;
         }
-        if ejected {
-            false_ejections += 1;
-            out_since[i] = Some(t);
-        } else if let Some(since) = out_since[i].take() {
-            false_out_secs += t - since;
+        match event {
+            Event::Ejected => {
+                false_ejections += 1;
+                out_since[i] = Some(t);
+            }
+            Event::Readmitted => {
+                if let Some(since) = out_since[i].take() {
+                    false_out_secs += t - since;
+                }
+            }
+            Event::Recovered => {}
         }
     }
     false_out_secs += out_since
@@ -284,7 +297,7 @@ fn table(scenario: &Scenario, out: &mut String) {
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---|");
     let mut baseline_failed = None;
     for config in CONFIGS {
-        let log = run(scenario, config);
+        let log = run(scenario, config, false);
         let row = measure(scenario, &log);
         let change = match baseline_failed {
             None => {
@@ -343,7 +356,7 @@ fn fairness(out: &mut String) {
     );
     let _ = writeln!(out, "|---|---:|---:|---:|---:|");
     for config in CONFIGS {
-        let log = run(&scenario, config);
+        let log = run(&scenario, config, false);
         let total: usize = log.calls.iter().sum();
         let fair = total as f64 / scenario.endpoints as f64;
         let others = &log.calls[1..];
@@ -371,7 +384,7 @@ fn main() {
     print!("{out}");
 
     let incident = plot::incident_scenario();
-    let log = run(&incident, Config::Edas);
+    let log = run(&incident, Config::Edas, true);
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/detection/incident.svg");
     plot::draw(&incident, &log, path).expect("the picture is written");
     println!("\nwrote {path}");

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use plotters::prelude::*;
 
-use crate::sim::{Fault, Log, Scenario, Schedule, BIN};
+use crate::sim::{Event, Fault, Log, Scenario, Schedule, BIN};
 
 /// Endpoint #0 refuses connections from 10 s to 60 s; the EDAS preset (30 s recovery unit) ejects
 /// it, tries it again at 40 s while it is still down, and for good after it heals.
@@ -52,6 +52,11 @@ pub fn draw(scenario: &Scenario, log: &Log, path: &str) -> Result<(), Box<dyn st
             [(start, 0.0), (end, 50.0)],
             RGBColor(220, 40, 40).mix(0.08).filled(),
         )))?;
+        chart.draw_series(std::iter::once(Text::new(
+            "fault: #0 refuses connections",
+            (start + 1.0, 2.5),
+            ("sans-serif", 13).into_font().color(&RGBColor(160, 30, 30)),
+        )))?;
     }
 
     let bins = log.bins[0].len().min((scenario.duration / BIN) as usize);
@@ -78,21 +83,23 @@ pub fn draw(scenario: &Scenario, log: &Log, path: &str) -> Result<(), Box<dyn st
 
     let mut labels = Vec::new();
     let mut ejections = 0;
-    for &(t, endpoint, ejected) in &log.events {
+    for &(t, endpoint, event) in &log.events {
         if !scenario.is_bad(endpoint) {
             continue;
         }
-        let text = if ejected {
-            ejections += 1;
-            if ejections == 1 {
-                "ejected"
-            } else {
-                "relapse: ejected again"
+        let text = match event {
+            Event::Ejected => {
+                ejections += 1;
+                if ejections == 1 {
+                    "ejected"
+                } else {
+                    "trial failed: ejected again"
+                }
             }
-        } else {
-            "re-admitted on trial"
+            Event::Readmitted => "recovery check: re-admitted on trial",
+            Event::Recovered => "trial passed: recovered",
         };
-        labels.push((t, text, ejected));
+        labels.push((t, text, event == Event::Ejected));
     }
     for (i, &(t, text, ejected)) in labels.iter().enumerate() {
         let color = if ejected { RED } else { RGBColor(30, 120, 30) };

@@ -124,9 +124,9 @@ pub struct Log {
     pub failed_from_bad: u64,
     /// Requests the balancer could not take before the run ended (it had no ready endpoint).
     pub unsent: u64,
-    /// `(seconds, endpoint, ejected)`: every removal from and re-insertion into the balancer's set
-    /// after the initial inserts.
-    pub events: Vec<(f64, usize, bool)>,
+    /// `(seconds, endpoint, event)`: every removal from and re-insertion into the balancer's set
+    /// after the initial inserts, and (where the run samples the monitor) passed trials.
+    pub events: Vec<(f64, usize, Event)>,
     nth_call: Vec<usize>,
 }
 
@@ -175,10 +175,38 @@ impl World {
             Change::Insert(key, _) => {
                 let i = (*key).into();
                 if std::mem::replace(&mut seen[i], true) {
-                    log.events.push((t, i, false));
+                    log.events.push((t, i, Event::Readmitted));
                 }
             }
-            Change::Remove(key) => log.events.push((t, (*key).into(), true)),
+            Change::Remove(key) => log.events.push((t, (*key).into(), Event::Ejected)),
+        }
+    }
+}
+
+/// Samples the layer's monitor every 100 ms and logs each passed trial (Trial → Available).
+pub async fn watch_trials(world: Arc<World>, monitor: tower_outlier::Monitor) {
+    use tower_outlier::EndpointStatus;
+    let n = world.scenario.endpoints;
+    let mut on_trial = vec![false; n];
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tick.tick().await;
+        let snapshot = monitor.snapshot();
+        for (i, was_on_trial) in on_trial.iter_mut().enumerate() {
+            let Some(status) = snapshot.get_key(&i).map(|e| e.status) else {
+                continue;
+            };
+            let now_on_trial = status == EndpointStatus::Trial;
+            if *was_on_trial && status == EndpointStatus::Available {
+                let t = world.elapsed();
+                world
+                    .log
+                    .lock()
+                    .unwrap()
+                    .events
+                    .push((t, i, Event::Recovered));
+            }
+            *was_on_trial = now_on_trial;
         }
     }
 }
@@ -187,6 +215,17 @@ impl World {
 #[derive(Debug, Default)]
 pub struct Request {
     served_by: Arc<AtomicUsize>,
+}
+
+/// A change in an endpoint's standing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Removed from the balancer's set.
+    Ejected,
+    /// Put back into the balancer's set (on trial, or after a probe).
+    Readmitted,
+    /// Its trial passed: recovered for good.
+    Recovered,
 }
 
 /// One simulated endpoint.

@@ -95,6 +95,27 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// happens from now on.
     fn reset(&self);
 
+    /// How many more calls this policy needs before it can judge an endpoint that already looks
+    /// like an outlier (every call so far failed, say) but whose window is short of the minimum.
+    /// 0 (the default) when it does not look like an outlier or has the calls it needs.
+    ///
+    /// A balancer that prefers fast endpoints starves one whose calls time out, so without help
+    /// its window never reaches the minimum and it is never judged. The endpoint's `Load` reports
+    /// itself idle until this many calls are in flight, which sends it exactly the calls needed
+    /// for a judgement and no more. Asked only while the endpoint's last call failed (cold path).
+    fn calls_wanted(&self, now: Nanos) -> u64 {
+        let _ = now;
+        0
+    }
+
+    /// Whether the window holds enough calls for a passive trial to pass: a re-admitted endpoint
+    /// that received too few calls during its trial has shown nothing, so its trial goes on.
+    /// `true` by default (policies that decide recovery in their own way).
+    fn has_evidence(&self, now: Nanos) -> bool {
+        let _ = now;
+        true
+    }
+
     /// Readiness gate, asked by the endpoint's `poll_ready` before every call.
     ///
     /// `armed` says whether this endpoint handle already holds this policy's probe permit (from

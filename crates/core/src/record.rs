@@ -1,7 +1,7 @@
 //! The per-endpoint record every clone of an endpoint and every response future share.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -66,6 +66,13 @@ pub const RTT_DECAY: Duration = Duration::from_secs(10);
 
 const SAMPLE_TIME_GRANULARITY: Nanos = 1_000_000;
 
+/// How many power-of-two-choices draws in a row an endpoint may lose on latency alone before it
+/// wins one anyway: at most one call in `EXPLORE_AFTER + 1` of its draws goes to an endpoint the
+/// balancer would otherwise starve, so one slow call cannot keep it out for the estimate's decay
+/// time. An endpoint whose last call failed is not explored this way (see
+/// [`EndpointRecord::calls_wanted`]).
+pub const EXPLORE_AFTER: u32 = 16;
+
 /// Everything the layer knows about one endpoint: its policies' state, its latency estimate and
 /// its relative weight.
 ///
@@ -82,6 +89,8 @@ pub struct EndpointRecord {
     // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
     weight: AtomicU64,
     flagged: AtomicBool,
+    // Written only when it changes, so steady success or steady failure costs one load per call.
+    last_failed: AtomicBool,
     notifier: Arc<Notifier>,
 }
 
@@ -90,6 +99,9 @@ pub struct EndpointRecord {
 struct Latency {
     rtt_nanos: AtomicU64,
     last_sample: AtomicU64,
+    // Draws lost in a row since the last call: written by the balancer's load reads, cleared by
+    // calls, so it shares the line the calls already write.
+    passed_over: AtomicU32,
 }
 
 impl EndpointRecord {
@@ -108,9 +120,11 @@ impl EndpointRecord {
             latency: Latency {
                 rtt_nanos: AtomicU64::new(0),
                 last_sample: AtomicU64::new(now),
+                passed_over: AtomicU32::new(0),
             },
             weight: AtomicU64::new(1.0f64.to_bits()),
             flagged: AtomicBool::new(false),
+            last_failed: AtomicBool::new(false),
             notifier,
         }
     }
@@ -166,6 +180,10 @@ impl EndpointRecord {
             return;
         }
         self.sample_rtt(duration_to_nanos(observation.latency), now);
+        let failed = observation.outcome.is_failure();
+        if self.last_failed.load(Ordering::Relaxed) != failed {
+            self.last_failed.store(failed, Ordering::Relaxed);
+        }
         let mut signal = false;
         for (index, policy) in self.policies.iter().enumerate() {
             let probe = index < GATED_POLICIES && probes & (1 << index) != 0;
@@ -187,22 +205,31 @@ impl EndpointRecord {
     #[inline]
     fn sample_rtt(&self, rtt: u64, now: Nanos) {
         // A racing sample may overwrite this one; for a load estimate that is harmless and it
-        // keeps the hot path free of compare-and-swap loops. Changes under 1/64 (1.6 %) are not
-        // stored, so callers on several cores do not fight over the cache line in steady state.
-        let old = self.latency.rtt_nanos.load(Ordering::Relaxed);
+        // keeps the hot path free of compare-and-swap loops.
+        let stored = self.latency.rtt_nanos.load(Ordering::Relaxed);
+        let idle = now.saturating_sub(self.latency.last_sample.load(Ordering::Relaxed));
+        // The stored value is the estimate as of the last sample: blend the new sample with what
+        // it has decayed to since, or one slow call followed by an idle stretch would be revived
+        // by the next fast call and keep the endpoint out of a latency-driven balancer's picks.
+        // Idle decay has a 10 s time constant; a millisecond of staleness does not matter.
+        let fresh = idle < SAMPLE_TIME_GRANULARITY;
+        let old = if fresh {
+            stored
+        } else {
+            (stored as f64 * decay(idle)) as u64
+        };
         let next = if rtt >= old {
             rtt
         } else {
             old - (old - rtt) / 8
         };
-        if next.abs_diff(old) > old >> 6 {
+        if !fresh {
             self.latency.rtt_nanos.store(next, Ordering::Relaxed);
-        }
-        // Idle decay has a 10 s time constant; a millisecond of staleness does not matter.
-        if now.saturating_sub(self.latency.last_sample.load(Ordering::Relaxed))
-            >= SAMPLE_TIME_GRANULARITY
-        {
             self.latency.last_sample.store(now, Ordering::Relaxed);
+        } else if next.abs_diff(stored) > stored >> 6 {
+            // Changes under 1/64 (1.6 %) are not stored, so callers on several cores do not fight
+            // over the cache line in steady state.
+            self.latency.rtt_nanos.store(next, Ordering::Relaxed);
         }
     }
 
@@ -210,8 +237,52 @@ impl EndpointRecord {
     /// latencies, decayed toward zero by `exp(-idle / 10 s)` while the endpoint is idle.
     pub fn rtt_estimate(&self, now: Nanos) -> f64 {
         let rtt = self.latency.rtt_nanos.load(Ordering::Relaxed) as f64;
-        let idle = now.saturating_sub(self.latency.last_sample.load(Ordering::Relaxed)) as f64;
-        rtt * (-idle / RTT_DECAY.as_nanos() as f64).exp()
+        let idle = now.saturating_sub(self.latency.last_sample.load(Ordering::Relaxed));
+        rtt * decay(idle)
+    }
+
+    /// How many more calls this endpoint should get before its policies can judge it: the most
+    /// any policy wants ([`EndpointPolicy::calls_wanted`]), asked only while the last call failed.
+    pub fn calls_wanted(&self, now: Nanos) -> u64 {
+        if !self.last_failed.load(Ordering::Relaxed) {
+            return 0;
+        }
+        self.policies
+            .iter()
+            .map(|policy| policy.calls_wanted(now))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether policy `index` has seen enough calls for a passive trial to pass
+    /// ([`EndpointPolicy::has_evidence`]).
+    pub fn has_evidence(&self, index: usize, now: Nanos) -> bool {
+        self.policies
+            .get(index)
+            .is_none_or(|policy| policy.has_evidence(now))
+    }
+
+    /// Counts one power-of-two-choices draw and says whether this endpoint should win it
+    /// regardless of its load: it has lost [`EXPLORE_AFTER`] draws in a row and its last call
+    /// succeeded. Called by the balancer's load reads; [`dispatched`](Self::dispatched) resets it.
+    pub fn explore(&self) -> bool {
+        // One writer (the balancer's task), so a load and a store are enough.
+        let lost = self.latency.passed_over.load(Ordering::Relaxed);
+        if lost >= EXPLORE_AFTER && !self.last_failed.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.latency
+            .passed_over
+            .store(lost.saturating_add(1), Ordering::Relaxed);
+        false
+    }
+
+    /// A call was sent to this endpoint: its run of lost draws ends.
+    #[inline]
+    pub fn dispatched(&self) {
+        if self.latency.passed_over.load(Ordering::Relaxed) != 0 {
+            self.latency.passed_over.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Restarts the latency estimate at `rtt_nanos` as of `now`.
@@ -269,6 +340,18 @@ impl EndpointRecord {
     }
 }
 
+/// `exp(-idle / RTT_DECAY)`. Calls a few milliseconds apart (the common case) take the series, which
+/// is accurate to 1e-6 there and much cheaper than `exp`.
+#[inline]
+fn decay(idle: Nanos) -> f64 {
+    let x = idle as f64 / RTT_DECAY.as_nanos() as f64;
+    if x < 1.0 / 64.0 {
+        1.0 - x + x * x / 2.0
+    } else {
+        (-x).exp()
+    }
+}
+
 impl fmt::Debug for EndpointRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EndpointRecord")
@@ -276,5 +359,75 @@ impl fmt::Debug for EndpointRecord {
             .field("rtt_nanos", &self.latency.rtt_nanos.load(Ordering::Relaxed))
             .field("weight", &self.weight())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::FailureKind;
+
+    const MS: Nanos = 1_000_000;
+
+    fn record() -> EndpointRecord {
+        EndpointRecord::new(Clock::tokio(), Box::new([]), Arc::new(Notifier::new()))
+    }
+
+    fn call(record: &EndpointRecord, outcome: Outcome, latency_ms: u64, now: Nanos) {
+        let observation = Observation {
+            outcome,
+            latency: Duration::from_millis(latency_ms),
+        };
+        record.observe(&observation, now, 0);
+    }
+
+    #[test]
+    fn a_fast_call_after_an_idle_stretch_blends_with_the_decayed_estimate() {
+        let record = record();
+        let start = record.clock().now();
+        call(&record, Outcome::Success, 1000, start);
+        assert!((record.rtt_estimate(start) - 1e9).abs() < 1e6);
+        // A minute idle: the estimate has decayed to 1 s × e^-6 ≈ 2.5 ms. A 1 ms call blends
+        // with that, not with the 1 s stored before the idle stretch.
+        let later = start + 60_000 * MS;
+        call(&record, Outcome::Success, 1, later);
+        let estimate = record.rtt_estimate(later);
+        assert!(
+            (2.0 * MS as f64..2.5 * MS as f64).contains(&estimate),
+            "estimate {estimate} ns"
+        );
+    }
+
+    #[test]
+    fn decay_matches_exp_on_both_branches() {
+        for idle_ms in [0, 1, 10, 100, 156, 157, 1_000, 10_000, 100_000] {
+            let idle = idle_ms * MS;
+            let exact = (-(idle as f64) / RTT_DECAY.as_nanos() as f64).exp();
+            assert!((decay(idle) - exact).abs() < 1e-6, "{idle_ms} ms");
+        }
+    }
+
+    #[test]
+    fn exploration_needs_lost_draws_and_a_last_call_that_succeeded() {
+        let record = record();
+        let now = record.clock().now();
+        for _ in 0..EXPLORE_AFTER {
+            assert!(!record.explore());
+        }
+        assert!(record.explore(), "wins after {EXPLORE_AFTER} lost draws");
+        assert!(record.explore(), "until a call is sent");
+        record.dispatched();
+        assert!(!record.explore());
+
+        for _ in 0..EXPLORE_AFTER {
+            record.explore();
+        }
+        call(&record, Outcome::Failure(FailureKind::Timeout), 1000, now);
+        assert!(
+            !record.explore(),
+            "an endpoint whose last call failed is not explored"
+        );
+        call(&record, Outcome::Success, 1, now);
+        assert!(record.explore());
     }
 }

@@ -138,6 +138,22 @@ impl EndpointPolicy for ErrorRateEndpoint {
         self.window.counts(now)
     }
 
+    fn calls_wanted(&self, now: Nanos) -> u64 {
+        if !self.enabled {
+            return 0;
+        }
+        let counts = self.window.counts(now);
+        if counts.calls < self.min_calls && counts.failure_rate() > self.threshold {
+            self.min_calls - counts.calls
+        } else {
+            0
+        }
+    }
+
+    fn has_evidence(&self, now: Nanos) -> bool {
+        !self.enabled || self.window.counts(now).calls >= self.min_calls
+    }
+
     fn reset(&self) {
         self.window.clear();
         self.suspect.store(false, Ordering::Relaxed);

@@ -105,6 +105,11 @@ struct Entry<S, C> {
     status: Status,
     failed_checks: u32,
     schedule: Option<RecoverySchedule>,
+    // The policy that ejected the endpoint: its window decides whether a trial saw enough calls.
+    ejected_by: usize,
+    // This trial period already counted as a failed check (the endpoint breached during it, even
+    // if the budget kept it in).
+    trial_breached: bool,
     refused: bool,
 }
 
@@ -325,6 +330,8 @@ where
                 status: Status::Available,
                 failed_checks: 0,
                 schedule: None,
+                ejected_by: 0,
+                trial_breached: false,
                 refused: false,
             },
         );
@@ -480,6 +487,14 @@ where
             entry.refused = false;
             return;
         };
+        let trial_breached_now =
+            matches!(entry.status, Status::Trial { .. }) && !entry.trial_breached;
+        if trial_breached_now {
+            // Breaching during the trial is a failed recovery check, whether or not the rules
+            // below let the endpoint be ejected again.
+            entry.failed_checks = entry.failed_checks.saturating_add(1);
+            entry.trial_breached = true;
+        }
         let refusal = if available <= 1 {
             Some("last available endpoint")
         } else if ejected >= max {
@@ -502,19 +517,20 @@ where
             }
             self.refused += usize::from(!entry.refused);
             entry.refused = true;
+            if trial_breached_now {
+                let trial_until = entry.status.deadline();
+                self.publish(key, trial_until, Some(reason));
+            }
             return;
         }
         self.refused -= usize::from(entry.refused);
         entry.refused = false;
-        if matches!(entry.status, Status::Trial { .. }) {
-            // Breaching during the trial is a failed recovery check.
-            entry.failed_checks = entry.failed_checks.saturating_add(1);
-        }
         let schedule = self.settings.policies[policy].recovery();
         let delay = schedule.delay(entry.failed_checks);
         let next_check = later(Instant::now(), delay);
         entry.status = Status::Ejected { next_check };
         entry.schedule = Some(schedule);
+        entry.ejected_by = policy;
         self.ejected += 1;
         self.timers_changed = true;
         tracing::warn!(
@@ -561,15 +577,51 @@ where
                 continue;
             };
             match entry.status {
-                Status::Trial { .. } => {
-                    entry.status = Status::Available;
-                    entry.failed_checks = 0;
-                    tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint recovered: trial passed");
-                    self.publish(&key, None, None);
-                }
+                Status::Trial { .. } => self.trial_ended(&key),
                 Status::Ejected { .. } => self.check(key),
                 Status::Available | Status::Probing { .. } => {}
             }
+        }
+    }
+
+    /// A passive trial's time is up. It passes only on evidence: the window of the policy that
+    /// ejected the endpoint holds at least that policy's minimum of calls and no policy judges it
+    /// an outlier. A breached trial is a failed check even when the budget or the last-endpoint
+    /// rule kept the endpoint in; it stays on trial, so it is ejected (with the longer interval)
+    /// once the rules allow. A trial with too few calls goes on for another trial period.
+    fn trial_ended(&mut self, key: &K) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let record = entry.endpoint.record();
+        let now = record.clock().now();
+        let until = later(Instant::now(), self.trial);
+        if entry.trial_breached || record.judge(now).is_some() {
+            if !entry.trial_breached {
+                entry.failed_checks = entry.failed_checks.saturating_add(1);
+            }
+            entry.trial_breached = false;
+            entry.status = Status::Trial { until };
+            tracing::info!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                failed_checks = entry.failed_checks,
+                "trial failed: the endpoint is still an outlier but cannot be ejected now"
+            );
+            self.publish(key, Some(until), None);
+        } else if !record.has_evidence(entry.ejected_by, now) {
+            entry.status = Status::Trial { until };
+            tracing::debug!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                "trial extended: too few calls to judge"
+            );
+            self.publish(key, Some(until), None);
+        } else {
+            entry.status = Status::Available;
+            entry.failed_checks = 0;
+            tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint recovered: trial passed");
+            self.publish(key, None, None);
         }
     }
 
@@ -675,6 +727,7 @@ where
         entry.endpoint.record().reset();
         self.refused -= usize::from(entry.refused);
         entry.refused = false;
+        entry.trial_breached = false;
         let endpoint = entry.endpoint.clone();
         self.seed_rtt(&endpoint);
         let Some(entry) = self.entries.get_mut(key) else {

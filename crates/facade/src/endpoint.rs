@@ -197,7 +197,9 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
-        let start = self.record().clock().now();
+        let record = self.record();
+        record.dispatched();
+        let start = record.clock().now();
         let probes = std::mem::take(&mut self.holder.permits);
         ResponseFuture::new(
             self.inner.call(request),
@@ -209,12 +211,22 @@ where
 }
 
 /// The load of an [`Endpoint`]: (latency estimate + 1 µs) × (in-flight + 1) ÷ relative weight,
-/// in nanoseconds.
+/// in nanoseconds — or zero while the endpoint needs calls to be judged.
 ///
 /// Lower is better. The microsecond keeps requests in flight and weights meaningful between
 /// endpoints whose measured latency rounds to zero (an in-process service, or tokio's paused
 /// clock). A weight of zero makes the cost infinite, so such an endpoint never wins a
 /// power-of-two-choices pair against one with a finite cost.
+///
+/// A latency-driven balancer starves an endpoint after a slow call or a timeout, which would keep
+/// the layer from ever judging it. Two rules keep it in sight, each reporting a cost of zero:
+/// * **Evidence.** While its last call failed and a policy wants more calls before it can judge
+///   (an error rate above the threshold on fewer calls than the minimum), the endpoint wins until
+///   that many calls are in flight: exactly the failures the configured minimum asks for, no more.
+/// * **Exploration.** An endpoint whose last call succeeded and that lost
+///   [`EXPLORE_AFTER`](tower_outlier_core::EXPLORE_AFTER) draws in a row wins the next one: at
+///   most one in 17 of its draws, so a genuinely slow endpoint still gets little traffic, and one
+///   slow call no longer shuts a healthy endpoint out for the estimate's decay time.
 #[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
 pub struct Cost(f64);
 
@@ -236,8 +248,12 @@ impl<S, C> Load for Endpoint<S, C> {
         if weight <= 0.0 {
             return Cost(f64::INFINITY);
         }
-        let rtt = record.rtt_estimate(record.clock().now()) + COST_FLOOR_NANOS;
-        let pending = self.in_flight() as f64 + 1.0;
-        Cost(rtt * pending / weight)
+        let now = record.clock().now();
+        let in_flight = self.in_flight();
+        if record.calls_wanted(now) > in_flight as u64 || record.explore() {
+            return Cost(0.0);
+        }
+        let rtt = record.rtt_estimate(now) + COST_FLOOR_NANOS;
+        Cost(rtt * (in_flight as f64 + 1.0) / weight)
     }
 }

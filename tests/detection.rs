@@ -1,0 +1,203 @@
+//! The holes the detection benchmark (`benches/detection`) exposed, each pinned by a test on
+//! tokio's paused clock:
+//!
+//! * a latency-driven balancer starved an endpoint after one slow call or a timeout, so it was
+//!   never judged (a black hole was never ejected; a healthy endpoint lost its traffic);
+//! * a passive trial passed when the endpoint received no calls during it;
+//! * a trial that breached while the budget kept the endpoint in counted as a recovery.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::poll_fn;
+use tower::balance::p2c::Balance;
+use tower::discover::ServiceList;
+use tower::timeout::Timeout;
+use tower::{BoxError, Layer, Service};
+use tower_outlier::{
+    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor, OutlierDetectionLayer,
+};
+
+use support::{Harness, SeededRng, Sleepy};
+
+fn edas() -> OutlierDetectionLayer {
+    OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::edas_spring_cloud().build().unwrap(),
+    ))
+}
+
+fn status(monitor: &Monitor, key: usize) -> EndpointStatus {
+    monitor.snapshot().get_key(&key).unwrap().status
+}
+
+fn failed_checks(monitor: &Monitor, key: usize) -> u32 {
+    monitor.snapshot().get_key(&key).unwrap().failed_checks
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_passive_trial_without_calls_does_not_pass() {
+    let layer = edas();
+    let monitor = layer.monitor();
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 10, 0).await;
+    h.advance(Duration::from_secs(30)).await;
+    assert_eq!(status(&monitor, 0), EndpointStatus::Trial);
+
+    // A whole trial period with no call at all has shown nothing: the trial goes on.
+    h.advance(Duration::from_secs(10)).await;
+    assert_eq!(status(&monitor, 0), EndpointStatus::Trial);
+    // So does one with fewer calls than the minimum (10).
+    h.calls(0, 0, 9).await;
+    h.advance(Duration::from_secs(10)).await;
+    assert_eq!(status(&monitor, 0), EndpointStatus::Trial);
+
+    // A relapse in the extended trial is still a failed check: ejected, next check in 2 units.
+    h.calls(0, 10, 0).await;
+    assert!(!h.is_live(0));
+    let snapshot = monitor.snapshot();
+    let entry = snapshot.get_key(&0).unwrap();
+    assert_eq!(entry.failed_checks, 1);
+    assert_eq!(entry.next_check_in, Some(Duration::from_secs(60)));
+
+    // With the minimum of healthy calls in its window, the trial passes.
+    h.advance(Duration::from_secs(60)).await;
+    assert!(h.is_live(0));
+    h.advance(Duration::from_secs(5)).await;
+    h.calls(0, 0, 10).await;
+    h.advance(Duration::from_secs(5)).await;
+    assert_eq!(status(&monitor, 0), EndpointStatus::Available);
+    assert_eq!(failed_checks(&monitor, 0), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_breached_trial_that_the_budget_kept_in_is_a_failed_check() {
+    // Five endpoints at EDAS's 20 %: one may be out at a time.
+    let layer = edas();
+    let monitor = layer.monitor();
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 10, 0).await;
+    h.advance(Duration::from_secs(30)).await;
+    assert_eq!(status(&monitor, 0), EndpointStatus::Trial);
+
+    // #1 takes the budget, then #0 breaches its trial and cannot be ejected.
+    h.calls(1, 10, 0).await;
+    assert!(!h.is_live(1));
+    h.calls(0, 10, 0).await;
+    assert!(h.is_live(0), "the budget keeps #0 in");
+
+    // The trial ends while #0 is failing: a failed check, not a recovery.
+    h.advance(Duration::from_secs(10)).await;
+    assert_eq!(status(&monitor, 0), EndpointStatus::Trial);
+    assert_eq!(failed_checks(&monitor, 0), 1);
+
+    // Still failing in the next trial period: another failed check. When #1 comes back on trial
+    // the budget frees, and #0 goes out on the schedule of two failed checks (three units).
+    h.advance(Duration::from_secs(19)).await;
+    h.calls(0, 10, 0).await;
+    assert!(h.is_live(0), "the budget still keeps #0 in");
+    assert_eq!(failed_checks(&monitor, 0), 2);
+    h.advance(Duration::from_secs(1)).await;
+    assert!(h.is_live(1));
+    assert!(!h.is_live(0));
+    let snapshot = monitor.snapshot();
+    let entry = snapshot.get_key(&0).unwrap();
+    assert_eq!(entry.failed_checks, 2);
+    assert_eq!(entry.next_check_in, Some(Duration::from_secs(90)));
+}
+
+/// Sends `rate` requests a second for `duration` through `balancer`, open loop: each answer is
+/// awaited in its own task. Returns the number of failed answers.
+async fn open_loop<B>(balancer: &mut B, rate: f64, duration: Duration) -> usize
+where
+    B: Service<(), Error = BoxError>,
+    B::Future: Send + 'static,
+{
+    let failed = Arc::new(AtomicUsize::new(0));
+    let start = tokio::time::Instant::now();
+    let total = (rate * duration.as_secs_f64()) as u64;
+    let mut answers = tokio::task::JoinSet::new();
+    for i in 0..total {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        poll_fn(|cx| balancer.poll_ready(cx)).await.unwrap();
+        let answer = balancer.call(());
+        let failed = failed.clone();
+        answers.spawn(async move {
+            if answer.await.is_err() {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        while answers.try_join_next().is_some() {}
+    }
+    while answers.join_next().await.is_some() {}
+    failed.load(Ordering::Relaxed)
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_slow_call_does_not_starve_a_healthy_endpoint() {
+    let backends: Vec<Sleepy> = (0..10).map(|id| Sleepy::new(id, 1)).collect();
+    let layer = edas();
+    let mut balancer = Balance::from_rng(
+        layer.layer(ServiceList::new(backends.clone())),
+        SeededRng(11),
+    );
+    open_loop(&mut balancer, 1000.0, Duration::from_secs(1)).await;
+    // One call to #0 takes a second; everything else stays at 1 ms.
+    backends[0].set_latency(1000);
+    let before = backends[0].calls();
+    while backends[0].calls() == before {
+        open_loop(&mut balancer, 1000.0, Duration::from_millis(10)).await;
+    }
+    backends[0].set_latency(1);
+    let start: Vec<usize> = backends.iter().map(Sleepy::calls).collect();
+    open_loop(&mut balancer, 1000.0, Duration::from_secs(20)).await;
+    let got: Vec<usize> = backends
+        .iter()
+        .zip(&start)
+        .map(|(b, s)| b.calls() - s)
+        .collect();
+    let fair = got.iter().sum::<usize>() as f64 / 10.0;
+    assert!(
+        got[0] as f64 >= fair / 2.0,
+        "#0 got {} of a fair {fair:.0} ({got:?})",
+        got[0]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_black_hole_at_low_traffic_is_ejected_within_a_minute() {
+    let backends: Vec<Sleepy> = (0..5).map(|id| Sleepy::new(id, 10)).collect();
+    let layer = edas();
+    let monitor = layer.monitor();
+    let services = backends
+        .iter()
+        .map(|b| Timeout::new(b.clone(), Duration::from_secs(1)));
+    let mut balancer = Balance::from_rng(
+        layer.layer(ServiceList::new(services.collect::<Vec<_>>())),
+        SeededRng(3),
+    );
+    // A measured history at 5 requests a second, then #0 stops answering.
+    open_loop(&mut balancer, 5.0, Duration::from_secs(10)).await;
+    backends[0].set_latency(3_600_000);
+    let calls_before = backends[0].calls();
+    let mut failed = 0;
+    let mut waited = Duration::ZERO;
+    while status(&monitor, 0) != EndpointStatus::Ejected {
+        failed += open_loop(&mut balancer, 5.0, Duration::from_secs(1)).await;
+        waited += Duration::from_secs(1);
+        assert!(
+            waited <= Duration::from_secs(60),
+            "still not ejected after {waited:?} ({failed} failed)"
+        );
+    }
+    // The failures it cost: the minimum the policy needs to judge (10), and the few calls p2c
+    // had sent before the first timeout came back.
+    let sent_to_hole = backends[0].calls() - calls_before;
+    assert!(failed <= 15, "{failed} failed requests before the ejection");
+    assert!(
+        sent_to_hole <= 15,
+        "{sent_to_hole} requests sent to the black hole"
+    );
+}
