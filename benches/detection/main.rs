@@ -169,7 +169,11 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
                     Duration::from_secs(10),
                     CompleteOnResponse::default(),
                 );
-                sim::drive(world.clone(), Balance::new(discover)).await;
+                sim::drive(
+                    world.clone(),
+                    Balance::from_rng(discover, sim::Rng::new(!SEED)),
+                )
+                .await;
             }
             Some(layer) => {
                 let watcher =
@@ -179,7 +183,11 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
                 let detected = layer
                     .layer(discover)
                     .inspect_ok(move |change| observer.observe_change(change, &mut seen));
-                sim::drive(world.clone(), Balance::new(detected)).await;
+                sim::drive(
+                    world.clone(),
+                    Balance::from_rng(detected, sim::Rng::new(!SEED)),
+                )
+                .await;
                 if let Some(watcher) = watcher {
                     watcher.abort();
                     let _ = watcher.await;

@@ -27,7 +27,7 @@ impl Rng {
         Rng(seed)
     }
 
-    pub fn next_u64(&mut self) -> u64 {
+    fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -37,7 +37,15 @@ impl Rng {
 
     /// Uniform in `[0, 1)`.
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The balancer's draws come from the same kind of generator (tower's default is seeded from
+/// the process's random state, which would make every run different).
+impl tower::util::rng::Rng for Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.next()
     }
 }
 

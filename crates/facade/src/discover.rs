@@ -440,27 +440,31 @@ where
     }
 
     fn judge_flagged(&mut self) {
-        let flagged: Vec<K> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| e.endpoint.record().take_flag())
-            .map(|(k, _)| k.clone())
-            .collect();
+        let flagged = self.keys_where(|e| e.endpoint.record().take_flag());
         for key in flagged {
             self.consider(&key);
         }
+    }
+
+    /// The keys of the entries that match, in discovery order: when several endpoints compete
+    /// for one budget slot the first discovered wins, whatever the hash map's order, so a run is
+    /// reproducible from its inputs.
+    fn keys_where(&self, mut matches: impl FnMut(&Entry<S, C>) -> bool) -> Vec<K> {
+        let mut keys: Vec<(u64, K)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches(e))
+            .map(|(k, e)| (e.id, k.clone()))
+            .collect();
+        keys.sort_unstable_by_key(|(id, _)| *id);
+        keys.into_iter().map(|(_, k)| k).collect()
     }
 
     fn retry_refused(&mut self) {
         if self.refused == 0 {
             return;
         }
-        let refused: Vec<K> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| e.refused)
-            .map(|(k, _)| k.clone())
-            .collect();
+        let refused = self.keys_where(|e| e.refused);
         debug_assert_eq!(refused.len(), self.refused, "refused count out of step");
         for key in refused {
             self.consider(&key);
@@ -565,12 +569,7 @@ where
     fn fire_due(&mut self) {
         let now = Instant::now();
         self.evaluate_fleet(now);
-        let due: Vec<K> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| e.status.deadline().is_some_and(|d| d <= now))
-            .map(|(k, _)| k.clone())
-            .collect();
+        let due = self.keys_where(|e| e.status.deadline().is_some_and(|d| d <= now));
         self.timers_changed = true;
         for key in due {
             let Some(entry) = self.entries.get_mut(&key) else {
@@ -767,7 +766,7 @@ where
                 .entries
                 .iter()
                 .filter(|(_, e)| !e.status.is_available())
-                .min_by_key(|(_, e)| e.status.deadline())
+                .min_by_key(|(_, e)| (e.status.deadline(), e.id))
                 .map(|(k, _)| k.clone());
             let Some(key) = soonest else { return };
             if let Some(Status::Probing { abort }) = self.entries.get(&key).map(|e| &e.status) {
