@@ -22,11 +22,12 @@ use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PeakEwmaDiscover};
 use tower::timeout::Timeout;
 use tower_layer::Layer;
+use tower_outlier::probe::{request_probe, Probe};
 use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
-use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, NetworkErrors, OutlierDetectionLayer};
 
-use sim::{Backend, Event, Fault, Log, Scenario, Schedule, World};
+use sim::{Backend, Event, Fault, Log, Request, Scenario, Schedule, World};
 
 const SEED: u64 = 0x5EED_0F0D_7EC7;
 /// When the fault starts in every scenario (seconds): the fleet has a measured history by then.
@@ -39,15 +40,18 @@ enum Config {
     /// What a user would otherwise pick: tower's peak-EWMA load and p2c, no detection.
     Baseline,
     Edas,
+    /// The EDAS preset with an active probe instead of passive trials.
+    EdasProbe,
     Hsf,
     Sentinel,
     Sofa,
     All,
 }
 
-const CONFIGS: [Config; 6] = [
+const CONFIGS: [Config; 7] = [
     Config::Baseline,
     Config::Edas,
+    Config::EdasProbe,
     Config::Hsf,
     Config::Sentinel,
     Config::Sofa,
@@ -59,6 +63,7 @@ impl Config {
         match self {
             Config::Baseline => "no detection (PeakEwma + p2c)",
             Config::Edas => "EDAS preset",
+            Config::EdasProbe => "EDAS preset + active probe",
             Config::Hsf => "HSF preset",
             Config::Sentinel => "Sentinel slow-call",
             Config::Sofa => "SOFA weights",
@@ -81,7 +86,7 @@ impl Config {
         let sofa = || WeightPolicy::new(WeightConfig::sofarpc().build().unwrap());
         Some(match self {
             Config::Baseline => return None,
-            Config::Edas => OutlierDetectionLayer::new(edas()),
+            Config::Edas | Config::EdasProbe => OutlierDetectionLayer::new(edas()),
             Config::Hsf => OutlierDetectionLayer::new(ErrorRatePolicy::new(
                 ErrorRateConfig::hsf().build().unwrap(),
             )),
@@ -175,24 +180,13 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
                 )
                 .await;
             }
-            Some(layer) => {
-                let watcher =
-                    watch.then(|| tokio::spawn(sim::watch_trials(world.clone(), layer.monitor())));
-                let mut seen = vec![false; scenario.endpoints];
-                let observer = world.clone();
-                let detected = layer
-                    .layer(discover)
-                    .inspect_ok(move |change| observer.observe_change(change, &mut seen));
-                sim::drive(
-                    world.clone(),
-                    Balance::from_rng(detected, sim::Rng::new(!SEED)),
-                )
-                .await;
-                if let Some(watcher) = watcher {
-                    watcher.abort();
-                    let _ = watcher.await;
-                }
+            Some(layer) if config == Config::EdasProbe => {
+                // The check is one request of the caller's kind, sent through a clone of the
+                // ejected endpoint's service; no caller's request is risked on it.
+                let layer = layer.probe(request_probe(Request::default, NetworkErrors));
+                detect(&world, layer, discover, watch).await;
             }
+            Some(layer) => detect(&world, layer, discover, watch).await,
         }
         std::sync::Arc::try_unwrap(world)
             .ok()
@@ -203,10 +197,37 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
     })
 }
 
+/// Drives the scenario through `layer` and p2c, logging the balancer's set as it changes.
+async fn detect<P>(
+    world: &std::sync::Arc<World>,
+    layer: OutlierDetectionLayer<NetworkErrors, P>,
+    discover: ServiceList<Vec<Timeout<Backend>>>,
+    watch: bool,
+) where
+    P: Probe<usize, Timeout<Backend>> + Clone,
+{
+    let watcher = watch.then(|| tokio::spawn(sim::watch_trials(world.clone(), layer.monitor())));
+    let mut seen = vec![false; world.scenario.endpoints];
+    let observer = world.clone();
+    let detected = layer
+        .layer(discover)
+        .inspect_ok(move |change| observer.observe_change(change, &mut seen));
+    sim::drive(
+        world.clone(),
+        Balance::from_rng(detected, sim::Rng::new(!SEED)),
+    )
+    .await;
+    if let Some(watcher) = watcher {
+        watcher.abort();
+        let _ = watcher.await;
+    }
+}
+
 /// One row of the table.
 struct Row {
     failed: u64,
     failed_from_bad: u64,
+    failed_before_ejection: String,
     time_to_eject: String,
     false_ejections: usize,
     false_out_secs: f64,
@@ -226,6 +247,22 @@ fn measure(scenario: &Scenario, log: &Log) -> Row {
             .map(|&(t, ..)| t - start);
         time_to_eject.push(first);
     }
+    // Failed requests that were sent to a bad endpoint before the first ejection of any bad
+    // endpoint: what detecting it cost.
+    let first_ejection = time_to_eject
+        .iter()
+        .flatten()
+        .fold(f64::INFINITY, |a, &b| a.min(b));
+    let failed_before_ejection = if first_ejection.is_finite() {
+        let before = log
+            .bad_failures_sent_at
+            .iter()
+            .filter(|&&sent| sent <= start + first_ejection)
+            .count();
+        before.to_string()
+    } else {
+        "—".to_string()
+    };
     let time_to_eject = if scenario.bad.is_empty() {
         "—".to_string()
     } else if time_to_eject.iter().all(Option::is_some) {
@@ -274,6 +311,7 @@ fn measure(scenario: &Scenario, log: &Log) -> Row {
     Row {
         failed: log.failed,
         failed_from_bad: log.failed_from_bad,
+        failed_before_ejection,
         time_to_eject,
         false_ejections,
         false_out_secs,
@@ -300,9 +338,9 @@ fn table(scenario: &Scenario, out: &mut String) {
     );
     let _ = writeln!(
         out,
-        "| configuration | failed to callers | of them from bad | time to eject | false ejections (time out) | goodput | share per endpoint (%) |"
+        "| configuration | failed to callers | of them from bad | sent before 1st ejection | time to eject | false ejections (time out) | goodput | share per endpoint (%) |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---|");
     let mut baseline_failed = None;
     for config in CONFIGS {
         let log = run(scenario, config, false);
@@ -318,17 +356,18 @@ fn table(scenario: &Scenario, out: &mut String) {
                 100.0 * (row.failed as f64 - base as f64) / base as f64
             ),
         };
-        let time_to_eject = if config == Config::Baseline {
-            "—".to_string()
+        let (time_to_eject, failed_before_ejection) = if config == Config::Baseline {
+            ("—".to_string(), "—".to_string())
         } else {
-            row.time_to_eject
+            (row.time_to_eject, row.failed_before_ejection)
         };
         let _ = writeln!(
             out,
-            "| {} | {}{change} | {} | {} | {} ({:.0} s) | {:.2} % | {} |",
+            "| {} | {}{change} | {} | {} | {} | {} ({:.0} s) | {:.2} % | {} |",
             config.name(),
             row.failed,
             row.failed_from_bad,
+            failed_before_ejection,
             time_to_eject,
             row.false_ejections,
             row.false_out_secs,

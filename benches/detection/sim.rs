@@ -130,6 +130,8 @@ pub struct Log {
     pub succeeded: u64,
     pub failed: u64,
     pub failed_from_bad: u64,
+    /// When each failed request from a bad endpoint was sent (seconds).
+    pub bad_failures_sent_at: Vec<f64>,
     /// Requests the balancer could not take before the run ended (it had no ready endpoint).
     pub unsent: u64,
     /// `(seconds, endpoint, event)`: every removal from and re-insertion into the balancer's set
@@ -159,6 +161,7 @@ impl World {
                 succeeded: 0,
                 failed: 0,
                 failed_from_bad: 0,
+                bad_failures_sent_at: Vec::new(),
                 unsent: 0,
                 events: Vec::new(),
                 nth_call: vec![0; n],
@@ -326,6 +329,7 @@ where
         let served_by = request.served_by.clone();
         let answer = balancer.call(request);
         let world = world.clone();
+        let sent_at = world.elapsed();
         world.log.lock().unwrap().sent += 1;
         answers.spawn(async move {
             let ok = answer.await.is_ok();
@@ -337,6 +341,7 @@ where
                 log.failed += 1;
                 if world.scenario.is_bad(endpoint) {
                     log.failed_from_bad += 1;
+                    log.bad_failures_sent_at.push(sent_at);
                 }
             }
         });
