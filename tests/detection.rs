@@ -201,3 +201,34 @@ async fn a_black_hole_at_low_traffic_is_ejected_within_a_minute() {
         "{sent_to_hole} requests sent to the black hole"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_suspect_endpoint_asks_for_calls_only_while_it_could_be_ejected() {
+    use tower::load::Load;
+
+    let layer = edas();
+    let mut h = Harness::new(&layer, 5);
+    // 3 failures of the 10 calls the policy needs: #1 reports no load until 7 more are in flight.
+    h.calls(1, 3, 0).await;
+    assert_eq!(h.live[&1].load().value(), 0.0);
+    assert!(
+        h.live[&2].load().value() > 0.0,
+        "a healthy endpoint is not favoured"
+    );
+    // A success ends the suspicion.
+    h.calls(1, 0, 1).await;
+    assert!(h.live[&1].load().value() > 0.0);
+
+    // #0 takes the budget (one of five): evidence against #1 could not eject it, so none is sought.
+    h.calls(0, 10, 0).await;
+    assert!(!h.is_live(0));
+    h.advance(Duration::from_secs(11)).await;
+    h.calls(1, 3, 0).await;
+    assert!(h.live[&1].load().value() > 0.0);
+
+    // #0 comes back on trial and the budget has room again.
+    h.advance(Duration::from_secs(19)).await;
+    assert!(h.is_live(0));
+    h.calls(1, 3, 0).await;
+    assert_eq!(h.live[&1].load().value(), 0.0);
+}

@@ -137,12 +137,21 @@ fn scenarios() -> Vec<Scenario> {
             ..scenario("flapping (down 5 s, up 5 s)", &[0], Fault::Down)
         },
         scenario("two of five down", &[0, 1], Fault::Down),
+        scenario("two of five black holes", &[0, 1], Fault::BlackHole),
         Scenario {
             noise: 0.01,
             ..scenario("healthy noise (1 % failures everywhere)", &[], Fault::Down)
         },
         low("low traffic (5 req/s): hard down", Fault::Down),
         low("low traffic (5 req/s): black hole", Fault::BlackHole),
+        Scenario {
+            rate: LOW_RATE,
+            ..scenario(
+                "low traffic (5 req/s): two of five black holes",
+                &[0, 1],
+                Fault::BlackHole,
+            )
+        },
     ]
 }
 

@@ -22,16 +22,41 @@ const GATED_POLICIES: usize = ProbePermits::BITS as usize;
 ///
 /// One per layer instance. Records set the dirty flag and wake; the layer registers its waker
 /// before it checks the flag, so a signal is never missed and no poll spins.
-#[derive(Default)]
 pub struct Notifier {
     dirty: AtomicBool,
     waker: AtomicWaker,
+    // Whether the layer could eject one more endpoint now (budget and last-endpoint rules).
+    room_to_eject: AtomicBool,
+}
+
+impl Default for Notifier {
+    fn default() -> Self {
+        Notifier {
+            dirty: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+            room_to_eject: AtomicBool::new(true),
+        }
+    }
 }
 
 impl Notifier {
     /// A notifier with nothing pending.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Tells the records whether an ejection would be allowed now. While it would not (the budget
+    /// is spent, or one endpoint is left), gathering evidence against an endpoint only costs
+    /// callers failed requests, so [`EndpointRecord::calls_wanted`] asks for none.
+    pub fn set_room_to_eject(&self, room: bool) {
+        if self.room_to_eject.load(Ordering::Relaxed) != room {
+            self.room_to_eject.store(room, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether an ejection would be allowed now (true until the layer says otherwise).
+    pub fn room_to_eject(&self) -> bool {
+        self.room_to_eject.load(Ordering::Relaxed)
     }
 
     /// Marks work pending and wakes the registered task.
@@ -56,6 +81,7 @@ impl fmt::Debug for Notifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Notifier")
             .field("dirty", &self.dirty.load(Ordering::Relaxed))
+            .field("room_to_eject", &self.room_to_eject())
             .finish()
     }
 }
@@ -242,9 +268,10 @@ impl EndpointRecord {
     }
 
     /// How many more calls this endpoint should get before its policies can judge it: the most
-    /// any policy wants ([`EndpointPolicy::calls_wanted`]), asked only while the last call failed.
+    /// any policy wants ([`EndpointPolicy::calls_wanted`]), asked only while the last call failed
+    /// and the layer has room to eject ([`Notifier::room_to_eject`]).
     pub fn calls_wanted(&self, now: Nanos) -> u64 {
-        if !self.last_failed.load(Ordering::Relaxed) {
+        if !self.last_failed.load(Ordering::Relaxed) || !self.notifier.room_to_eject() {
             return 0;
         }
         self.policies

@@ -268,6 +268,7 @@ where
             if !this.detector.queue.is_empty() {
                 continue;
             }
+            this.detector.publish_room();
             if *this.upstream_done && this.detector.entries.is_empty() {
                 return Poll::Ready(None);
             }
@@ -383,6 +384,15 @@ where
 
     fn available(&self) -> usize {
         self.entries.len() - self.ejected
+    }
+
+    /// Tells the endpoints whether one more ejection would be allowed, the same test
+    /// [`consider`](Self::consider) applies, so none gathers evidence for an ejection that would
+    /// be refused.
+    fn publish_room(&self) {
+        let max = self.settings.budget.max_ejected(self.entries.len());
+        self.notifier
+            .set_room_to_eject(self.available() > 1 && self.ejected < max);
     }
 
     fn poll_events(&mut self, cx: &mut Context<'_>) {
