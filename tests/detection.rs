@@ -93,19 +93,19 @@ async fn a_breached_trial_that_the_budget_kept_in_is_a_failed_check() {
     assert_eq!(status(&monitor, 0), EndpointStatus::Trial);
     assert_eq!(failed_checks(&monitor, 0), 1);
 
-    // Still failing in the next trial period: another failed check. When #1 comes back on trial
-    // the budget frees, and #0 goes out on the schedule of two failed checks (three units).
+    // Still failing in the next trial period: the same check, still failed, not another one.
+    // When #1 comes back on trial the budget frees, and #0 goes out two units.
     h.advance(Duration::from_secs(19)).await;
     h.calls(0, 10, 0).await;
     assert!(h.is_live(0), "the budget still keeps #0 in");
-    assert_eq!(failed_checks(&monitor, 0), 2);
+    assert_eq!(failed_checks(&monitor, 0), 1);
     h.advance(Duration::from_secs(1)).await;
     assert!(h.is_live(1));
     assert!(!h.is_live(0));
     let snapshot = monitor.snapshot();
     let entry = snapshot.get_key(&0).unwrap();
-    assert_eq!(entry.failed_checks, 2);
-    assert_eq!(entry.next_check_in, Some(Duration::from_secs(90)));
+    assert_eq!(entry.failed_checks, 1);
+    assert_eq!(entry.next_check_in, Some(Duration::from_secs(60)));
 }
 
 /// Sends `rate` requests a second for `duration` through `balancer`, open loop: each answer is
@@ -231,4 +231,39 @@ async fn a_suspect_endpoint_asks_for_calls_only_while_it_could_be_ejected() {
     assert!(h.is_live(0));
     h.calls(1, 3, 0).await;
     assert_eq!(h.live[&1].load().value(), 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn trial_calls_add_up_over_its_periods() {
+    let layer = edas();
+    let monitor = layer.monitor();
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 10, 0).await;
+    h.advance(Duration::from_secs(30)).await;
+    // A quiet endpoint: 6 calls in the first trial period, 4 in the second. Neither window holds
+    // the minimum of 10, together they do.
+    h.advance(Duration::from_secs(2)).await;
+    h.calls(0, 0, 6).await;
+    h.advance(Duration::from_secs(8)).await;
+    assert_eq!(status(&monitor, 0), EndpointStatus::Trial);
+    h.advance(Duration::from_secs(2)).await;
+    h.calls(0, 0, 4).await;
+    h.advance(Duration::from_secs(8)).await;
+    assert_eq!(status(&monitor, 0), EndpointStatus::Available);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_no_adaptor_tracks_asks_for_no_evidence() {
+    use tower::load::Load;
+    use tower::ServiceExt;
+
+    let layer = edas();
+    let backend = support::Backend::new(0);
+    backend.set_failing(true);
+    let mut endpoint = layer.endpoint(backend);
+    for _ in 0..3 {
+        let _ = endpoint.ready().await.unwrap().call(()).await;
+    }
+    // Nothing could eject it, so failing calls are not drawn to it.
+    assert!(endpoint.load().value() > 0.0);
 }

@@ -8,7 +8,8 @@ use plotters::prelude::*;
 use crate::sim::{Event, Fault, Log, Scenario, Schedule, BIN};
 
 /// Endpoint #0 refuses connections from 10 s to 60 s; the EDAS preset (30 s recovery unit) ejects
-/// it, tries it again at 40 s while it is still down, and for good after it heals.
+/// it, tries it again one unit later while it is still down, and two units after that, once it
+/// has healed.
 pub fn incident_scenario() -> Scenario {
     Scenario {
         name: "incident",

@@ -222,10 +222,19 @@ pub async fn watch_trials(world: Arc<World>, monitor: tower_outlier::Monitor) {
     }
 }
 
-/// A request: remembers which endpoint served it, so failures can be attributed.
-#[derive(Debug, Default)]
+/// A request: remembers which endpoint served it, so failures can be attributed (`usize::MAX`
+/// until one does: a request no endpoint saw is blamed on none).
+#[derive(Debug)]
 pub struct Request {
     served_by: Arc<AtomicUsize>,
+}
+
+impl Default for Request {
+    fn default() -> Self {
+        Request {
+            served_by: Arc::new(AtomicUsize::new(usize::MAX)),
+        }
+    }
 }
 
 /// A change in an endpoint's standing.

@@ -35,7 +35,7 @@ pub use policy::{
     Admit, AsAny, Budget, BudgetFloor, EndpointPolicy, FleetMember, Judgement, Policy, Reason,
     RecoverySchedule, Signal,
 };
-pub use record::{EndpointRecord, Notifier, ProbePermits, EXPLORE_AFTER, RTT_DECAY};
+pub use record::{EndpointRecord, Notifier, ProbePermits, RTT_DECAY};
 /// The boxed error type of tower middleware (`tower::BoxError`).
 pub use tower::BoxError;
 pub use window::{Window, WindowCounts, WindowShape};

@@ -108,12 +108,12 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
         0
     }
 
-    /// Whether the window holds enough calls for a passive trial to pass: a re-admitted endpoint
-    /// that received too few calls during its trial has shown nothing, so its trial goes on.
-    /// `true` by default (policies that decide recovery in their own way).
-    fn has_evidence(&self, now: Nanos) -> bool {
-        let _ = now;
-        true
+    /// How many calls a passive trial of an endpoint this policy ejected must see before it can
+    /// pass: a re-admitted endpoint that received fewer has shown nothing, so its trial goes on.
+    /// The layer adds up [`counts`](Self::counts) at the end of each trial period. 0 (the
+    /// default) for policies that decide recovery in their own way.
+    fn trial_calls(&self) -> u64 {
+        0
     }
 
     /// Readiness gate, asked by the endpoint's `poll_ready` before every call.

@@ -1,7 +1,7 @@
 //! The per-endpoint record every clone of an endpoint and every response future share.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::task::AtomicWaker;
 
 use crate::clock::{duration_to_nanos, Clock, Nanos};
-use crate::outcome::{Observation, Outcome};
+use crate::outcome::{FailureKind, Observation, Outcome};
 use crate::policy::{Admit, EndpointPolicy, Judgement, Reason, Signal};
 
 /// Probe permits an endpoint handle or a call holds: bit `i` for the record's policy `i`. Policies
@@ -92,12 +92,11 @@ pub const RTT_DECAY: Duration = Duration::from_secs(10);
 
 const SAMPLE_TIME_GRANULARITY: Nanos = 1_000_000;
 
-/// How many power-of-two-choices draws in a row an endpoint may lose on latency alone before it
-/// wins one anyway: at most one call in `EXPLORE_AFTER + 1` of its draws goes to an endpoint the
-/// balancer would otherwise starve, so one slow call cannot keep it out for the estimate's decay
-/// time. An endpoint whose last call failed is not explored this way (see
-/// [`EndpointRecord::calls_wanted`]).
-pub const EXPLORE_AFTER: u32 = 16;
+// What the last recorded call was, for the balancer's load reads.
+const LAST_SUCCEEDED: u8 = 0;
+const LAST_FAILED: u8 = 1;
+// An overloaded endpoint is not sent extra calls to judge it, whatever the policies want.
+const LAST_OVERLOADED: u8 = 2;
 
 /// Everything the layer knows about one endpoint: its policies' state, its latency estimate and
 /// its relative weight.
@@ -115,8 +114,6 @@ pub struct EndpointRecord {
     // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
     weight: AtomicU64,
     flagged: AtomicBool,
-    // Written only when it changes, so steady success or steady failure costs one load per call.
-    last_failed: AtomicBool,
     notifier: Arc<Notifier>,
 }
 
@@ -125,9 +122,9 @@ pub struct EndpointRecord {
 struct Latency {
     rtt_nanos: AtomicU64,
     last_sample: AtomicU64,
-    // Draws lost in a row since the last call: written by the balancer's load reads, cleared by
-    // calls, so it shares the line the calls already write.
-    passed_over: AtomicU32,
+    // Written only when it changes, so steady success or steady failure costs one load per call;
+    // it sits on the line completions already write, away from the read-mostly fields.
+    last_outcome: AtomicU8,
 }
 
 impl EndpointRecord {
@@ -146,11 +143,10 @@ impl EndpointRecord {
             latency: Latency {
                 rtt_nanos: AtomicU64::new(0),
                 last_sample: AtomicU64::new(now),
-                passed_over: AtomicU32::new(0),
+                last_outcome: AtomicU8::new(LAST_SUCCEEDED),
             },
             weight: AtomicU64::new(1.0f64.to_bits()),
             flagged: AtomicBool::new(false),
-            last_failed: AtomicBool::new(false),
             notifier,
         }
     }
@@ -206,9 +202,13 @@ impl EndpointRecord {
             return;
         }
         self.sample_rtt(duration_to_nanos(observation.latency), now);
-        let failed = observation.outcome.is_failure();
-        if self.last_failed.load(Ordering::Relaxed) != failed {
-            self.last_failed.store(failed, Ordering::Relaxed);
+        let last = match observation.outcome {
+            Outcome::Failure(FailureKind::Overload) => LAST_OVERLOADED,
+            Outcome::Failure(_) => LAST_FAILED,
+            Outcome::Success | Outcome::Cancelled => LAST_SUCCEEDED,
+        };
+        if self.latency.last_outcome.load(Ordering::Relaxed) != last {
+            self.latency.last_outcome.store(last, Ordering::Relaxed);
         }
         let mut signal = false;
         for (index, policy) in self.policies.iter().enumerate() {
@@ -267,11 +267,25 @@ impl EndpointRecord {
         rtt * decay(idle)
     }
 
+    /// Whether the last recorded call failed (in any way, overload included).
+    pub fn last_call_failed(&self) -> bool {
+        self.latency.last_outcome.load(Ordering::Relaxed) != LAST_SUCCEEDED
+    }
+
+    /// The cheap half of [`calls_wanted`](Self::calls_wanted): whether its policies could want
+    /// calls at all (two relaxed loads, no window read).
+    #[inline]
+    pub fn may_want_calls(&self) -> bool {
+        self.latency.last_outcome.load(Ordering::Relaxed) == LAST_FAILED
+            && self.notifier.room_to_eject()
+    }
+
     /// How many more calls this endpoint should get before its policies can judge it: the most
-    /// any policy wants ([`EndpointPolicy::calls_wanted`]), asked only while the last call failed
-    /// and the layer has room to eject ([`Notifier::room_to_eject`]).
+    /// any policy wants ([`EndpointPolicy::calls_wanted`]). Asked only while the last call failed
+    /// other than by overload (an overloaded server is not sent extra calls) and the layer has
+    /// room to eject ([`Notifier::room_to_eject`]); 0 otherwise, without reading any window.
     pub fn calls_wanted(&self, now: Nanos) -> u64 {
-        if !self.last_failed.load(Ordering::Relaxed) || !self.notifier.room_to_eject() {
+        if !self.may_want_calls() {
             return 0;
         }
         self.policies
@@ -279,37 +293,6 @@ impl EndpointRecord {
             .map(|policy| policy.calls_wanted(now))
             .max()
             .unwrap_or(0)
-    }
-
-    /// Whether policy `index` has seen enough calls for a passive trial to pass
-    /// ([`EndpointPolicy::has_evidence`]).
-    pub fn has_evidence(&self, index: usize, now: Nanos) -> bool {
-        self.policies
-            .get(index)
-            .is_none_or(|policy| policy.has_evidence(now))
-    }
-
-    /// Counts one power-of-two-choices draw and says whether this endpoint should win it
-    /// regardless of its load: it has lost [`EXPLORE_AFTER`] draws in a row and its last call
-    /// succeeded. Called by the balancer's load reads; [`dispatched`](Self::dispatched) resets it.
-    pub fn explore(&self) -> bool {
-        // One writer (the balancer's task), so a load and a store are enough.
-        let lost = self.latency.passed_over.load(Ordering::Relaxed);
-        if lost >= EXPLORE_AFTER && !self.last_failed.load(Ordering::Relaxed) {
-            return true;
-        }
-        self.latency
-            .passed_over
-            .store(lost.saturating_add(1), Ordering::Relaxed);
-        false
-    }
-
-    /// A call was sent to this endpoint: its run of lost draws ends.
-    #[inline]
-    pub fn dispatched(&self) {
-        if self.latency.passed_over.load(Ordering::Relaxed) != 0 {
-            self.latency.passed_over.store(0, Ordering::Relaxed);
-        }
     }
 
     /// Restarts the latency estimate at `rtt_nanos` as of `now`.
@@ -364,6 +347,9 @@ impl EndpointRecord {
             policy.reset();
         }
         self.flagged.store(false, Ordering::Release);
+        self.latency
+            .last_outcome
+            .store(LAST_SUCCEEDED, Ordering::Relaxed);
     }
 }
 
@@ -434,27 +420,64 @@ mod tests {
         }
     }
 
+    /// A policy that always wants five more calls.
+    #[derive(Debug)]
+    struct WantsFive;
+
+    impl EndpointPolicy for WantsFive {
+        fn record(&self, _: &Observation, _: Nanos) -> Signal {
+            Signal::None
+        }
+        fn judge(&self, _: Nanos) -> Judgement {
+            Judgement::Healthy
+        }
+        fn counts(&self, _: Nanos) -> crate::window::WindowCounts {
+            Default::default()
+        }
+        fn reset(&self) {}
+        fn calls_wanted(&self, _: Nanos) -> u64 {
+            5
+        }
+    }
+
     #[test]
-    fn exploration_needs_lost_draws_and_a_last_call_that_succeeded() {
+    fn calls_are_wanted_after_a_failure_while_an_ejection_is_possible() {
+        let notifier = Arc::new(Notifier::new());
+        let record = EndpointRecord::new(
+            Clock::tokio(),
+            Box::new([Box::new(WantsFive) as Box<dyn EndpointPolicy>]),
+            notifier.clone(),
+        );
+        let now = record.clock().now();
+        assert_eq!(record.calls_wanted(now), 0, "not after a success");
+        call(&record, Outcome::Failure(FailureKind::Timeout), 1000, now);
+        assert_eq!(record.calls_wanted(now), 5);
+        notifier.set_room_to_eject(false);
+        assert_eq!(
+            record.calls_wanted(now),
+            0,
+            "not when no ejection is possible"
+        );
+        notifier.set_room_to_eject(true);
+        call(&record, Outcome::Failure(FailureKind::Overload), 1, now);
+        assert_eq!(record.calls_wanted(now), 0, "not after an overload");
+    }
+
+    #[test]
+    fn evidence_is_wanted_only_after_a_failure_other_than_overload() {
         let record = record();
         let now = record.clock().now();
-        for _ in 0..EXPLORE_AFTER {
-            assert!(!record.explore());
-        }
-        assert!(record.explore(), "wins after {EXPLORE_AFTER} lost draws");
-        assert!(record.explore(), "until a call is sent");
-        record.dispatched();
-        assert!(!record.explore());
-
-        for _ in 0..EXPLORE_AFTER {
-            record.explore();
-        }
+        assert!(!record.last_call_failed());
         call(&record, Outcome::Failure(FailureKind::Timeout), 1000, now);
+        assert!(record.last_call_failed());
+        call(&record, Outcome::Failure(FailureKind::Overload), 1, now);
+        assert!(record.last_call_failed());
+        call(&record, Outcome::Cancelled, 1, now);
         assert!(
-            !record.explore(),
-            "an endpoint whose last call failed is not explored"
+            record.last_call_failed(),
+            "a cancelled call is not recorded"
         );
-        call(&record, Outcome::Success, 1, now);
-        assert!(record.explore());
+        record.reset();
+        assert!(!record.last_call_failed(), "re-admission starts afresh");
     }
 }

@@ -150,8 +150,12 @@ impl EndpointPolicy for ErrorRateEndpoint {
         }
     }
 
-    fn has_evidence(&self, now: Nanos) -> bool {
-        !self.enabled || self.window.counts(now).calls >= self.min_calls
+    fn trial_calls(&self) -> u64 {
+        if self.enabled {
+            self.min_calls
+        } else {
+            0
+        }
     }
 
     fn reset(&self) {

@@ -107,9 +107,11 @@ struct Entry<S, C> {
     schedule: Option<RecoverySchedule>,
     // The policy that ejected the endpoint: its window decides whether a trial saw enough calls.
     ejected_by: usize,
-    // This trial period already counted as a failed check (the endpoint breached during it, even
-    // if the budget kept it in).
+    // This trial already counted as a failed check (the endpoint breached during it, even if the
+    // budget kept it in): one re-admission, one check, however long the budget keeps it on trial.
     trial_breached: bool,
+    // Calls the ejecting policy's window held at the end of each period of this trial so far.
+    trial_calls: u64,
     refused: bool,
 }
 
@@ -173,12 +175,14 @@ where
         probe: P,
         registry: Arc<Registry>,
     ) -> Self {
+        // At least a millisecond: a zero trial would extend itself without end in one poll.
         let trial = settings
             .policies
             .iter()
             .map(|p| p.trial_period())
             .max()
-            .unwrap_or(Duration::from_secs(10));
+            .unwrap_or(Duration::from_secs(10))
+            .max(Duration::from_millis(1));
         let start = Instant::now();
         let fleet = settings
             .policies
@@ -333,6 +337,7 @@ where
                 schedule: None,
                 ejected_by: 0,
                 trial_breached: false,
+                trial_calls: 0,
                 refused: false,
             },
         );
@@ -593,11 +598,13 @@ where
         }
     }
 
-    /// A passive trial's time is up. It passes only on evidence: the window of the policy that
-    /// ejected the endpoint holds at least that policy's minimum of calls and no policy judges it
-    /// an outlier. A breached trial is a failed check even when the budget or the last-endpoint
-    /// rule kept the endpoint in; it stays on trial, so it is ejected (with the longer interval)
-    /// once the rules allow. A trial with too few calls goes on for another trial period.
+    /// A passive trial's time is up. It passes only on evidence: no policy judges the endpoint an
+    /// outlier, and the window of the policy that ejected it held, added up over the trial's
+    /// periods, at least that policy's [`trial_calls`](tower_outlier_core::EndpointPolicy::trial_calls);
+    /// with fewer calls the trial goes on for another period. An endpoint still judged an outlier
+    /// has failed this check (counted once per re-admission, even when the budget or the
+    /// last-endpoint rule keeps it in); it stays on trial and is ejected, with the longer
+    /// interval, as soon as the rules allow.
     fn trial_ended(&mut self, key: &K) {
         let Some(entry) = self.entries.get_mut(key) else {
             return;
@@ -605,24 +612,38 @@ where
         let record = entry.endpoint.record();
         let now = record.clock().now();
         let until = later(Instant::now(), self.trial);
-        if entry.trial_breached || record.judge(now).is_some() {
+        if record.judge(now).is_some() {
             if !entry.trial_breached {
                 entry.failed_checks = entry.failed_checks.saturating_add(1);
+                entry.trial_breached = true;
             }
-            entry.trial_breached = false;
             entry.status = Status::Trial { until };
+            self.timers_changed = true;
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
                 failed_checks = entry.failed_checks,
-                "trial failed: the endpoint is still an outlier but cannot be ejected now"
+                "trial failed: the endpoint is still an outlier"
             );
             self.publish(key, Some(until), None);
-        } else if !record.has_evidence(entry.ejected_by, now) {
+            self.consider(key);
+            return;
+        }
+        let (seen, needed) = record
+            .policies()
+            .get(entry.ejected_by)
+            .map_or((0, 0), |policy| {
+                (policy.counts(now).calls, policy.trial_calls())
+            });
+        entry.trial_calls = entry.trial_calls.saturating_add(seen);
+        if entry.trial_calls < needed {
             entry.status = Status::Trial { until };
+            self.timers_changed = true;
             tracing::debug!(
                 target: "tower_outlier",
                 endpoint = ?key,
+                calls = entry.trial_calls,
+                needed,
                 "trial extended: too few calls to judge"
             );
             self.publish(key, Some(until), None);
@@ -737,6 +758,7 @@ where
         self.refused -= usize::from(entry.refused);
         entry.refused = false;
         entry.trial_breached = false;
+        entry.trial_calls = 0;
         let endpoint = entry.endpoint.clone();
         self.seed_rtt(&endpoint);
         let Some(entry) = self.entries.get_mut(key) else {

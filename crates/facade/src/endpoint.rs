@@ -1,12 +1,12 @@
 //! The endpoint service: wraps one discovered service, records its outcomes and reports its load.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower::load::Load;
-use tower_outlier_core::{EndpointRecord, ProbePermits};
+use tower_outlier_core::{EndpointRecord, Nanos, ProbePermits};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
@@ -58,12 +58,86 @@ fn in_flight<C>(shared: &Arc<Shared<C>>) -> usize {
 struct Holder<C> {
     shared: Arc<Shared<C>>,
     permits: ProbePermits,
+    draws: Draws,
 }
 
 impl<C> Holder<C> {
     fn new(shared: Arc<Shared<C>>) -> Self {
         shared.holders.fetch_add(1, Ordering::Relaxed);
-        Holder { shared, permits: 0 }
+        Holder {
+            shared,
+            permits: 0,
+            draws: Draws::default(),
+        }
+    }
+}
+
+/// How many power-of-two-choices draws in a row an endpoint whose last call succeeded may lose
+/// before it wins one anyway (at most one in 17 of its draws).
+const EXPLORE_AFTER: u32 = 16;
+
+/// How long a computed evidence request stays good while no call completes: the windows it reads
+/// move by whole buckets, far slower than the balancer draws.
+const EVIDENCE_REFRESH: Nanos = 10_000_000;
+
+/// What the balancer's load reads need to remember about this handle. It belongs to the handle
+/// the balancer holds, not to the shared record, so the reads write no memory other cores use.
+/// Atomic only so that `Endpoint` stays `Sync`; there is one writer.
+#[derive(Debug)]
+struct Draws {
+    lost: AtomicU32,
+    wanted: AtomicU64,
+    wanted_at: AtomicU64,
+    wanted_in_flight: AtomicU64,
+}
+
+impl Default for Draws {
+    fn default() -> Self {
+        Draws {
+            lost: AtomicU32::new(0),
+            wanted: AtomicU64::new(0),
+            wanted_at: AtomicU64::new(Nanos::MAX),
+            wanted_in_flight: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Draws {
+    /// The calls the policies want ([`EndpointRecord::calls_wanted`]), read from the windows at
+    /// most every [`EVIDENCE_REFRESH`] unless a call completed since (the in-flight count fell).
+    fn wanted(&self, record: &EndpointRecord, now: Nanos, in_flight: u64) -> u64 {
+        if !record.may_want_calls() {
+            return 0;
+        }
+        let at = self.wanted_at.load(Ordering::Relaxed);
+        if at != Nanos::MAX
+            && now.saturating_sub(at) < EVIDENCE_REFRESH
+            && in_flight >= self.wanted_in_flight.load(Ordering::Relaxed)
+        {
+            return self.wanted.load(Ordering::Relaxed);
+        }
+        let wanted = record.calls_wanted(now);
+        self.wanted.store(wanted, Ordering::Relaxed);
+        self.wanted_at.store(now, Ordering::Relaxed);
+        self.wanted_in_flight.store(in_flight, Ordering::Relaxed);
+        wanted
+    }
+
+    /// Counts one draw; true when the endpoint has lost enough in a row to win this one.
+    fn explore(&self, record: &EndpointRecord) -> bool {
+        let lost = self.lost.load(Ordering::Relaxed);
+        if lost >= EXPLORE_AFTER && !record.last_call_failed() {
+            return true;
+        }
+        self.lost.store(lost.saturating_add(1), Ordering::Relaxed);
+        false
+    }
+
+    #[inline]
+    fn dispatched(&self) {
+        if self.lost.load(Ordering::Relaxed) != 0 {
+            self.lost.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -197,9 +271,8 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
-        let record = self.record();
-        record.dispatched();
-        let start = record.clock().now();
+        self.holder.draws.dispatched();
+        let start = self.record().clock().now();
         let probes = std::mem::take(&mut self.holder.permits);
         ResponseFuture::new(
             self.inner.call(request),
@@ -219,14 +292,19 @@ where
 /// power-of-two-choices pair against one with a finite cost.
 ///
 /// A latency-driven balancer starves an endpoint after a slow call or a timeout, which would keep
-/// the layer from ever judging it. Two rules keep it in sight, each reporting a cost of zero:
-/// * **Evidence.** While its last call failed and a policy wants more calls before it can judge
-///   (an error rate above the threshold on fewer calls than the minimum), the endpoint wins until
-///   that many calls are in flight: exactly the failures the configured minimum asks for, no more.
-/// * **Exploration.** An endpoint whose last call succeeded and that lost
-///   [`EXPLORE_AFTER`](tower_outlier_core::EXPLORE_AFTER) draws in a row wins the next one: at
-///   most one in 17 of its draws, so a genuinely slow endpoint still gets little traffic, and one
-///   slow call no longer shuts a healthy endpoint out for the estimate's decay time.
+/// the layer from ever judging it. Two rules keep it in sight, each reporting a cost of zero
+/// (neither applies to an endpoint whose weight a policy lowered on purpose):
+/// * **Evidence.** While its last call failed (other than by overload), a policy wants more calls
+///   before it can judge (an error rate above the threshold on fewer calls than the minimum), and
+///   the layer could eject it, the endpoint wins until that many calls are in flight: exactly the
+///   failures the configured minimum asks for, no more.
+/// * **Exploration.** An endpoint whose last call succeeded and that lost 16 draws in a row wins
+///   the next one: at most one in 17 of its draws, so a genuinely slow endpoint still gets little
+///   traffic, and one slow call no longer shuts a healthy endpoint out for the estimate's decay
+///   time.
+///
+/// So reading the load counts a draw: it is meant for the balancer that holds this handle (p2c
+/// reads both candidates of every draw). The count lives in the handle, not the shared record.
 #[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
 pub struct Cost(f64);
 
@@ -250,7 +328,11 @@ impl<S, C> Load for Endpoint<S, C> {
         }
         let now = record.clock().now();
         let in_flight = self.in_flight();
-        if record.calls_wanted(now) > in_flight as u64 || record.explore() {
+        let draws = &self.holder.draws;
+        if weight >= 1.0
+            && (draws.wanted(record, now, in_flight as u64) > in_flight as u64
+                || draws.explore(record))
+        {
             return Cost(0.0);
         }
         let rtt = record.rtt_estimate(now) + COST_FLOOR_NANOS;

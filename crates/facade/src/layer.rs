@@ -153,10 +153,13 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     where
         C: Clone,
     {
+        // No adaptor can eject this endpoint, so its load never asks for evidence.
+        let notifier = Notifier::new();
+        notifier.set_room_to_eject(false);
         let record = EndpointRecord::new(
             self.clock.clone(),
             self.policies.iter().map(|p| p.new_endpoint()).collect(),
-            Arc::new(Notifier::new()),
+            Arc::new(notifier),
         );
         Endpoint::new(service, Shared::new(record, self.classifier.clone()))
     }
