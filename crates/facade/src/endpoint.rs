@@ -82,7 +82,8 @@ const EVIDENCE_REFRESH: Nanos = 10_000_000;
 
 /// What the balancer's load reads need to remember about this handle. It belongs to the handle
 /// the balancer holds, not to the shared record, so the reads write no memory other cores use.
-/// Atomic only so that `Endpoint` stays `Sync`; there is one writer.
+/// Atomic only so that `Endpoint` stays `Sync`: the balancer holding the handle is normally its
+/// only reader; concurrent reads through a shared reference could only blur the counts.
 #[derive(Debug)]
 struct Draws {
     lost: AtomicU32,
