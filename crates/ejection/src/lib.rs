@@ -21,9 +21,6 @@
 //! # Ok::<(), tower_outlier_core::ConfigError>(())
 //! ```
 
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
-#![forbid(unsafe_code)]
-
 mod config;
 mod hsf;
 mod policy;

@@ -46,9 +46,6 @@
 //! authoritative; time comes from tokio (or the [`Clock`] you choose); bad configuration is a
 //! [`ConfigError`].
 
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
-#![forbid(unsafe_code)]
-
 mod discover;
 mod endpoint;
 mod future;

@@ -3,11 +3,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_outlier_core::{Reason, WindowCounts};
+use tower_outlier_core::{Lock, LockGuard, Reason, WindowCounts};
 
 use crate::endpoint::HasRecord;
 
@@ -128,7 +128,7 @@ pub struct Monitor {
 pub(crate) struct Registry {
     next_id: AtomicU64,
     policies: Arc<[&'static str]>,
-    entries: Mutex<HashMap<u64, Tracked>>,
+    entries: Lock<HashMap<u64, Tracked>>,
 }
 
 pub(crate) struct Tracked {
@@ -146,7 +146,7 @@ impl Monitor {
             registry: Arc::new(Registry {
                 next_id: AtomicU64::new(0),
                 policies,
-                entries: Mutex::new(HashMap::new()),
+                entries: Lock::new(HashMap::new()),
             }),
         }
     }
@@ -200,10 +200,8 @@ impl Monitor {
 }
 
 impl Registry {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<u64, Tracked>> {
-        // Nothing run under this lock can leave the map half-updated, so a poisoned lock is safe
-        // to keep using.
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn lock(&self) -> LockGuard<'_, HashMap<u64, Tracked>> {
+        self.entries.lock()
     }
 
     pub(crate) fn insert(&self, tracked: Tracked) -> u64 {
