@@ -23,6 +23,7 @@ mod lock;
 mod outcome;
 mod policy;
 mod record;
+pub mod text;
 mod window;
 
 pub use classify::{Classify, NetworkErrors, ServerErrors};

@@ -8,13 +8,13 @@ use std::fmt;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+use tower_outlier_core::text::clip;
 use tower_outlier_core::ConfigError;
 
 use crate::config::{BreakerBuilder, BreakerConfig};
 
 /// Values are shown in errors up to this many characters, so that a whole misplaced document does
 /// not end up in one log line.
-const MAX_SHOWN_CHARS: usize = 80;
 
 /// Sentinel keeps `grade`, `timeWindow`, `minRequestAmount` and `statIntervalMs` in Java `int`s,
 /// so no Sentinel rule holds a larger value.
@@ -421,15 +421,6 @@ fn show_json(value: &Value) -> String {
     clip(value.to_string())
 }
 
-fn clip(shown: String) -> String {
-    if shown.chars().count() <= MAX_SHOWN_CHARS {
-        shown
-    } else {
-        let mut clipped: String = shown.chars().take(MAX_SHOWN_CHARS).collect();
-        clipped.push('…');
-        clipped
-    }
-}
 
 /// Why Sentinel degrade rules could not be read: malformed JSON, a top level that is not an array,
 /// an element that is not an object, or a field that is missing, of the wrong type or out of range
@@ -600,6 +591,7 @@ impl std::error::Error for RuleError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower_outlier_core::text::MAX_SHOWN_CHARS;
     use crate::config::Strategy;
 
     /// The seed's walk-through rule, as the dashboard would store it.
