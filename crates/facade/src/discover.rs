@@ -6,7 +6,8 @@
 //! picks an endpoint, so no request is routed by a stale set). Recovery checks and trial ends run
 //! on one tokio timer set to the earliest deadline.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
@@ -72,6 +73,9 @@ struct Detector<K, S, C, P> {
     notifier: Arc<Notifier>,
     registry: Arc<Registry>,
     entries: HashMap<K, Entry<S, C>>,
+    // Each entry's key by its id, so a deadline can name its endpoint by a number.
+    keys: HashMap<u64, K>,
+    deadlines: Deadlines,
     ejected: usize,
     // How many entries have `refused` set, so the common case (none) skips the scan.
     refused: usize,
@@ -90,6 +94,61 @@ fn later(at: Instant, delay: Duration) -> Instant {
     at.checked_add(delay.min(FAR))
         .or_else(|| at.checked_add(Duration::from_secs(3600)))
         .unwrap_or(at)
+}
+
+/// The deadlines of trials and recovery checks, earliest first, each with its entry's id.
+///
+/// A deadline is never removed when its entry's status changes or the entry goes: a popped
+/// deadline counts only if its entry still has it. Setting one is O(log n), and a wake-up costs
+/// O(log n) per deadline it finds due, however many endpoints there are. Stale deadlines are
+/// dropped wholesale when they outnumber the live ones.
+#[derive(Default)]
+struct Deadlines {
+    heap: BinaryHeap<Reverse<(Instant, u64)>>,
+}
+
+impl Deadlines {
+    fn push(&mut self, at: Instant, id: u64) {
+        self.heap.push(Reverse((at, id)));
+    }
+
+    /// The earliest deadline that is still current, dropping stale ones on the way.
+    fn next(&mut self, current: impl Fn(u64, Instant) -> bool) -> Option<Instant> {
+        while let Some(&Reverse((at, id))) = self.heap.peek() {
+            if current(id, at) {
+                return Some(at);
+            }
+            self.heap.pop();
+        }
+        None
+    }
+
+    /// The ids of the entries whose current deadline is at or before `now`, in id order (the
+    /// order endpoints were discovered).
+    fn pop_due(&mut self, now: Instant, current: impl Fn(u64, Instant) -> bool) -> Vec<u64> {
+        let mut due = Vec::new();
+        while let Some(&Reverse((at, id))) = self.heap.peek() {
+            if at > now {
+                break;
+            }
+            self.heap.pop();
+            if current(id, at) {
+                due.push(id);
+            }
+        }
+        due.sort_unstable();
+        due.dedup();
+        due
+    }
+
+    /// Rebuilds from the current deadlines once the heap holds more than twice as many as there
+    /// are endpoints (each has at most one), so churn cannot grow it without bound. The rebuild
+    /// is O(n) and comes at most once per n stale deadlines.
+    fn compact(&mut self, endpoints: usize, current: impl FnOnce() -> Vec<(Instant, u64)>) {
+        if self.heap.len() > 2 * endpoints + 64 {
+            self.heap = current().into_iter().map(Reverse).collect();
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -208,6 +267,8 @@ where
                 notifier: Arc::new(Notifier::new()),
                 registry,
                 entries: HashMap::new(),
+                keys: HashMap::new(),
+                deadlines: Deadlines::default(),
                 ejected: 0,
                 refused: 0,
                 queue: VecDeque::new(),
@@ -327,6 +388,7 @@ where
         self.seed_rtt(&endpoint);
         self.queue
             .push_back(Change::Insert(key.clone(), endpoint.clone()));
+        self.keys.insert(id, key.clone());
         self.entries.insert(
             key,
             Entry {
@@ -351,6 +413,7 @@ where
             return;
         };
         self.registry.remove(entry.id);
+        self.keys.remove(&entry.id);
         self.refused -= usize::from(entry.refused);
         match entry.status {
             Status::Available | Status::Trial { .. } => {
@@ -434,10 +497,22 @@ where
             return;
         }
         self.timers_changed = false;
+        let (entries, keys) = (&self.entries, &self.keys);
+        let current = |id: u64, at: Instant| {
+            keys.get(&id)
+                .and_then(|key| entries.get(key))
+                .is_some_and(|e| e.status.deadline() == Some(at))
+        };
+        self.deadlines.compact(entries.len(), || {
+            entries
+                .values()
+                .filter_map(|e| Some((e.status.deadline()?, e.id)))
+                .collect()
+        });
         let next = self
-            .entries
-            .values()
-            .filter_map(|e| e.status.deadline())
+            .deadlines
+            .next(current)
+            .into_iter()
             .chain(self.fleet.iter().map(|f| f.next))
             .min();
         if next == self.timer_at {
@@ -548,6 +623,7 @@ where
         let delay = schedule.delay(entry.failed_checks);
         let next_check = later(Instant::now(), delay);
         entry.status = Status::Ejected { next_check };
+        self.deadlines.push(next_check, entry.id);
         entry.schedule = Some(schedule);
         entry.ejected_by = policy;
         self.ejected += 1;
@@ -584,7 +660,18 @@ where
     fn fire_due(&mut self) {
         let now = Instant::now();
         self.evaluate_fleet(now);
-        let due = self.keys_where(|e| e.status.deadline().is_some_and(|d| d <= now));
+        let (entries, keys) = (&self.entries, &self.keys);
+        let current = |id: u64, at: Instant| {
+            keys.get(&id)
+                .and_then(|key| entries.get(key))
+                .is_some_and(|e| e.status.deadline() == Some(at))
+        };
+        let due: Vec<K> = self
+            .deadlines
+            .pop_due(now, current)
+            .into_iter()
+            .filter_map(|id| self.keys.get(&id).cloned())
+            .collect();
         self.timers_changed = true;
         for key in due {
             let Some(entry) = self.entries.get_mut(&key) else {
@@ -618,6 +705,7 @@ where
                 entry.trial_breached = true;
             }
             entry.status = Status::Trial { until };
+            self.deadlines.push(until, entry.id);
             self.timers_changed = true;
             tracing::info!(
                 target: "tower_outlier",
@@ -638,6 +726,7 @@ where
         entry.trial_calls = entry.trial_calls.saturating_add(seen);
         if entry.trial_calls < needed {
             entry.status = Status::Trial { until };
+            self.deadlines.push(until, entry.id);
             self.timers_changed = true;
             tracing::debug!(
                 target: "tower_outlier",
@@ -735,6 +824,7 @@ where
                 .map_or(Duration::from_secs(10), |s| s.delay(entry.failed_checks));
             let next_check = later(Instant::now(), delay);
             entry.status = Status::Ejected { next_check };
+            self.deadlines.push(next_check, entry.id);
             self.timers_changed = true;
             tracing::info!(
                 target: "tower_outlier",
@@ -766,6 +856,9 @@ where
         };
         let next = status.deadline();
         entry.status = status;
+        if let Some(at) = next {
+            self.deadlines.push(at, entry.id);
+        }
         self.ejected -= 1;
         self.timers_changed = true;
         tracing::info!(

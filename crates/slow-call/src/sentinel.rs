@@ -421,7 +421,6 @@ fn show_json(value: &Value) -> String {
     clip(value.to_string())
 }
 
-
 /// Why Sentinel degrade rules could not be read: malformed JSON, a top level that is not an array,
 /// an element that is not an object, or a field that is missing, of the wrong type or out of range
 /// (which carries a [`ConfigError`] naming the field as Sentinel spells it).
@@ -591,8 +590,8 @@ impl std::error::Error for RuleError {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tower_outlier_core::text::MAX_SHOWN_CHARS;
     use crate::config::Strategy;
+    use tower_outlier_core::text::MAX_SHOWN_CHARS;
 
     /// The seed's walk-through rule, as the dashboard would store it.
     const SEED_RULE: &str = r#"[{"resource":"/testD","limitApp":"default","grade":0,"count":500,"timeWindow":10,"minRequestAmount":5,"statIntervalMs":1000,"slowRatioThreshold":1.0}]"#;
