@@ -6,8 +6,7 @@
 //! picks an endpoint, so no request is routed by a stale set). Recovery checks and trial ends run
 //! on one tokio timer set to the earliest deadline.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
@@ -25,6 +24,7 @@ use tower_outlier_core::{
     Budget, Clock, EndpointRecord, FleetMember, Notifier, Policy, Reason, RecoverySchedule,
 };
 
+use crate::deadlines::Deadlines;
 use crate::endpoint::{Endpoint, HasRecord, Shared};
 use crate::monitor::{EndpointStatus, Registry, Tracked};
 use crate::probe::Probe;
@@ -94,61 +94,6 @@ fn later(at: Instant, delay: Duration) -> Instant {
     at.checked_add(delay.min(FAR))
         .or_else(|| at.checked_add(Duration::from_secs(3600)))
         .unwrap_or(at)
-}
-
-/// The deadlines of trials and recovery checks, earliest first, each with its entry's id.
-///
-/// A deadline is never removed when its entry's status changes or the entry goes: a popped
-/// deadline counts only if its entry still has it. Setting one is O(log n), and a wake-up costs
-/// O(log n) per deadline it finds due, however many endpoints there are. Stale deadlines are
-/// dropped wholesale when they outnumber the live ones.
-#[derive(Default)]
-struct Deadlines {
-    heap: BinaryHeap<Reverse<(Instant, u64)>>,
-}
-
-impl Deadlines {
-    fn push(&mut self, at: Instant, id: u64) {
-        self.heap.push(Reverse((at, id)));
-    }
-
-    /// The earliest deadline that is still current, dropping stale ones on the way.
-    fn next(&mut self, current: impl Fn(u64, Instant) -> bool) -> Option<Instant> {
-        while let Some(&Reverse((at, id))) = self.heap.peek() {
-            if current(id, at) {
-                return Some(at);
-            }
-            self.heap.pop();
-        }
-        None
-    }
-
-    /// The ids of the entries whose current deadline is at or before `now`, in id order (the
-    /// order endpoints were discovered).
-    fn pop_due(&mut self, now: Instant, current: impl Fn(u64, Instant) -> bool) -> Vec<u64> {
-        let mut due = Vec::new();
-        while let Some(&Reverse((at, id))) = self.heap.peek() {
-            if at > now {
-                break;
-            }
-            self.heap.pop();
-            if current(id, at) {
-                due.push(id);
-            }
-        }
-        due.sort_unstable();
-        due.dedup();
-        due
-    }
-
-    /// Rebuilds from the current deadlines once the heap holds more than twice as many as there
-    /// are endpoints (each has at most one), so churn cannot grow it without bound. The rebuild
-    /// is O(n) and comes at most once per n stale deadlines.
-    fn compact(&mut self, endpoints: usize, current: impl FnOnce() -> Vec<(Instant, u64)>) {
-        if self.heap.len() > 2 * endpoints + 64 {
-            self.heap = current().into_iter().map(Reverse).collect();
-        }
-    }
 }
 
 #[derive(Clone, Copy)]

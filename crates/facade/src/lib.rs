@@ -46,6 +46,7 @@
 //! authoritative; time comes from tokio (or the [`Clock`] you choose); bad configuration is a
 //! [`ConfigError`].
 
+mod deadlines;
 mod discover;
 mod endpoint;
 mod future;
