@@ -38,7 +38,7 @@ impl ErrorRateConfig {
         ErrorRateBuilder::default()
     }
 
-    /// HSF's defaults (seed 001): window 10 s, at least 10 calls, error rate above 0.5, at most
+    /// HSF's documented defaults: window 10 s, at least 10 calls, error rate above 0.5, at most
     /// 20 % ejected and at least one when that rounds to zero, recovery unit 60 s capped at 60
     /// units. HSF ships with `qosEnabled = false`; this preset is enabled, because a user who adds
     /// the layer wants it on.
@@ -46,8 +46,8 @@ impl ErrorRateConfig {
         ErrorRateBuilder::default()
     }
 
-    /// EDAS defaults for Spring Cloud and Dubbo other than 2.7 (seed 000): window 10 s, error rate
-    /// above 50 %, at most 20 % ejected and none when that rounds to zero, recovery unit 30 s
+    /// EDAS's documented defaults for Spring Cloud and Dubbo other than 2.7: window 10 s, error
+    /// rate above 50 %, at most 20 % ejected and none when that rounds to zero, recovery unit 30 s
     /// capped at 20 units (checks every 10 min once capped). The minimum is "QPS lower bound ×
     /// window"; with a lower bound of 1 QPS that is 10 calls.
     pub fn edas_spring_cloud() -> ErrorRateBuilder {
@@ -143,7 +143,8 @@ impl ErrorRateBuilder {
         self
     }
 
-    /// The statistics window (`timeWindowInSeconds`). At least 1 ms.
+    /// The statistics window (`timeWindowInSeconds`). At least 1 ms; the window is kept in
+    /// nanoseconds, so one longer than 2⁶⁴ − 1 ns (about 584 years) covers only that long.
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
@@ -228,7 +229,7 @@ mod tests {
     use tower_outlier_core::BudgetFloor;
 
     #[test]
-    fn presets_carry_the_seeds_defaults() {
+    fn presets_carry_the_documented_defaults() {
         let hsf = ErrorRateConfig::hsf().build().unwrap();
         assert_eq!(hsf.window(), Duration::from_secs(10));
         assert_eq!(hsf.min_calls(), 10);

@@ -9,9 +9,14 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde_json::Value;
+use tower_outlier_core::text::{clip, name};
 use tower_outlier_core::ConfigError;
 
 use crate::config::ErrorRateConfig;
+
+mod document;
+
+use document::Node;
 
 /// The name of the application-level block.
 const APPLICATION_BLOCK: &str = "DEFAULT";
@@ -19,9 +24,9 @@ const APPLICATION_BLOCK: &str = "DEFAULT";
 /// The prefix of the `-D` parameters this module reads.
 const PROPERTY_PREFIX: &str = "hsf.qos.";
 
-/// Values are shown in errors up to this many characters, so that a whole misplaced document does
-/// not end up in one log line.
-const MAX_SHOWN_CHARS: usize = 80;
+/// The longest window `timeWindowInSeconds` may set: the window is kept in nanoseconds in a `u64`,
+/// so this is `(2⁶⁴ − 1) ns` in whole seconds, about 584 years.
+const MAX_WINDOW_SECONDS: u64 = u64::MAX / 1_000_000_000;
 
 /// HSF's outlier-instance-removal configuration: the `"DEFAULT"` and per-service blocks of the
 /// configuration-center JSON, over the process-level `-D` parameters.
@@ -39,7 +44,7 @@ const MAX_SHOWN_CHARS: usize = 80;
 /// | JSON key | `-D` parameter | builder setting | allowed | HSF default |
 /// |---|---|---|---|---|
 /// | `qosEnabled` | `hsf.qos.enable` | [`enabled`](crate::ErrorRateBuilder::enabled) | `true` / `false` | **false** |
-/// | `timeWindowInSeconds` | `hsf.qos.time.window.in.seconds` | [`window`](crate::ErrorRateBuilder::window) | integer ≥ 1 (s) | 10 s |
+/// | `timeWindowInSeconds` | `hsf.qos.time.window.in.seconds` | [`window`](crate::ErrorRateBuilder::window) | integer 1 to 18 446 744 073 (s, about 584 years) | 10 s |
 /// | `requestThreshold` | `hsf.qos.request.threshold` | [`min_calls`](crate::ErrorRateBuilder::min_calls) | integer ≥ 1 | 10 |
 /// | `errorRateThreshold` | `hsf.qos.error.rate.threshold` | [`error_rate_threshold`](crate::ErrorRateBuilder::error_rate_threshold) | `[0, 1]` | 0.5 |
 /// | `maxIsolationRate` | `hsf.qos.max.isolation.rate` | [`max_ejection_ratio`](crate::ErrorRateBuilder::max_ejection_ratio) | `[0, 1]` | 0.2 |
@@ -59,9 +64,9 @@ const MAX_SHOWN_CHARS: usize = 80;
 ///
 /// So a service block that sets only `errorRateThreshold` still takes every other key from
 /// `"DEFAULT"`, and a `"DEFAULT"` block that omits `isolationTime` still gets it from `-D` or from
-/// the built-in 60 s. This is what the seed states ("service-level configuration takes precedence
-/// over application-level", "the configuration center takes precedence over -D parameters"),
-/// applied key by key.
+/// the built-in 60 s. This is HSF's documented precedence ("service-level configuration takes
+/// precedence over application-level", "the configuration center takes precedence over -D
+/// parameters"), applied key by key.
 ///
 /// The one built-in default that differs from [`ErrorRateConfig::hsf`] is `qosEnabled`: HSF ships
 /// with it `false`, so when no layer sets `qosEnabled` (or `-Dhsf.qos.enable`) the resolved
@@ -74,8 +79,11 @@ const MAX_SHOWN_CHARS: usize = 80;
 /// Validation happens when the text is read, for every block, whether or not it is ever resolved.
 /// An error names the key as written and qualified by its block (`DEFAULT.errorRateThreshold`,
 /// `com.foo.Service:1.0.0.isolationTime`, `-Dhsf.qos.isolation.time`), the value as given (JSON
-/// re-serialised, so `1e30` shows as `1e+30`; longer than 80 characters, clipped) and the allowed
-/// range. Nothing is silently coerced or defaulted:
+/// re-serialised, so `1e30` shows as `1e+30`) and the allowed range. In the message, names and
+/// values longer than 80 characters are clipped, and names holding control characters (a newline,
+/// a terminal escape) are quoted and escaped, so that no input can flood or forge a log line;
+/// [`HsfConfigError::key`] still returns the key as written. Nothing is silently coerced or
+/// defaulted:
 ///
 /// * Numbers must be JSON numbers. A quoted number such as `"0.5"` is rejected with a type error,
 ///   although HSF's Java reader may coerce it: a config center entry whose numbers are strings was
@@ -87,12 +95,14 @@ const MAX_SHOWN_CHARS: usize = 80;
 ///   key (omit the key to inherit it).
 /// * A block that is not an object, a top level that is not an object, and malformed JSON are
 ///   errors; the last carries serde_json's message with its line and column.
+/// * A block given twice at the top level, or a key given twice in one block, is an error naming
+///   it (see [`from_json`](Self::from_json)).
 ///
 /// Unknown keys (including misspelt ones — keys are case-sensitive) are ignored so that
 /// configurations written for newer HSF versions still load, but they are listed by
-/// [`HsfQosConfig::ignored_keys`] so they can be logged. When a block repeats a key, the last value
-/// wins (serde_json's behaviour). Block names are not checked against the `service:version`
-/// format: any key other than `"DEFAULT"` is a service, looked up by exact string.
+/// [`HsfQosConfig::ignored_keys`] so they can be logged. Block names are not checked against the
+/// `service:version` format: any key other than `"DEFAULT"` is a service, looked up by exact
+/// string.
 ///
 /// # Kept but without effect
 ///
@@ -118,7 +128,16 @@ impl HsfQosConfig {
     /// is an error naming the qualified key (`DEFAULT.errorRateThreshold`), the value and the
     /// allowed range. A leading byte-order mark is skipped.
     ///
-    /// The seed's application-level example:
+    /// Names must be unique where this reader interprets them: a block name given twice at the
+    /// top level, or a key given twice within one block, is an error naming it (`DEFAULT`,
+    /// `DEFAULT.qosEnabled`), even when both values are equal. Plain JSON parsers keep the last
+    /// value silently, which for a repeated block would drop every key of the first one. Inside
+    /// the values themselves (say, an unknown key holding an object) repeats are not checked.
+    /// Malformed JSON is reported before a duplicate; otherwise errors come in the order of the
+    /// blocks' names: a duplicate block first, then, block by block, a duplicate key and then
+    /// the values.
+    ///
+    /// The application-level example from HSF's documentation:
     ///
     /// ```
     /// use std::time::Duration;
@@ -146,27 +165,48 @@ impl HsfQosConfig {
     ///     "invalid HSF QoS configuration: `DEFAULT.errorRateThreshold` = 1.5 \
     ///      (allowed: a JSON number in [0, 1])"
     /// );
+    ///
+    /// // So is a block given twice (a plain JSON parser would drop the first one).
+    /// let error = HsfQosConfig::from_json(
+    ///     r#"{ "DEFAULT": { "qosEnabled": true }, "DEFAULT": { "timeWindowInSeconds": 5 } }"#,
+    /// )
+    /// .unwrap_err();
+    /// assert_eq!(error.key(), Some("DEFAULT"));
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "invalid HSF QoS configuration: block `DEFAULT` is given more than once"
+    /// );
     /// # Ok::<(), tower_outlier_ejection::HsfConfigError>(())
     /// ```
     pub fn from_json(text: &str) -> Result<Self, HsfConfigError> {
         // Config centers and editors on Windows sometimes prepend a BOM, which serde_json rejects.
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let document: Value = serde_json::from_str(text).map_err(HsfConfigError::syntax)?;
+        let document = document::parse(text).map_err(HsfConfigError::syntax)?;
         let blocks = match document {
-            Value::Object(blocks) => blocks,
-            other => return Err(HsfConfigError::top_level(&other)),
+            Node::Object {
+                duplicate: Some(block_name),
+                ..
+            } => return Err(HsfConfigError::duplicate(&block_name, None)),
+            Node::Object { entries, .. } => entries,
+            Node::Other(other) => return Err(HsfConfigError::top_level(&other)),
         };
         let mut config = HsfQosConfig::default();
         for (block_name, block) in &blocks {
             let entries = match block {
-                Value::Object(entries) => entries,
-                other => {
-                    return Err(ConfigError::new(
-                        block_name.as_str(),
-                        show_json(other),
-                        "a JSON object of QoS keys",
-                    )
-                    .into())
+                Node::Object {
+                    duplicate: Some(key_name),
+                    ..
+                } => return Err(HsfConfigError::duplicate(block_name, Some(key_name))),
+                Node::Object { entries, .. } => entries,
+                Node::Other(other) => {
+                    return Err(HsfConfigError::invalid(
+                        ConfigError::new(
+                            block_name.as_str(),
+                            show_json(other),
+                            "a JSON object of QoS keys",
+                        ),
+                        name(block_name),
+                    ))
                 }
             };
             let target = if block_name == APPLICATION_BLOCK {
@@ -179,13 +219,11 @@ impl HsfQosConfig {
                 match Key::from_json(key_name) {
                     Some(key) => {
                         if !target.apply(key, raw) {
-                            return Err(ConfigError::new(
-                                key_name.as_str(),
-                                raw.show(),
-                                key.allowed(raw),
-                            )
-                            .within(block_name)
-                            .into());
+                            return Err(HsfConfigError::invalid(
+                                ConfigError::new(key_name.as_str(), raw.show(), key.allowed(raw))
+                                    .within(block_name),
+                                qualified(block_name, key_name),
+                            ));
                         }
                     }
                     None => config.ignored.push(format!("{block_name}.{key_name}")),
@@ -226,7 +264,7 @@ impl HsfQosConfig {
     /// assert_eq!(config.recovery().unit(), Duration::from_secs(30));
     /// assert_eq!(config.min_calls(), 50);
     ///
-    /// // The seed's application-level example overrides them where it sets the same key.
+    /// // HSF's documented application-level example overrides them where it sets the same key.
     /// let config = HsfQosConfig::from_json(
     ///     r#"{ "DEFAULT": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2, "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10, "ipDimension":true } }"#,
     /// )?
@@ -285,7 +323,7 @@ impl HsfQosConfig {
     /// `"DEFAULT"` over the `-D` parameters over HSF's built-in defaults, key by key. A service
     /// without a block of its own gets the [application-level](Self::application) configuration.
     ///
-    /// The seed's service-level example:
+    /// The service-level example from HSF's documentation:
     ///
     /// ```
     /// use std::time::Duration;
@@ -324,7 +362,8 @@ impl HsfQosConfig {
     /// The keys that were read but not understood, qualified as in errors
     /// (`DEFAULT.someNewKey`, `-Dhsf.qos.some.new.key`), in the order they were read (blocks in
     /// sorted order, then `-D` parameters). They had no effect; log them, since a misspelt key
-    /// lands here too.
+    /// lands here too. They are as written, neither clipped nor escaped: to log names from an
+    /// untrusted source, show each through [`tower_outlier_core::text::name`].
     pub fn ignored_keys(&self) -> &[String] {
         &self.ignored
     }
@@ -422,9 +461,10 @@ impl Block {
             ),
             Key::QosEnabled => store(&mut self.qos_enabled, raw.flag()),
             Key::RequestThreshold => store(&mut self.request_threshold, raw.integer(u64::MAX)),
-            Key::TimeWindowInSeconds => {
-                store(&mut self.time_window_in_seconds, raw.integer(u64::MAX))
-            }
+            Key::TimeWindowInSeconds => store(
+                &mut self.time_window_in_seconds,
+                raw.integer(MAX_WINDOW_SECONDS),
+            ),
             Key::IpDimension => store(&mut self.ip_dimension, raw.flag()),
             Key::BizExceptionPredicateClassName => store(
                 &mut self.biz_exception_predicate_class_name,
@@ -494,7 +534,7 @@ impl Key {
             Key::QosEnabled => Some("hsf.qos.enable"),
             Key::RequestThreshold => Some("hsf.qos.request.threshold"),
             Key::TimeWindowInSeconds => Some("hsf.qos.time.window.in.seconds"),
-            // The seed lists no -D parameter for ipDimension.
+            // HSF documents no -D parameter for ipDimension.
             Key::IpDimension => None,
             Key::BizExceptionPredicateClassName => Some("hsf.qos.biz.exception.class.name"),
         }
@@ -526,7 +566,7 @@ impl Key {
             Key::IsolationTime => integer(u64::MAX, ", in milliseconds"),
             Key::MaxIsolationTimeMultiple => integer(u64::from(u32::MAX), ""),
             Key::RequestThreshold => integer(u64::MAX, ""),
-            Key::TimeWindowInSeconds => integer(u64::MAX, ", in seconds"),
+            Key::TimeWindowInSeconds => integer(MAX_WINDOW_SECONDS, ", in seconds"),
             Key::QosEnabled | Key::IpDimension if json => {
                 "true or false (a JSON boolean, unquoted)".to_owned()
             }
@@ -602,20 +642,24 @@ impl Raw<'_> {
     }
 }
 
+/// A JSON value as an error shows it: re-serialised (so strings are quoted and their control
+/// characters escaped) and clipped.
 fn show_json(value: &Value) -> String {
-    let shown = value.to_string();
-    if shown.chars().count() <= MAX_SHOWN_CHARS {
-        shown
-    } else {
-        let mut clipped: String = shown.chars().take(MAX_SHOWN_CHARS).collect();
-        clipped.push('…');
-        clipped
-    }
+    clip(value.to_string())
 }
 
-/// Why HSF configuration could not be read: malformed JSON, a top level that is not an object, or
-/// a value of the wrong type or out of range (which carries a [`ConfigError`] naming the
-/// qualified key).
+/// A key qualified by its block, as an error message shows it: each part clipped and, when it
+/// holds control characters, quoted and escaped.
+fn qualified(block_name: &str, key_name: &str) -> String {
+    format!("{}.{}", name(block_name), name(key_name))
+}
+
+/// Why HSF configuration could not be read: malformed JSON, a top level that is not an object, a
+/// block or key given twice, or a value of the wrong type or out of range (which carries a
+/// [`ConfigError`] naming the qualified key).
+///
+/// The accessors return names as written; the message ([`Display`](fmt::Display)) shows them
+/// clipped to 80 characters and, when they hold control characters, quoted and escaped.
 ///
 /// ```
 /// use tower_outlier_ejection::HsfQosConfig;
@@ -629,6 +673,13 @@ fn show_json(value: &Value) -> String {
 /// let error = HsfQosConfig::from_json("{ \"DEFAULT\": {\n \"qosEnabled\" true } }").unwrap_err();
 /// assert_eq!(error.key(), None);
 /// assert_eq!(error.location(), Some((2, 15)));
+///
+/// let error =
+///     HsfQosConfig::from_json(r#"{ "svc:1.0": { "qosEnabled": true, "qosEnabled": false } }"#)
+///         .unwrap_err();
+/// assert!(error.is_duplicate());
+/// assert_eq!(error.key(), Some("svc:1.0.qosEnabled"));
+/// assert_eq!(error.config_error(), None);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct HsfConfigError {
@@ -645,8 +696,19 @@ enum ErrorKind {
     },
     /// JSON, but not an object.
     TopLevel { shown: String },
-    /// A block or a value that is not what HSF expects.
-    Invalid(ConfigError),
+    /// A block given twice at the top level (`key` is the block's name), or a key given twice in
+    /// one block (`key` is qualified by the block). `shown` is `key` made safe for a message.
+    Duplicate {
+        key: String,
+        shown: String,
+        block: bool,
+    },
+    /// A block or a value that is not what HSF expects; `shown_key` is the error's field made
+    /// safe for a message.
+    Invalid {
+        error: ConfigError,
+        shown_key: String,
+    },
 }
 
 impl HsfConfigError {
@@ -668,20 +730,56 @@ impl HsfConfigError {
         }
     }
 
-    /// The offending key, qualified by its block (`DEFAULT.errorRateThreshold`,
-    /// `svc:1.0.isolationTime`), or the block's name when the block itself is not an object, or
-    /// the `-D` parameter (`-Dhsf.qos.isolation.time`). `None` when the text is not JSON or its top
-    /// level is not an object.
+    /// `block_name` given twice, or, with `key_name`, that key given twice in `block_name`.
+    fn duplicate(block_name: &str, key_name: Option<&str>) -> Self {
+        let (key, shown) = match key_name {
+            None => (block_name.to_owned(), name(block_name)),
+            Some(key_name) => (
+                format!("{block_name}.{key_name}"),
+                qualified(block_name, key_name),
+            ),
+        };
+        HsfConfigError {
+            kind: ErrorKind::Duplicate {
+                key,
+                shown,
+                block: key_name.is_none(),
+            },
+        }
+    }
+
+    /// `error`, whose field the message shows as `shown_key`.
+    fn invalid(error: ConfigError, shown_key: String) -> Self {
+        HsfConfigError {
+            kind: ErrorKind::Invalid { error, shown_key },
+        }
+    }
+
+    /// The offending key as written, qualified by its block (`DEFAULT.errorRateThreshold`,
+    /// `svc:1.0.isolationTime`), or the block's name when the block itself is not an object or is
+    /// given twice, or the `-D` parameter (`-Dhsf.qos.isolation.time`). `None` when the text is
+    /// not JSON or its top level is not an object.
     pub fn key(&self) -> Option<&str> {
-        self.config_error().map(ConfigError::field)
+        match &self.kind {
+            ErrorKind::Invalid { error, .. } => Some(error.field()),
+            ErrorKind::Duplicate { key, .. } => Some(key),
+            ErrorKind::Syntax { .. } | ErrorKind::TopLevel { .. } => None,
+        }
     }
 
     /// The key, value and allowed range, when one value (or block) is at fault.
     pub fn config_error(&self) -> Option<&ConfigError> {
         match &self.kind {
-            ErrorKind::Invalid(error) => Some(error),
-            ErrorKind::Syntax { .. } | ErrorKind::TopLevel { .. } => None,
+            ErrorKind::Invalid { error, .. } => Some(error),
+            ErrorKind::Syntax { .. } | ErrorKind::TopLevel { .. } | ErrorKind::Duplicate { .. } => {
+                None
+            }
         }
+    }
+
+    /// Whether the error is a block or a key given more than once; [`key`](Self::key) names it.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self.kind, ErrorKind::Duplicate { .. })
     }
 
     /// Where malformed JSON went wrong, as serde_json reports it: 1-based line and column.
@@ -689,7 +787,9 @@ impl HsfConfigError {
     pub fn location(&self) -> Option<(usize, usize)> {
         match &self.kind {
             ErrorKind::Syntax { line, column, .. } => Some((*line, *column)),
-            ErrorKind::TopLevel { .. } | ErrorKind::Invalid(_) => None,
+            ErrorKind::TopLevel { .. }
+            | ErrorKind::Duplicate { .. }
+            | ErrorKind::Invalid { .. } => None,
         }
     }
 }
@@ -698,9 +798,8 @@ impl From<ConfigError> for HsfConfigError {
     /// Wraps a configuration error, so that `?` can mix [`HsfQosConfig::from_json`] with
     /// [`HsfQosConfig::application`] and [`HsfQosConfig::service`].
     fn from(error: ConfigError) -> Self {
-        HsfConfigError {
-            kind: ErrorKind::Invalid(error),
-        }
+        let shown_key = name(error.field());
+        HsfConfigError::invalid(error, shown_key)
     }
 }
 
@@ -715,10 +814,14 @@ impl fmt::Display for HsfConfigError {
                 "invalid HSF QoS configuration: the top level is {shown} (allowed: a JSON object \
                  of blocks keyed \"DEFAULT\" or \"service:version\")"
             ),
-            ErrorKind::Invalid(error) => write!(
+            ErrorKind::Duplicate { shown, block, .. } => write!(
                 f,
-                "invalid HSF QoS configuration: `{}` = {} (allowed: {})",
-                error.field(),
+                "invalid HSF QoS configuration: {} `{shown}` is given more than once",
+                if *block { "block" } else { "key" }
+            ),
+            ErrorKind::Invalid { error, shown_key } => write!(
+                f,
+                "invalid HSF QoS configuration: `{shown_key}` = {} (allowed: {})",
                 error.value(),
                 error.allowed()
             ),
@@ -730,552 +833,4 @@ impl fmt::Display for HsfConfigError {
 impl std::error::Error for HsfConfigError {}
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tower_outlier_core::BudgetFloor;
-
-    /// The seed's application-level example, verbatim.
-    const APPLICATION_SAMPLE: &str = r#"{ "DEFAULT": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2, "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10, "ipDimension":true } }"#;
-
-    /// The seed's service-level example, verbatim.
-    const SERVICE_SAMPLE: &str = r#"{ "DEFAULT": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2, "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10 }, "service:version": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2, "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10 } }"#;
-
-    fn assert_seed_values(config: &ErrorRateConfig) {
-        assert!(config.enabled());
-        assert_eq!(config.error_rate_threshold(), 0.5);
-        assert_eq!(config.recovery().unit(), Duration::from_millis(60_000));
-        assert_eq!(config.budget().max_ratio(), 0.2);
-        assert_eq!(config.budget().floor(), BudgetFloor::One);
-        assert_eq!(config.recovery().max_multiple(), 15);
-        assert_eq!(config.min_calls(), 20);
-        assert_eq!(config.window(), Duration::from_secs(10));
-    }
-
-    fn error_of(json: &str) -> HsfConfigError {
-        match HsfQosConfig::from_json(json) {
-            Ok(config) => panic!("{json} was accepted as {config:?}"),
-            Err(error) => error,
-        }
-    }
-
-    /// The error names `key`, shows `value` and states an allowed range, in Display and in the
-    /// accessors.
-    fn assert_invalid(json: &str, key: &str, value: &str) {
-        let error = error_of(json);
-        assert_eq!(error.key(), Some(key), "{json}: {error}");
-        let detail = error.config_error().expect("a value error");
-        assert_eq!(detail.value(), value, "{json}: {error}");
-        let message = error.to_string();
-        assert!(message.contains(&format!("`{key}`")), "{message}");
-        assert!(message.contains(&format!("= {value} ")), "{message}");
-        assert!(
-            message.contains(&format!("(allowed: {})", detail.allowed())),
-            "{message}"
-        );
-        assert!(!detail.allowed().is_empty());
-    }
-
-    #[test]
-    fn application_sample_resolves_to_the_seed_values() {
-        let hsf = HsfQosConfig::from_json(APPLICATION_SAMPLE).unwrap();
-        assert_seed_values(&hsf.application().unwrap());
-        assert_eq!(hsf.services().count(), 0);
-        assert!(hsf.ignored_keys().is_empty());
-        assert_eq!(hsf.ip_dimension("DEFAULT"), Some(true));
-        assert_eq!(hsf.biz_exception_predicate_class_name("DEFAULT"), None);
-        // A service without a block inherits the application level.
-        assert_eq!(hsf.service("any:1.0").unwrap(), hsf.application().unwrap());
-    }
-
-    #[test]
-    fn service_sample_resolves_to_the_seed_values() {
-        let hsf: HsfQosConfig = SERVICE_SAMPLE.parse().unwrap();
-        assert_eq!(hsf.services().collect::<Vec<_>>(), ["service:version"]);
-        assert_seed_values(&hsf.application().unwrap());
-        assert_seed_values(&hsf.service("service:version").unwrap());
-        assert_eq!(hsf.ip_dimension("service:version"), None);
-        assert!(hsf.ignored_keys().is_empty());
-    }
-
-    #[test]
-    fn service_level_wins_key_by_key() {
-        let hsf = HsfQosConfig::from_json(
-            r#"{
-                "DEFAULT": { "qosEnabled": true, "errorRateThreshold": 0.5, "requestThreshold": 20,
-                             "bizExceptionPredicateClassName": "com.foo.AppPredicate" },
-                "com.foo.Service:1.0.0": { "errorRateThreshold": 0.3, "isolationTime": 5000 },
-                "com.foo.Off:1.0.0": { "qosEnabled": false }
-            }"#,
-        )
-        .unwrap();
-        let service = hsf.service("com.foo.Service:1.0.0").unwrap();
-        assert!(service.enabled());
-        assert_eq!(service.error_rate_threshold(), 0.3);
-        assert_eq!(service.recovery().unit(), Duration::from_secs(5));
-        assert_eq!(service.min_calls(), 20);
-        // Neither block sets these: HSF's built-in defaults.
-        assert_eq!(service.window(), Duration::from_secs(10));
-        assert_eq!(service.budget().max_ratio(), 0.2);
-        assert_eq!(service.recovery().max_multiple(), 60);
-        assert_eq!(
-            hsf.biz_exception_predicate_class_name("com.foo.Service:1.0.0"),
-            Some("com.foo.AppPredicate")
-        );
-
-        assert!(!hsf.service("com.foo.Off:1.0.0").unwrap().enabled());
-        let application = hsf.application().unwrap();
-        assert_eq!(application.error_rate_threshold(), 0.5);
-        assert_eq!(application.recovery().unit(), Duration::from_secs(60));
-        assert_eq!(
-            hsf.services().collect::<Vec<_>>(),
-            ["com.foo.Off:1.0.0", "com.foo.Service:1.0.0"]
-        );
-    }
-
-    #[test]
-    fn qos_is_disabled_unless_some_layer_enables_it() {
-        let hsf = HsfQosConfig::from_json(
-            r#"{ "DEFAULT": { "errorRateThreshold": 0.4 }, "svc:1": { "requestThreshold": 5 } }"#,
-        )
-        .unwrap();
-        assert!(!hsf.application().unwrap().enabled());
-        assert!(!hsf.service("svc:1").unwrap().enabled());
-
-        let empty = HsfQosConfig::default();
-        let expected = ErrorRateConfig::hsf().enabled(false).build().unwrap();
-        assert_eq!(empty.application().unwrap(), expected);
-        assert_eq!(HsfQosConfig::from_json("{}").unwrap(), empty);
-
-        let enabled_by_service =
-            HsfQosConfig::from_json(r#"{ "svc:1": { "qosEnabled": true } }"#).unwrap();
-        assert!(enabled_by_service.service("svc:1").unwrap().enabled());
-        assert!(!enabled_by_service.application().unwrap().enabled());
-    }
-
-    #[test]
-    fn process_properties_sit_below_default() {
-        let properties = [
-            ("hsf.qos.enable", "TRUE"),
-            ("hsf.qos.time.window.in.seconds", "20"),
-            ("hsf.qos.request.threshold", "30"),
-            ("hsf.qos.error.rate.threshold", "0.25"),
-            ("hsf.qos.max.isolation.rate", " 0.6 "),
-            ("hsf.qos.isolation.time", "30000"),
-            ("-Dhsf.qos.max.isolation.time.multiple", "20"),
-            ("hsf.qos.biz.exception.class.name", "com.foo.Predicate"),
-            ("java.version", "17"),
-            ("hsf.qos.future.knob", "1"),
-        ];
-        let only_d = HsfQosConfig::default()
-            .with_process_properties(properties)
-            .unwrap();
-        let config = only_d.application().unwrap();
-        assert!(config.enabled());
-        assert_eq!(config.window(), Duration::from_secs(20));
-        assert_eq!(config.min_calls(), 30);
-        assert_eq!(config.error_rate_threshold(), 0.25);
-        assert_eq!(config.budget().max_ratio(), 0.6);
-        assert_eq!(config.recovery().unit(), Duration::from_secs(30));
-        assert_eq!(config.recovery().max_multiple(), 20);
-        assert_eq!(
-            only_d.biz_exception_predicate_class_name("DEFAULT"),
-            Some("com.foo.Predicate")
-        );
-        assert_eq!(only_d.ignored_keys(), ["-Dhsf.qos.future.knob"]);
-
-        let layered = HsfQosConfig::from_json(
-            r#"{ "DEFAULT": { "qosEnabled": false, "requestThreshold": 20 },
-                 "svc:1": { "requestThreshold": 40, "qosEnabled": true } }"#,
-        )
-        .unwrap()
-        .with_process_properties(properties)
-        .unwrap();
-        let application = layered.application().unwrap();
-        assert!(!application.enabled());
-        assert_eq!(application.min_calls(), 20);
-        assert_eq!(application.window(), Duration::from_secs(20));
-        let service = layered.service("svc:1").unwrap();
-        assert!(service.enabled());
-        assert_eq!(service.min_calls(), 40);
-        assert_eq!(service.error_rate_threshold(), 0.25);
-    }
-
-    #[test]
-    fn later_process_properties_replace_earlier_ones() {
-        let hsf = HsfQosConfig::default()
-            .with_process_properties([
-                ("hsf.qos.request.threshold", "5"),
-                ("hsf.qos.request.threshold", "7"),
-                ("hsf.qos.unknown", "x"),
-            ])
-            .unwrap()
-            .with_process_properties([("hsf.qos.enable", "true"), ("hsf.qos.unknown", "y")])
-            .unwrap();
-        let config = hsf.application().unwrap();
-        assert_eq!(config.min_calls(), 7);
-        assert!(config.enabled());
-        assert_eq!(hsf.ignored_keys(), ["-Dhsf.qos.unknown"]);
-    }
-
-    #[test]
-    fn invalid_process_properties_name_the_parameter() {
-        let cases = [
-            ("hsf.qos.enable", "yes", "\"yes\""),
-            ("hsf.qos.enable", "", "\"\""),
-            ("hsf.qos.isolation.time", "0", "\"0\""),
-            ("hsf.qos.isolation.time", "60000.5", "\"60000.5\""),
-            ("hsf.qos.request.threshold", "-3", "\"-3\""),
-            ("hsf.qos.time.window.in.seconds", "ten", "\"ten\""),
-            ("hsf.qos.error.rate.threshold", "1.5", "\"1.5\""),
-            ("hsf.qos.error.rate.threshold", "NaN", "\"NaN\""),
-            ("hsf.qos.max.isolation.rate", "inf", "\"inf\""),
-            (
-                "hsf.qos.max.isolation.time.multiple",
-                "4294967296",
-                "\"4294967296\"",
-            ),
-            ("hsf.qos.biz.exception.class.name", "  ", "\"  \""),
-        ];
-        for (name, value, shown) in cases {
-            let error = HsfQosConfig::default()
-                .with_process_properties([(name, value)])
-                .unwrap_err();
-            let key = format!("-D{name}");
-            assert_eq!(error.key(), Some(key.as_str()), "{error}");
-            let detail = error.config_error().unwrap();
-            assert_eq!(detail.value(), shown);
-            let message = error.to_string();
-            assert!(
-                message.contains(&format!("`{key}` = {shown} (allowed: ")),
-                "{message}"
-            );
-        }
-    }
-
-    #[test]
-    fn invalid_values_name_the_qualified_key_value_and_range() {
-        let cases: &[(&str, &str, &str)] = &[
-            (
-                r#"{"DEFAULT":{"errorRateThreshold":1.5}}"#,
-                "DEFAULT.errorRateThreshold",
-                "1.5",
-            ),
-            (
-                r#"{"DEFAULT":{"errorRateThreshold":-0.1}}"#,
-                "DEFAULT.errorRateThreshold",
-                "-0.1",
-            ),
-            (
-                r#"{"svc:1.0":{"errorRateThreshold":1e308}}"#,
-                "svc:1.0.errorRateThreshold",
-                "1e+308",
-            ),
-            (
-                r#"{"svc:1.0":{"maxIsolationRate":2}}"#,
-                "svc:1.0.maxIsolationRate",
-                "2",
-            ),
-            (
-                r#"{"DEFAULT":{"errorRateThreshold":"0.5"}}"#,
-                "DEFAULT.errorRateThreshold",
-                "\"0.5\"",
-            ),
-            (
-                r#"{"DEFAULT":{"isolationTime":0}}"#,
-                "DEFAULT.isolationTime",
-                "0",
-            ),
-            (
-                r#"{"DEFAULT":{"isolationTime":-60000}}"#,
-                "DEFAULT.isolationTime",
-                "-60000",
-            ),
-            (
-                r#"{"DEFAULT":{"isolationTime":18446744073709551616}}"#,
-                "DEFAULT.isolationTime",
-                "1.8446744073709552e+19",
-            ),
-            (
-                r#"{"DEFAULT":{"requestThreshold":0}}"#,
-                "DEFAULT.requestThreshold",
-                "0",
-            ),
-            (
-                r#"{"DEFAULT":{"requestThreshold":1e30}}"#,
-                "DEFAULT.requestThreshold",
-                "1e+30",
-            ),
-            (
-                r#"{"DEFAULT":{"timeWindowInSeconds":10.5}}"#,
-                "DEFAULT.timeWindowInSeconds",
-                "10.5",
-            ),
-            (
-                r#"{"DEFAULT":{"timeWindowInSeconds":10.0}}"#,
-                "DEFAULT.timeWindowInSeconds",
-                "10.0",
-            ),
-            (
-                r#"{"DEFAULT":{"timeWindowInSeconds":"10"}}"#,
-                "DEFAULT.timeWindowInSeconds",
-                "\"10\"",
-            ),
-            (
-                r#"{"DEFAULT":{"maxIsolationTimeMultiple":4294967296}}"#,
-                "DEFAULT.maxIsolationTimeMultiple",
-                "4294967296",
-            ),
-            (
-                r#"{"DEFAULT":{"maxIsolationTimeMultiple":0}}"#,
-                "DEFAULT.maxIsolationTimeMultiple",
-                "0",
-            ),
-            (
-                r#"{"DEFAULT":{"qosEnabled":"true"}}"#,
-                "DEFAULT.qosEnabled",
-                "\"true\"",
-            ),
-            (r#"{"DEFAULT":{"qosEnabled":1}}"#, "DEFAULT.qosEnabled", "1"),
-            (
-                r#"{"svc:1.0":{"ipDimension":null}}"#,
-                "svc:1.0.ipDimension",
-                "null",
-            ),
-            (
-                r#"{"DEFAULT":{"requestThreshold":[20]}}"#,
-                "DEFAULT.requestThreshold",
-                "[20]",
-            ),
-            (
-                r#"{"DEFAULT":{"errorRateThreshold":{"value":0.5}}}"#,
-                "DEFAULT.errorRateThreshold",
-                r#"{"value":0.5}"#,
-            ),
-            (
-                r#"{"DEFAULT":{"bizExceptionPredicateClassName":""}}"#,
-                "DEFAULT.bizExceptionPredicateClassName",
-                "\"\"",
-            ),
-            (
-                r#"{"DEFAULT":{"bizExceptionPredicateClassName":42}}"#,
-                "DEFAULT.bizExceptionPredicateClassName",
-                "42",
-            ),
-            // A block that is not an object is named by the block alone.
-            (r#"{"DEFAULT":[1,2]}"#, "DEFAULT", "[1,2]"),
-            (r#"{"svc:1.0":true}"#, "svc:1.0", "true"),
-        ];
-        for (json, key, value) in cases {
-            assert_invalid(json, key, value);
-        }
-    }
-
-    #[test]
-    fn an_invalid_block_fails_even_when_it_is_never_resolved() {
-        let json = r#"{ "DEFAULT": { "qosEnabled": true }, "unused:1.0": { "isolationTime": 0 } }"#;
-        assert_invalid(json, "unused:1.0.isolationTime", "0");
-    }
-
-    #[test]
-    fn top_level_must_be_an_object() {
-        for (json, shown) in [
-            ("[]", "[]"),
-            (r#"[{"DEFAULT":{}}]"#, r#"[{"DEFAULT":{}}]"#),
-            ("null", "null"),
-            ("0.5", "0.5"),
-            (r#""DEFAULT""#, r#""DEFAULT""#),
-        ] {
-            let error = error_of(json);
-            assert_eq!(error.key(), None);
-            assert_eq!(error.config_error(), None);
-            assert_eq!(error.location(), None);
-            let message = error.to_string();
-            assert!(
-                message.contains(&format!("the top level is {shown} (allowed: a JSON object")),
-                "{message}"
-            );
-        }
-    }
-
-    #[test]
-    fn malformed_json_reports_serde_json_position() {
-        let error = error_of("{ \"DEFAULT\": {\n  \"qosEnabled\": tru } }");
-        assert_eq!(error.key(), None);
-        let (line, _) = error.location().unwrap();
-        assert_eq!(line, 2);
-        let message = error.to_string();
-        assert!(message.starts_with("HSF QoS configuration is not valid JSON: "));
-        assert!(message.contains("line 2 column"), "{message}");
-
-        for json in [
-            "",
-            "{",
-            "{\"DEFAULT\":}",
-            "{'DEFAULT':{}}",
-            "{\"DEFAULT\":{\"errorRateThreshold\":1e400}}",
-            "{} trailing",
-        ] {
-            let error = error_of(json);
-            assert!(error.location().is_some(), "{json}: {error}");
-            assert!(error.to_string().contains("line "), "{json}: {error}");
-        }
-    }
-
-    #[test]
-    fn unknown_keys_are_ignored_and_listed() {
-        let hsf = HsfQosConfig::from_json(
-            r#"{ "DEFAULT": { "qosEnabled": true, "errorratethreshold": 0.9, "newKey": [1] },
-                 "svc:1": { "future": {} } }"#,
-        )
-        .unwrap();
-        assert_eq!(
-            hsf.ignored_keys(),
-            [
-                "DEFAULT.errorratethreshold",
-                "DEFAULT.newKey",
-                "svc:1.future"
-            ]
-        );
-        assert_eq!(hsf.application().unwrap().error_rate_threshold(), 0.5);
-    }
-
-    #[test]
-    fn byte_order_mark_is_skipped() {
-        let with_bom = format!("\u{feff}{APPLICATION_SAMPLE}");
-        assert_eq!(
-            HsfQosConfig::from_json(&with_bom).unwrap(),
-            HsfQosConfig::from_json(APPLICATION_SAMPLE).unwrap()
-        );
-    }
-
-    #[test]
-    fn long_values_are_clipped_in_errors() {
-        let long = "x".repeat(500);
-        let json = format!(r#"{{"DEFAULT":{{"isolationTime":"{long}"}}}}"#);
-        let error = error_of(&json);
-        let shown = error.config_error().unwrap().value();
-        assert_eq!(shown.chars().count(), MAX_SHOWN_CHARS + 1);
-        assert!(shown.ends_with('…'));
-    }
-
-    #[test]
-    fn extreme_in_range_values_resolve() {
-        let hsf = HsfQosConfig::from_json(
-            r#"{ "DEFAULT": { "qosEnabled": true, "errorRateThreshold": 0, "maxIsolationRate": 1,
-                 "isolationTime": 18446744073709551615, "maxIsolationTimeMultiple": 4294967295,
-                 "requestThreshold": 18446744073709551615,
-                 "timeWindowInSeconds": 18446744073709551615 } }"#,
-        )
-        .unwrap();
-        let config = hsf.application().unwrap();
-        assert_eq!(config.error_rate_threshold(), 0.0);
-        assert_eq!(config.budget().max_ratio(), 1.0);
-        assert_eq!(config.recovery().max_multiple(), u32::MAX);
-        assert_eq!(config.min_calls(), u64::MAX);
-
-        let minimal = HsfQosConfig::from_json(
-            r#"{ "DEFAULT": { "isolationTime": 1, "maxIsolationTimeMultiple": 1,
-                 "requestThreshold": 1, "timeWindowInSeconds": 1 } }"#,
-        )
-        .unwrap();
-        assert!(minimal.application().is_ok());
-    }
-
-    #[test]
-    fn errors_are_send_sync_and_box_into_dyn_error() {
-        fn assert_send_sync<T: Send + Sync + 'static>() {}
-        assert_send_sync::<HsfConfigError>();
-        assert_send_sync::<HsfQosConfig>();
-
-        fn read(json: &str) -> Result<ErrorRateConfig, Box<dyn std::error::Error + Send + Sync>> {
-            Ok(HsfQosConfig::from_json(json)?.application()?)
-        }
-        assert!(read(APPLICATION_SAMPLE).is_ok());
-        let error = read(r#"{"DEFAULT":{"requestThreshold":0}}"#).unwrap_err();
-        assert!(error.to_string().contains("`DEFAULT.requestThreshold` = 0"));
-
-        let wrapped = HsfConfigError::from(ConfigError::new("min_calls", 0, "at least 1"));
-        assert_eq!(wrapped.key(), Some("min_calls"));
-    }
-
-    #[test]
-    fn no_input_panics() {
-        let samples = [APPLICATION_SAMPLE, SERVICE_SAMPLE];
-        let replacements = [
-            '"', '{', '}', '[', ']', ':', ',', '-', '.', 'e', '0', '\\', ' ',
-        ];
-        for sample in samples {
-            for (index, _) in sample.char_indices() {
-                let _ = HsfQosConfig::from_json(&sample[..index]);
-                for replacement in replacements {
-                    let mut mutated = String::with_capacity(sample.len());
-                    mutated.push_str(&sample[..index]);
-                    mutated.push(replacement);
-                    mutated.push_str(&sample[index + 1..]);
-                    if let Ok(config) = HsfQosConfig::from_json(&mutated) {
-                        let _ = config.application();
-                        for service in config.services() {
-                            let _ = config.service(service);
-                        }
-                    }
-                }
-            }
-        }
-
-        // Deep nesting is refused by serde_json's recursion limit, not by overflowing the stack.
-        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-        assert!(HsfQosConfig::from_json(&deep).is_err());
-        let deep_block = format!(
-            "{{\"DEFAULT\":{{\"x\":{}{}}}}}",
-            "[".repeat(100_000),
-            "]".repeat(100_000)
-        );
-        assert!(HsfQosConfig::from_json(&deep_block).is_err());
-
-        // A small deterministic generator over JSON-ish tokens.
-        let tokens = [
-            "{",
-            "}",
-            "[",
-            "]",
-            ":",
-            ",",
-            "\"DEFAULT\"",
-            "\"svc:1\"",
-            "\"qosEnabled\"",
-            "\"isolationTime\"",
-            "\"errorRateThreshold\"",
-            "true",
-            "null",
-            "0",
-            "-1",
-            "1.5",
-            "1e999",
-            "\"x\"",
-            " ",
-        ];
-        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
-        for _ in 0..5_000 {
-            let mut text = String::new();
-            for _ in 0..(state % 24) {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                text.push_str(tokens[(state % tokens.len() as u64) as usize]);
-            }
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            if let Ok(config) = HsfQosConfig::from_json(&text) {
-                let _ = config.application();
-            }
-        }
-
-        let _ = HsfQosConfig::default().with_process_properties([
-            ("hsf.qos.isolation.time", "\u{0}"),
-            ("hsf.qos.enable", "\u{feff}true"),
-            ("", ""),
-            ("-D", "x"),
-        ]);
-    }
-}
+mod tests;
