@@ -134,10 +134,12 @@ async fn an_average_of_zero_means_every_counted_endpoint_is_healthy() {
 async fn endpoints_under_the_least_count_are_not_judged_nor_averaged() {
     let layer = layer(seed());
     let mut h = Harness::new(&layer, 10);
-    // Endpoint 0 fails every call but makes only 29: not counted. Endpoint 1 has one failure in
-    // 30; with 0 out of the average, 1's rate (1/30) over the average (1/270) is 9 ≥ 6.
+    // Endpoint 0 fails every call but makes only 29: not counted. Endpoint 1 has two failures in
+    // 30; with 0 out of the average, 1's rate (2/30 → 0.07, SOFARPC rounds to hundredths) over
+    // the average (2/270 → 0.01) is 7 ≥ 6. Had endpoint 0 been averaged in, the average would
+    // have been (29 + 2)/299 → 0.10 and nothing abnormal.
     h.calls(0, 29, 0).await;
-    h.calls(1, 1, 29).await;
+    h.calls(1, 2, 28).await;
     for id in 2..10 {
         h.calls(id, 0, 30).await;
     }

@@ -13,9 +13,6 @@ use tower_outlier_core::ConfigError;
 
 use crate::config::{BreakerBuilder, BreakerConfig};
 
-/// Values are shown in errors up to this many characters, so that a whole misplaced document does
-/// not end up in one log line.
-
 /// Sentinel keeps `grade`, `timeWindow`, `minRequestAmount` and `statIntervalMs` in Java `int`s,
 /// so no Sentinel rule holds a larger value.
 const JAVA_INT_MAX: u64 = i32::MAX as u64;

@@ -15,11 +15,11 @@ use crate::config::{ExceptionKinds, WeightConfig};
 /// `tower_outlier::OutlierDetectionLayer`.
 ///
 /// Once per window, over the calls of that window:
-/// * an endpoint is *counted* when its calls reach the least count scaled by its current weight
-///   over its original weight (rounded, never below 1): a degraded endpoint needs fewer calls;
+/// * an endpoint is *counted* when its calls reach its scaled least count (see below): a degraded
+///   endpoint needs fewer calls;
 /// * the service average is the exceptions over the calls of all counted endpoints (the judged one
-///   included); with none counted nothing is judged, and with an average of 0 every counted
-///   endpoint is healthy;
+///   included); with none counted nothing is judged, and with an average of 0 (after rounding,
+///   below) every counted endpoint is healthy;
 /// * a counted endpoint is *abnormal* when its exception rate divided by the average is at least
 ///   the multiple. With the degrade switch on its weight becomes `current × degrade rate`, never
 ///   below the least weight, compounding each abnormal window, while at most
@@ -30,6 +30,27 @@ use crate::config::{ExceptionKinds, WeightConfig};
 ///
 /// The weight reaches the balancer through the endpoint's `Load`, divided by
 /// `current / original`. This policy never ejects.
+///
+/// # Arithmetic
+///
+/// As in SOFARPC (`ServiceHorizontalMeasureStrategy` with its `CalculateUtils`), every quotient is
+/// a decimal rounded half-up to two places (Java's `BigDecimal` division at scale 2,
+/// `ROUND_HALF_UP`), computed here exactly on the integer counts rather than in binary floating
+/// point:
+/// * an endpoint's exception rate is `exceptions / calls`, rounded: 1 of 8 (0.125) is 0.13,
+///   23 of 200 (0.115) is 0.12, 29 of 200 (0.145) is 0.15;
+/// * the service average is `exceptions / calls` over the counted endpoints, rounded the same
+///   way, so an average under 0.005 is 0 and judges every counted endpoint healthy;
+/// * the rounded rate divided by the rounded average is itself rounded half-up to two places and
+///   compared with the multiple, abnormal when at least the multiple: 3 exceptions in 10 calls
+///   (0.30) against an average of 3 in 60 (0.05) is exactly 6, so abnormal under a multiple of 6
+///   (the binary quotient, 5.999…, would not be);
+/// * the scaled least count is the least count times `current / original` (that ratio rounded
+///   half-up to two places), truncated to an integer and never below 1: least count 10 at weight
+///   55 of 100 is 5, not 6. SOFARPC's `BigDecimal` product is first rounded to as many significant
+///   digits as the least count has plus one, which lifts a product whose fraction is 0.95 or more
+///   to the next integer (least count 5 at ratio 0.99: SOFARPC 5, here 4); this policy truncates
+///   the exact product.
 ///
 /// # What p2c can do with weights
 ///
@@ -149,7 +170,10 @@ impl EndpointPolicy for WeightEndpoint {
 enum Verdict {
     NotCounted,
     Healthy,
-    Abnormal { rate: f64 },
+    /// With the endpoint's exception rate, in hundredths.
+    Abnormal {
+        rate: u128,
+    },
 }
 
 impl Policy for WeightPolicy {
@@ -198,24 +222,24 @@ impl Policy for WeightPolicy {
             .iter()
             .zip(&counted)
             .filter(|(_, &counted)| counted)
-            .fold((0u64, 0u64), |(c, e), (&(calls, exceptions), _)| {
-                (c + calls, e + exceptions)
+            .fold((0u128, 0u128), |(c, e), (&(calls, exceptions), _)| {
+                (c + u128::from(calls), e + u128::from(exceptions))
             });
         if sum_calls == 0 {
             return;
         }
-        let average = sum_exceptions as f64 / sum_calls as f64;
+        let average = hundredths(sum_exceptions, sum_calls);
         let mut degraded = states.iter().filter(|(_, s)| s.is_degraded()).count();
         for (((member, state), &(calls, exceptions)), &counted) in
             states.iter().zip(&windows).zip(&counted)
         {
             let verdict = if !counted {
                 Verdict::NotCounted
-            } else if average == 0.0 {
+            } else if average == 0 {
                 Verdict::Healthy
             } else {
-                let rate = exceptions as f64 / calls as f64;
-                if rate / average >= config.exception_rate_multiple {
+                let rate = hundredths(u128::from(exceptions), u128::from(calls));
+                if reaches_multiple(rate, average, config.exception_rate_multiple) {
                     Verdict::Abnormal { rate }
                 } else {
                     Verdict::Healthy
@@ -224,6 +248,7 @@ impl Policy for WeightPolicy {
             match verdict {
                 Verdict::NotCounted => {}
                 Verdict::Abnormal { rate } => {
+                    let (rate, average) = (as_decimal(rate), as_decimal(average));
                     self.degrade(member, state, rate, average, &mut degraded);
                 }
                 Verdict::Healthy if state.is_degraded() => {
@@ -236,10 +261,16 @@ impl Policy for WeightPolicy {
 }
 
 impl WeightPolicy {
-    /// The least calls an endpoint at `weight` needs to be counted.
+    /// The least calls an endpoint at `weight` needs to be counted: the least count times
+    /// `weight / original` (rounded half-up to hundredths), truncated, never below 1 — as SOFARPC
+    /// scales it (see [Arithmetic](WeightPolicy#arithmetic)).
     fn scaled_least_count(&self, weight: f64) -> u64 {
-        let scaled = self.config.least_window_count as f64 * weight / self.config.original_weight;
-        (scaled.round() as u64).max(1)
+        // The weights are `f64`; their ratio is the one quotient not taken on integers. `round`
+        // rounds halves away from zero, which for a non-negative ratio is half-up; the cast
+        // saturates (and maps NaN to 0).
+        let ratio = (weight * 100.0 / self.config.original_weight).round() as u128;
+        let scaled = u128::from(self.config.least_window_count) * ratio / 100;
+        u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
     }
 
     fn degrade(
@@ -317,5 +348,208 @@ impl WeightPolicy {
         member
             .record
             .set_weight(weight / self.config.original_weight);
+    }
+}
+
+/// `numerator / denominator` in hundredths, rounded half-up (Java's
+/// `BigDecimal.divide(denominator, 2, ROUND_HALF_UP)` on non-negative integers), computed exactly:
+/// `floor(100 × n / d + 1/2)` is `floor((200 × n + d) / (2 × d))`. `denominator` is not 0.
+fn hundredths(numerator: u128, denominator: u128) -> u128 {
+    (numerator * 200 + denominator) / (denominator * 2)
+}
+
+/// Whether `rate / average` (both in hundredths, `average` not 0), rounded half-up to two places
+/// as SOFARPC divides them, is at least `multiple`.
+fn reaches_multiple(rate: u128, average: u128, multiple: f64) -> bool {
+    // The quotient of two integers is correctly rounded to `f64`, as Java's
+    // `BigDecimal.doubleValue` is, so the comparison is the one SOFARPC makes.
+    as_decimal(hundredths(rate, average)) >= multiple
+}
+
+/// A count of hundredths as a decimal number (for comparisons and logs).
+fn as_decimal(hundredths: u128) -> f64 {
+    hundredths as f64 / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower_outlier_core::{Clock, EndpointRecord, FailureKind, Notifier, Outcome};
+
+    /// One record per endpoint, each holding this policy's state.
+    fn fleet(policy: &WeightPolicy, endpoints: usize) -> Vec<EndpointRecord> {
+        (0..endpoints)
+            .map(|_| {
+                EndpointRecord::new(
+                    Clock::tsc(),
+                    vec![policy.new_endpoint()].into_boxed_slice(),
+                    Arc::new(Notifier::new()),
+                )
+            })
+            .collect()
+    }
+
+    /// Records `(calls, exceptions)` per endpoint (exceptions are timeouts), then evaluates.
+    fn window(policy: &WeightPolicy, records: &[EndpointRecord], counts: &[(u64, u64)]) {
+        for (record, &(calls, exceptions)) in records.iter().zip(counts) {
+            for call in 0..calls {
+                let outcome = if call < exceptions {
+                    Outcome::Failure(FailureKind::Timeout)
+                } else {
+                    Outcome::Success
+                };
+                let observation = Observation {
+                    outcome,
+                    latency: Duration::ZERO,
+                };
+                record.policies()[0].record(&observation, 0);
+            }
+        }
+        let keys: Vec<usize> = (0..records.len()).collect();
+        let members: Vec<FleetMember<'_>> = records
+            .iter()
+            .zip(&keys)
+            .map(|(record, key)| FleetMember {
+                key,
+                state: &*record.policies()[0],
+                record,
+                available: true,
+            })
+            .collect();
+        policy.evaluate_fleet(&members, 0);
+    }
+
+    /// Absolute weights (original 100), to six decimals.
+    fn weights(records: &[EndpointRecord]) -> Vec<f64> {
+        records
+            .iter()
+            .map(|r| (r.weight() * 100.0 * 1e6).round() / 1e6)
+            .collect()
+    }
+
+    #[test]
+    fn rates_are_rounded_half_up_to_hundredths_exactly() {
+        for (numerator, denominator, expected) in [
+            (1, 8, 13),    // 0.125
+            (23, 200, 12), // 0.115
+            (29, 200, 15), // 0.145, which is 14.499… hundredths in binary
+            (57, 200, 29), // 0.285, likewise
+            (1, 200, 1),   // 0.005
+            (49, 10_000, 0),
+            (3, 10, 30),
+            (3, 60, 5),
+            (0, 7, 0),
+            (7, 7, 100),
+            (2, 3, 67),
+            (1, 3, 33),
+        ] {
+            assert_eq!(
+                hundredths(numerator, denominator),
+                expected,
+                "{numerator}/{denominator}"
+            );
+        }
+        // Large counts do not overflow.
+        let max = u128::from(u64::MAX) * 4;
+        assert_eq!(hundredths(max, max), 100);
+        assert_eq!(hundredths(max / 2, max), 50);
+    }
+
+    #[test]
+    fn the_rate_multiple_is_rounded_half_up_then_compared() {
+        // 0.30 / 0.05 is exactly 6.
+        assert!(reaches_multiple(30, 5, 6.0));
+        // 0.13 / 0.02 = 6.5; 0.11 / 0.02 = 5.5.
+        assert!(reaches_multiple(13, 2, 6.5));
+        assert!(!reaches_multiple(11, 2, 6.0));
+        // 0.23 / 0.20 = 1.15, compared with the `f64` nearest 1.15.
+        assert!(reaches_multiple(23, 20, 1.15));
+        assert!(!reaches_multiple(23, 20, 1.16));
+        // 0.11 / 0.03 = 3.666… → 3.67, so it reaches 3.67 (unrounded, it would not).
+        assert!(reaches_multiple(11, 3, 3.67));
+        assert!(!reaches_multiple(11, 3, 3.68));
+    }
+
+    #[test]
+    fn an_endpoint_exactly_at_the_multiple_is_degraded() {
+        // 3 exceptions in 10 calls (0.30) against 3 in 60 (0.05) is exactly 6 times the average;
+        // in binary floating point 0.3 / 0.05 is 5.999999999999999.
+        let binary = |exceptions: u32, calls: u32| f64::from(exceptions) / f64::from(calls);
+        assert!(binary(3, 10) / binary(3, 60) < 6.0);
+        let policy = WeightPolicy::new(WeightConfig::sofarpc().build().unwrap());
+        assert_eq!(policy.config().exception_rate_multiple(), 6.0);
+        assert_eq!(policy.config().least_window_count(), 10);
+        let records = fleet(&policy, 2);
+        window(&policy, &records, &[(10, 3), (50, 0)]);
+        assert_eq!(weights(&records), [5.0, 100.0]);
+    }
+
+    #[test]
+    fn an_average_rounded_to_zero_judges_everyone_healthy() {
+        // 1 exception in 10 + 300 calls is 0.0032, 0.00 at two places: nobody is abnormal,
+        // although the endpoint's own 0.10 is 31 times the unrounded average.
+        let policy = WeightPolicy::new(WeightConfig::sofarpc().build().unwrap());
+        let records = fleet(&policy, 2);
+        window(&policy, &records, &[(10, 1), (300, 0)]);
+        assert_eq!(weights(&records), [100.0, 100.0]);
+        // 2 in 310 rounds to 0.01: the endpoint's 0.20 is 20 times that.
+        window(&policy, &records, &[(10, 2), (300, 0)]);
+        assert_eq!(weights(&records), [5.0, 100.0]);
+    }
+
+    #[test]
+    fn the_scaled_least_count_truncates() {
+        let policy = WeightPolicy::new(
+            WeightConfig::sofarpc()
+                .least_window_count(10)
+                .build()
+                .unwrap(),
+        );
+        // 10 × 0.55 = 5.5: 5, not 6.
+        assert_eq!(policy.scaled_least_count(55.0), 5);
+        assert_eq!(policy.scaled_least_count(100.0), 10);
+        assert_eq!(policy.scaled_least_count(99.0), 9);
+        assert_eq!(policy.scaled_least_count(50.0), 5);
+        // The ratio is rounded half-up to hundredths first: 0.125 → 0.13.
+        assert_eq!(policy.scaled_least_count(12.5), 1);
+        // Never below 1.
+        assert_eq!(policy.scaled_least_count(5.0), 1);
+        assert_eq!(policy.scaled_least_count(1.0), 1);
+        assert_eq!(policy.scaled_least_count(0.1), 1);
+
+        let policy = WeightPolicy::new(
+            WeightConfig::sofarpc()
+                .least_window_count(100)
+                .build()
+                .unwrap(),
+        );
+        // 100 × 0.29 is 28.999999999999996 in binary; exactly 29.
+        assert_eq!(policy.scaled_least_count(29.0), 29);
+        assert_eq!(policy.scaled_least_count(12.5), 13);
+        let policy = WeightPolicy::new(
+            WeightConfig::sofarpc()
+                .least_window_count(u64::MAX)
+                .build()
+                .unwrap(),
+        );
+        assert_eq!(policy.scaled_least_count(100.0), u64::MAX);
+    }
+
+    #[test]
+    fn a_degraded_endpoint_at_its_truncated_least_count_is_judged() {
+        // Least count 10 at weight 55 of 100 is 5 calls.
+        let policy = WeightPolicy::new(
+            WeightConfig::sofarpc()
+                .least_window_count(10)
+                .degrade_rate(0.55)
+                .build()
+                .unwrap(),
+        );
+        let records = fleet(&policy, 3);
+        window(&policy, &records, &[(10, 10), (50, 0), (50, 0)]);
+        assert_eq!(weights(&records), [55.0, 100.0, 100.0]);
+        // 5 calls, all failing, at weight 55: counted, so abnormal again.
+        window(&policy, &records, &[(5, 5), (50, 0), (50, 0)]);
+        assert_eq!(weights(&records), [30.25, 100.0, 100.0]);
     }
 }
