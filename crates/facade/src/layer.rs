@@ -8,8 +8,9 @@ use tower_outlier_core::{
     Budget, BudgetFloor, Clock, EndpointRecord, NetworkErrors, Notifier, Policy,
 };
 
-use crate::discover::{OutlierDetection, Settings};
+use crate::discover::OutlierDetection;
 use crate::endpoint::{Endpoint, Shared};
+use crate::engine::Settings;
 use crate::monitor::Monitor;
 use crate::probe::PassiveTrial;
 

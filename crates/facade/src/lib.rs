@@ -49,6 +49,7 @@
 mod deadlines;
 mod discover;
 mod endpoint;
+mod engine;
 mod future;
 pub mod grpc;
 mod layer;

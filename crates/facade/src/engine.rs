@@ -1,0 +1,752 @@
+//! The detector: which endpoints are in the balancer's set, which are out, and when each is
+//! checked again — a synchronous state machine with no runtime in it.
+//!
+//! Inputs: upstream changes ([`Engine::insert`], [`Engine::remove`]), a record's signal
+//! ([`Engine::signalled`]), the time ([`Engine::advance`], with every due deadline) and probe
+//! results ([`Engine::probe_done`]). Every input carries the time; the engine never reads a clock
+//! for its deadlines. Outputs: changes for the balancer ([`Engine::pop_change`]), probes to start
+//! ([`Engine::pop_probe`]) and probes to abandon ([`Engine::take_cancelled`]); it also publishes
+//! to the monitor and logs through `tracing`. The discover adaptor (`discover.rs`) feeds it from
+//! the upstream stream, the endpoints' notifier, one tokio timer and the probe tasks.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower::discover::Change;
+use tower_outlier_core::{
+    Budget, Clock, EndpointRecord, FleetMember, Notifier, Policy, Reason, RecoverySchedule,
+};
+
+use crate::deadlines::Deadlines;
+use crate::endpoint::{Endpoint, HasRecord, Shared};
+use crate::monitor::{EndpointStatus, Registry, Tracked};
+use crate::probe::ProbeFuture;
+
+pub(crate) struct Settings {
+    pub(crate) policies: Arc<[Arc<dyn Policy>]>,
+    pub(crate) budget: Budget,
+    pub(crate) clock: Clock,
+}
+
+/// A probe the adaptor is to run: `probe` against the ejected endpoint, failed if it takes longer
+/// than `timeout`; its result goes back to [`Engine::probe_done`] with `key` and `id`.
+pub(crate) struct ProbeStart<K> {
+    pub(crate) key: K,
+    pub(crate) id: u64,
+    pub(crate) probe: ProbeFuture,
+    pub(crate) timeout: Duration,
+}
+
+pub(crate) struct Engine<K, S, C> {
+    settings: Arc<Settings>,
+    trial: Duration,
+    classifier: C,
+    notifier: Arc<Notifier>,
+    registry: Arc<Registry>,
+    entries: HashMap<K, Entry<S, C>>,
+    // Each entry's key by its id, so a deadline can name its endpoint by a number.
+    keys: HashMap<u64, K>,
+    deadlines: Deadlines,
+    ejected: usize,
+    // How many entries have `refused` set, so the common case (none) skips the scan.
+    refused: usize,
+    queue: VecDeque<Change<K, Endpoint<S, C>>>,
+    probes: VecDeque<ProbeStart<K>>,
+    cancelled: Vec<u64>,
+    fleet: Vec<FleetSchedule>,
+}
+
+/// `at + delay`, or about thirty years from `at` when that overflows: configuration may ask for
+/// absurd intervals (an HSF `isolationTime` near `u64::MAX` ms), and that must not panic.
+fn later(at: Instant, delay: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    at.checked_add(delay.min(FAR))
+        .or_else(|| at.checked_add(Duration::from_secs(3600)))
+        .unwrap_or(at)
+}
+
+#[derive(Clone, Copy)]
+struct FleetSchedule {
+    policy: usize,
+    every: Duration,
+    next: Instant,
+}
+
+struct Entry<S, C> {
+    endpoint: Endpoint<S, C>,
+    id: u64,
+    status: Status,
+    failed_checks: u32,
+    schedule: Option<RecoverySchedule>,
+    // The policy that ejected the endpoint: its window decides whether a trial saw enough calls.
+    ejected_by: usize,
+    // This trial already counted as a failed check (the endpoint breached during it, even if the
+    // budget kept it in): one re-admission, one check, however long the budget keeps it on trial.
+    trial_breached: bool,
+    // Calls the ejecting policy's window held at the end of each period of this trial so far.
+    trial_calls: u64,
+    refused: bool,
+}
+
+enum Status {
+    Available,
+    Trial { until: Instant },
+    Ejected { next_check: Instant },
+    Probing,
+}
+
+impl Status {
+    fn is_available(&self) -> bool {
+        matches!(self, Status::Available | Status::Trial { .. })
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        match self {
+            Status::Trial { until } => Some(*until),
+            Status::Ejected { next_check } => Some(*next_check),
+            Status::Available | Status::Probing => None,
+        }
+    }
+
+    fn public(&self) -> EndpointStatus {
+        match self {
+            Status::Available => EndpointStatus::Available,
+            Status::Trial { .. } => EndpointStatus::Trial,
+            Status::Ejected { .. } => EndpointStatus::Ejected,
+            Status::Probing => EndpointStatus::Probing,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Readmission {
+    ProbeSucceeded,
+    PassiveTrial,
+    BudgetShrank,
+    LastEndpoint,
+}
+
+impl fmt::Display for Readmission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Readmission::ProbeSucceeded => "probe succeeded",
+            Readmission::PassiveTrial => "passive trial",
+            Readmission::BudgetShrank => "ejection budget shrank",
+            Readmission::LastEndpoint => "no other endpoint available",
+        })
+    }
+}
+
+impl<K, S, C> Engine<K, S, C> {
+    /// An engine with no endpoint, whose fleet evaluations start one interval after `start`.
+    pub(crate) fn new(
+        settings: Arc<Settings>,
+        classifier: C,
+        registry: Arc<Registry>,
+        start: Instant,
+    ) -> Self {
+        // At least a millisecond: a zero trial would extend itself without end in one poll.
+        let trial = settings
+            .policies
+            .iter()
+            .map(|p| p.trial_period())
+            .max()
+            .unwrap_or(Duration::from_secs(10))
+            .max(Duration::from_millis(1));
+        let fleet = settings
+            .policies
+            .iter()
+            .enumerate()
+            .filter_map(|(policy, p)| {
+                let every = p.fleet_interval().filter(|every| !every.is_zero())?;
+                Some(FleetSchedule {
+                    policy,
+                    every,
+                    next: later(start, every),
+                })
+            })
+            .collect();
+        Engine {
+            settings,
+            trial,
+            classifier,
+            notifier: Arc::new(Notifier::new()),
+            registry,
+            entries: HashMap::new(),
+            keys: HashMap::new(),
+            deadlines: Deadlines::default(),
+            ejected: 0,
+            refused: 0,
+            queue: VecDeque::new(),
+            probes: VecDeque::new(),
+            cancelled: Vec::new(),
+            fleet,
+        }
+    }
+
+    /// The notifier every endpoint's record signals through.
+    pub(crate) fn notifier(&self) -> &Arc<Notifier> {
+        &self.notifier
+    }
+
+    /// The layer's policies.
+    pub(crate) fn policies(&self) -> &Arc<[Arc<dyn Policy>]> {
+        &self.settings.policies
+    }
+
+    /// Endpoints tracked: every key the upstream holds.
+    pub(crate) fn tracked(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Endpoints out of the balancer's set (ejected or probing).
+    pub(crate) fn ejected(&self) -> usize {
+        self.ejected
+    }
+
+    /// The next change for the balancer.
+    pub(crate) fn pop_change(&mut self) -> Option<Change<K, Endpoint<S, C>>> {
+        self.queue.pop_front()
+    }
+
+    /// Whether changes wait for the balancer.
+    pub(crate) fn has_changes(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// The next probe to start.
+    pub(crate) fn pop_probe(&mut self) -> Option<ProbeStart<K>> {
+        self.probes.pop_front()
+    }
+
+    /// The ids of probes whose results no longer matter (their endpoint was removed or
+    /// re-admitted without them).
+    pub(crate) fn take_cancelled(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.cancelled)
+    }
+}
+
+impl<K, S, C> Engine<K, S, C>
+where
+    K: Hash + Eq + Clone + fmt::Debug,
+    S: Clone,
+    C: Clone + Send + Sync + 'static,
+{
+    /// When [`advance`](Self::advance) next has something to do: the earliest trial end,
+    /// recovery check or fleet evaluation.
+    pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
+        let (entries, keys) = (&self.entries, &self.keys);
+        let current = |id: u64, at: Instant| {
+            keys.get(&id)
+                .and_then(|key| entries.get(key))
+                .is_some_and(|e| e.status.deadline() == Some(at))
+        };
+        self.deadlines.compact(entries.len(), || {
+            entries
+                .values()
+                .filter_map(|e| Some((e.status.deadline()?, e.id)))
+                .collect()
+        });
+        self.deadlines
+            .next(current)
+            .into_iter()
+            .chain(self.fleet.iter().map(|f| f.next))
+            .min()
+    }
+
+    pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.endpoint = entry.endpoint.with_service(service);
+            if entry.status.is_available() {
+                self.queue
+                    .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
+            }
+            tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream replaced the service");
+            return;
+        }
+        let settings = &self.settings;
+        let record = EndpointRecord::new(
+            settings.clock.clone(),
+            settings.policies.iter().map(|p| p.new_endpoint()).collect(),
+            self.notifier.clone(),
+        );
+        let shared = Shared::new(record, self.classifier.clone());
+        let weak: std::sync::Weak<dyn HasRecord> =
+            Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
+        let id = self.registry.insert(Tracked {
+            key: format!("{key:?}"),
+            record: weak,
+            status: EndpointStatus::Available,
+            next_check: None,
+            failed_checks: 0,
+            last_reason: None,
+        });
+        let endpoint = Endpoint::new(service, shared);
+        self.seed_rtt(&endpoint);
+        self.queue
+            .push_back(Change::Insert(key.clone(), endpoint.clone()));
+        self.keys.insert(id, key.clone());
+        self.entries.insert(
+            key,
+            Entry {
+                endpoint,
+                id,
+                status: Status::Available,
+                failed_checks: 0,
+                schedule: None,
+                ejected_by: 0,
+                trial_breached: false,
+                trial_calls: 0,
+                refused: false,
+            },
+        );
+        // A larger set may have room for an ejection that was refused.
+        self.retry_refused(now);
+    }
+
+    pub(crate) fn remove(&mut self, key: &K, now: Instant) {
+        let Some(entry) = self.entries.remove(key) else {
+            tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream removed an unknown endpoint");
+            return;
+        };
+        self.registry.remove(entry.id);
+        self.keys.remove(&entry.id);
+        self.refused -= usize::from(entry.refused);
+        match entry.status {
+            Status::Available | Status::Trial { .. } => {
+                self.queue.push_back(Change::Remove(key.clone()));
+            }
+            Status::Ejected { .. } => self.ejected -= 1,
+            Status::Probing => {
+                self.cancelled.push(entry.id);
+                self.ejected -= 1;
+            }
+        }
+        self.enforce_budget(now);
+        self.retry_refused(now);
+    }
+
+    /// Starts `endpoint`'s latency estimate at the mean of the available endpoints', so it
+    /// competes for traffic on equal terms: the samples from before its ejection (or none at all)
+    /// would otherwise starve it, and a passive trial needs traffic to judge. A sample of the
+    /// fleet is enough for a starting point and keeps inserting n endpoints linear in n.
+    fn seed_rtt(&self, endpoint: &Endpoint<S, C>) {
+        const SAMPLE: usize = 32;
+        let record = endpoint.record();
+        let now = record.clock().now();
+        let (sum, count) = self
+            .entries
+            .values()
+            .filter(|e| e.status.is_available())
+            .take(SAMPLE)
+            .map(|e| e.endpoint.record().rtt_estimate(now))
+            .fold((0.0, 0usize), |(sum, n), rtt| (sum + rtt, n + 1));
+        if count > 0 {
+            record.seed_rtt(sum / count as f64, now);
+        }
+    }
+
+    fn available(&self) -> usize {
+        self.entries.len() - self.ejected
+    }
+
+    /// Tells the endpoints whether one more ejection would be allowed, the same test
+    /// [`consider`](Self::consider) applies, so none gathers evidence for an ejection that would
+    /// be refused.
+    pub(crate) fn publish_room(&self) {
+        let max = self.settings.budget.max_ejected(self.entries.len());
+        self.notifier
+            .set_room_to_eject(self.available() > 1 && self.ejected < max);
+    }
+
+    pub(crate) fn signalled(&mut self, now: Instant) {
+        let flagged = self.keys_where(|e| e.endpoint.record().take_flag());
+        for key in flagged {
+            self.consider(&key, now);
+        }
+    }
+
+    /// The keys of the entries that match, in discovery order: when several endpoints compete
+    /// for one budget slot the first discovered wins, whatever the hash map's order, so a run is
+    /// reproducible from its inputs.
+    fn keys_where(&self, mut matches: impl FnMut(&Entry<S, C>) -> bool) -> Vec<K> {
+        let mut keys: Vec<(u64, K)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches(e))
+            .map(|(k, e)| (e.id, k.clone()))
+            .collect();
+        keys.sort_unstable_by_key(|(id, _)| *id);
+        keys.into_iter().map(|(_, k)| k).collect()
+    }
+
+    fn retry_refused(&mut self, now: Instant) {
+        if self.refused == 0 {
+            return;
+        }
+        let refused = self.keys_where(|e| e.refused);
+        debug_assert_eq!(refused.len(), self.refused, "refused count out of step");
+        for key in refused {
+            self.consider(&key, now);
+        }
+    }
+
+    /// Judges one available endpoint and ejects it if a policy says so and the rules allow it.
+    fn consider(&mut self, key: &K, now: Instant) {
+        let n = self.entries.len();
+        let max = self.settings.budget.max_ejected(n);
+        let available = self.available();
+        let ejected = self.ejected;
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        if !entry.status.is_available() {
+            self.refused -= usize::from(entry.refused);
+            entry.refused = false;
+            return;
+        }
+        let record = entry.endpoint.record();
+        let Some((policy, reason)) = record.judge(record.clock().now()) else {
+            self.refused -= usize::from(entry.refused);
+            entry.refused = false;
+            return;
+        };
+        let trial_breached_now =
+            matches!(entry.status, Status::Trial { .. }) && !entry.trial_breached;
+        if trial_breached_now {
+            // Breaching during the trial is a failed recovery check, whether or not the rules
+            // below let the endpoint be ejected again.
+            entry.failed_checks = entry.failed_checks.saturating_add(1);
+            entry.trial_breached = true;
+        }
+        let refusal = if available <= 1 {
+            Some("last available endpoint")
+        } else if ejected >= max {
+            Some("ejection budget exhausted")
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            if !entry.refused {
+                tracing::info!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    reason = %reason,
+                    error_rate = reason.value,
+                    ejected,
+                    budget = max,
+                    endpoints = n,
+                    "ejection refused: {why}"
+                );
+            }
+            self.refused += usize::from(!entry.refused);
+            entry.refused = true;
+            if trial_breached_now {
+                let trial_until = entry.status.deadline();
+                self.publish(key, trial_until, Some(reason));
+            }
+            return;
+        }
+        self.refused -= usize::from(entry.refused);
+        entry.refused = false;
+        let schedule = self.settings.policies[policy].recovery();
+        let delay = schedule.delay(entry.failed_checks);
+        let next_check = later(now, delay);
+        entry.status = Status::Ejected { next_check };
+        self.deadlines.push(next_check, entry.id);
+        entry.schedule = Some(schedule);
+        entry.ejected_by = policy;
+        self.ejected += 1;
+        tracing::warn!(
+            target: "tower_outlier",
+            endpoint = ?key,
+            policy = reason.policy,
+            reason = %reason,
+            error_rate = reason.value,
+            failed_checks = entry.failed_checks,
+            next_check_in = ?delay,
+            "endpoint ejected"
+        );
+        self.publish(key, Some(next_check), Some(reason));
+        self.queue.push_back(Change::Remove(key.clone()));
+    }
+
+    fn publish(&self, key: &K, next_check: Option<Instant>, reason: Option<Reason>) {
+        if let Some(entry) = self.entries.get(key) {
+            let status = entry.status.public();
+            let failed_checks = entry.failed_checks;
+            self.registry.update(entry.id, |t| {
+                t.status = status;
+                t.next_check = next_check;
+                t.failed_checks = failed_checks;
+                if reason.is_some() {
+                    t.last_reason = reason;
+                }
+            });
+        }
+    }
+
+    pub(crate) fn advance(
+        &mut self,
+        now: Instant,
+        probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
+    ) {
+        self.evaluate_fleet(now);
+        let (entries, keys) = (&self.entries, &self.keys);
+        let current = |id: u64, at: Instant| {
+            keys.get(&id)
+                .and_then(|key| entries.get(key))
+                .is_some_and(|e| e.status.deadline() == Some(at))
+        };
+        let due: Vec<K> = self
+            .deadlines
+            .pop_due(now, current)
+            .into_iter()
+            .filter_map(|id| self.keys.get(&id).cloned())
+            .collect();
+        for key in due {
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            match entry.status {
+                Status::Trial { .. } => self.trial_ended(&key, now),
+                Status::Ejected { .. } => self.check(key, now, probe),
+                Status::Available | Status::Probing => {}
+            }
+        }
+    }
+
+    /// A passive trial's time is up. It passes only on evidence: no policy judges the endpoint an
+    /// outlier, and the window of the policy that ejected it held, added up over the trial's
+    /// periods, at least that policy's [`trial_calls`](tower_outlier_core::EndpointPolicy::trial_calls);
+    /// with fewer calls the trial goes on for another period. An endpoint still judged an outlier
+    /// has failed this check (counted once per re-admission, even when the budget or the
+    /// last-endpoint rule keeps it in); it stays on trial and is ejected, with the longer
+    /// interval, as soon as the rules allow.
+    fn trial_ended(&mut self, key: &K, now: Instant) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let record = entry.endpoint.record();
+        let recorded_now = record.clock().now();
+        let until = later(now, self.trial);
+        if record.judge(recorded_now).is_some() {
+            if !entry.trial_breached {
+                entry.failed_checks = entry.failed_checks.saturating_add(1);
+                entry.trial_breached = true;
+            }
+            entry.status = Status::Trial { until };
+            self.deadlines.push(until, entry.id);
+            tracing::info!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                failed_checks = entry.failed_checks,
+                "trial failed: the endpoint is still an outlier"
+            );
+            self.publish(key, Some(until), None);
+            self.consider(key, now);
+            return;
+        }
+        let (seen, needed) = record
+            .policies()
+            .get(entry.ejected_by)
+            .map_or((0, 0), |policy| {
+                (policy.counts(recorded_now).calls, policy.trial_calls())
+            });
+        entry.trial_calls = entry.trial_calls.saturating_add(seen);
+        if entry.trial_calls < needed {
+            entry.status = Status::Trial { until };
+            self.deadlines.push(until, entry.id);
+            tracing::debug!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                calls = entry.trial_calls,
+                needed,
+                "trial extended: too few calls to judge"
+            );
+            self.publish(key, Some(until), None);
+        } else {
+            entry.status = Status::Available;
+            entry.failed_checks = 0;
+            tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint recovered: trial passed");
+            self.publish(key, None, None);
+        }
+    }
+
+    /// Runs the fleet-wide evaluations that are due (policies judging endpoints against each
+    /// other, such as weight degradation against the service average).
+    fn evaluate_fleet(&mut self, now: Instant) {
+        for index in 0..self.fleet.len() {
+            let schedule = self.fleet[index];
+            if schedule.next > now {
+                continue;
+            }
+            // From now, not from the missed deadline: an idle stretch is one long window, not a
+            // burst of empty ones.
+            self.fleet[index].next = later(now, schedule.every);
+            if self.entries.is_empty() {
+                continue;
+            }
+            let members: Vec<FleetMember<'_>> = self
+                .entries
+                .iter()
+                .map(|(key, entry)| {
+                    let record = entry.endpoint.record();
+                    FleetMember {
+                        key: key as &dyn fmt::Debug,
+                        state: &*record.policies()[schedule.policy],
+                        record,
+                        available: entry.status.is_available(),
+                    }
+                })
+                .collect();
+            self.settings.policies[schedule.policy]
+                .evaluate_fleet(&members, self.settings.clock.now());
+        }
+    }
+
+    /// A recovery check is due: probe actively, or re-admit for a passive trial.
+    fn check(
+        &mut self,
+        key: K,
+        now: Instant,
+        probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
+    ) {
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return;
+        };
+        match probe(&key, entry.endpoint.get_ref()) {
+            Some(probe) => {
+                // A probe that hangs longer than one recovery unit is a failed check.
+                let timeout = entry.schedule.map_or(Duration::from_secs(10), |s| s.unit());
+                entry.status = Status::Probing;
+                self.probes.push_back(ProbeStart {
+                    key: key.clone(),
+                    id: entry.id,
+                    probe,
+                    timeout,
+                });
+                tracing::info!(target: "tower_outlier", endpoint = ?key, failed_checks = entry.failed_checks, "probing ejected endpoint");
+                self.publish(&key, None, None);
+            }
+            None => {
+                let until = later(now, self.trial);
+                self.readmit(
+                    &key,
+                    Status::Trial { until },
+                    Readmission::PassiveTrial,
+                    now,
+                );
+            }
+        }
+    }
+
+    pub(crate) fn probe_done(&mut self, key: K, id: u64, healthy: bool, now: Instant) {
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return;
+        };
+        if entry.id != id || !matches!(entry.status, Status::Probing) {
+            return;
+        }
+        if healthy {
+            entry.failed_checks = 0;
+            self.readmit(&key, Status::Available, Readmission::ProbeSucceeded, now);
+        } else {
+            entry.failed_checks = entry.failed_checks.saturating_add(1);
+            let delay = entry
+                .schedule
+                .map_or(Duration::from_secs(10), |s| s.delay(entry.failed_checks));
+            let next_check = later(now, delay);
+            entry.status = Status::Ejected { next_check };
+            self.deadlines.push(next_check, entry.id);
+            tracing::info!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                failed_checks = entry.failed_checks,
+                next_check_in = ?delay,
+                "probe failed: endpoint stays ejected"
+            );
+            self.publish(&key, Some(next_check), None);
+        }
+    }
+
+    fn readmit(&mut self, key: &K, status: Status, cause: Readmission, now: Instant) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        if entry.status.is_available() {
+            return;
+        }
+        entry.endpoint.record().reset();
+        self.refused -= usize::from(entry.refused);
+        entry.refused = false;
+        entry.trial_breached = false;
+        entry.trial_calls = 0;
+        let endpoint = entry.endpoint.clone();
+        self.seed_rtt(&endpoint);
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let next = status.deadline();
+        entry.status = status;
+        if let Some(at) = next {
+            self.deadlines.push(at, entry.id);
+        }
+        self.ejected -= 1;
+        tracing::info!(
+            target: "tower_outlier",
+            endpoint = ?key,
+            cause = %cause,
+            failed_checks = entry.failed_checks,
+            trial_until = ?next.map(|at| at.saturating_duration_since(now)),
+            "endpoint re-admitted"
+        );
+        self.queue
+            .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
+        self.publish(key, next, None);
+        self.retry_refused(now);
+    }
+
+    /// Re-admits ejected endpoints while more are ejected than the budget allows, or none is
+    /// available; the ones due soonest go first.
+    fn enforce_budget(&mut self, now: Instant) {
+        loop {
+            let max = self.settings.budget.max_ejected(self.entries.len());
+            let cause = if self.ejected > 0 && self.available() == 0 {
+                Readmission::LastEndpoint
+            } else if self.ejected > max {
+                Readmission::BudgetShrank
+            } else {
+                return;
+            };
+            let soonest = self
+                .entries
+                .iter()
+                .filter(|(_, e)| !e.status.is_available())
+                .min_by_key(|(_, e)| (e.status.deadline(), e.id))
+                .map(|(k, _)| k.clone());
+            let Some(key) = soonest else { return };
+            if let Some(entry) = self.entries.get(&key) {
+                if matches!(entry.status, Status::Probing) {
+                    self.cancelled.push(entry.id);
+                }
+            }
+            let until = later(now, self.trial);
+            self.readmit(&key, Status::Trial { until }, cause, now);
+        }
+    }
+}
+
+impl<K, S, C> Drop for Engine<K, S, C> {
+    fn drop(&mut self) {
+        // The monitor outlives the adaptor; it must not keep listing endpoints nobody tracks.
+        let mut tracked = self.registry.lock();
+        for entry in self.entries.values() {
+            tracked.remove(&entry.id);
+        }
+    }
+}
