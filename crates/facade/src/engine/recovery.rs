@@ -1,0 +1,270 @@
+//! The detector's timed work: fleet evaluations, recovery checks (passive trials and active
+//! probes), trial ends, probe results and re-admissions.
+
+use std::fmt;
+use std::hash::Hash;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower::discover::Change;
+use tower_outlier_core::FleetMember;
+
+use super::{later, Engine, ProbeStart, Readmission, Status};
+use crate::probe::ProbeFuture;
+
+impl<K, S, C> Engine<K, S, C>
+where
+    K: Hash + Eq + Clone + fmt::Debug,
+    S: Clone,
+    C: Clone + Send + Sync + 'static,
+{
+    pub(crate) fn advance(
+        &mut self,
+        now: Instant,
+        probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
+    ) {
+        self.evaluate_fleet(now);
+        let (entries, keys) = (&self.entries, &self.keys);
+        let current = |id: u64, at: Instant| {
+            keys.get(&id)
+                .and_then(|key| entries.get(key))
+                .is_some_and(|e| e.status.deadline() == Some(at))
+        };
+        let due: Vec<K> = self
+            .deadlines
+            .pop_due(now, current)
+            .into_iter()
+            .filter_map(|id| self.keys.get(&id).cloned())
+            .collect();
+        for key in due {
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            match entry.status {
+                Status::Trial { .. } => self.trial_ended(&key, now),
+                Status::Ejected { .. } => self.check(key, now, probe),
+                Status::Available | Status::Probing => {}
+            }
+        }
+    }
+
+    /// A passive trial's time is up. It passes only on evidence: no policy judges the endpoint an
+    /// outlier, and the window of the policy that ejected it held, added up over the trial's
+    /// periods, at least that policy's [`trial_calls`](tower_outlier_core::EndpointPolicy::trial_calls);
+    /// with fewer calls the trial goes on for another period. An endpoint still judged an outlier
+    /// has failed this check (counted once per re-admission, even when the budget or the
+    /// last-endpoint rule keeps it in); it stays on trial and is ejected, with the longer
+    /// interval, as soon as the rules allow.
+    fn trial_ended(&mut self, key: &K, now: Instant) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let record = entry.endpoint.record();
+        let recorded_now = record.clock().now();
+        let until = later(now, self.trial);
+        if record.judge(recorded_now).is_some() {
+            if !entry.trial_breached {
+                entry.failed_checks = entry.failed_checks.saturating_add(1);
+                entry.trial_breached = true;
+            }
+            entry.status = Status::Trial { until };
+            self.deadlines.push(until, entry.id);
+            tracing::info!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                failed_checks = entry.failed_checks,
+                "trial failed: the endpoint is still an outlier"
+            );
+            self.publish(key, Some(until), None);
+            self.consider(key, now);
+            return;
+        }
+        let (seen, needed) = record
+            .policies()
+            .get(entry.ejected_by)
+            .map_or((0, 0), |policy| {
+                (policy.counts(recorded_now).calls, policy.trial_calls())
+            });
+        entry.trial_calls = entry.trial_calls.saturating_add(seen);
+        if entry.trial_calls < needed {
+            entry.status = Status::Trial { until };
+            self.deadlines.push(until, entry.id);
+            tracing::debug!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                calls = entry.trial_calls,
+                needed,
+                "trial extended: too few calls to judge"
+            );
+            self.publish(key, Some(until), None);
+        } else {
+            entry.status = Status::Available;
+            entry.failed_checks = 0;
+            tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint recovered: trial passed");
+            self.publish(key, None, None);
+        }
+    }
+
+    /// Runs the fleet-wide evaluations that are due (policies judging endpoints against each
+    /// other, such as weight degradation against the service average).
+    fn evaluate_fleet(&mut self, now: Instant) {
+        for index in 0..self.fleet.len() {
+            let schedule = self.fleet[index];
+            if schedule.next > now {
+                continue;
+            }
+            // From now, not from the missed deadline: an idle stretch is one long window, not a
+            // burst of empty ones.
+            self.fleet[index].next = later(now, schedule.every);
+            if self.entries.is_empty() {
+                continue;
+            }
+            let members: Vec<FleetMember<'_>> = self
+                .entries
+                .iter()
+                .map(|(key, entry)| {
+                    let record = entry.endpoint.record();
+                    FleetMember {
+                        key: key as &dyn fmt::Debug,
+                        state: &*record.policies()[schedule.policy],
+                        record,
+                        available: entry.status.is_available(),
+                    }
+                })
+                .collect();
+            self.settings.policies[schedule.policy]
+                .evaluate_fleet(&members, self.settings.clock.now());
+        }
+    }
+
+    /// A recovery check is due: probe actively, or re-admit for a passive trial.
+    fn check(
+        &mut self,
+        key: K,
+        now: Instant,
+        probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
+    ) {
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return;
+        };
+        match probe(&key, entry.endpoint.get_ref()) {
+            Some(probe) => {
+                // A probe that hangs longer than one recovery unit is a failed check.
+                let timeout = entry.schedule.map_or(Duration::from_secs(10), |s| s.unit());
+                entry.status = Status::Probing;
+                self.probes.push_back(ProbeStart {
+                    key: key.clone(),
+                    id: entry.id,
+                    probe,
+                    timeout,
+                });
+                tracing::info!(target: "tower_outlier", endpoint = ?key, failed_checks = entry.failed_checks, "probing ejected endpoint");
+                self.publish(&key, None, None);
+            }
+            None => {
+                let until = later(now, self.trial);
+                self.readmit(
+                    &key,
+                    Status::Trial { until },
+                    Readmission::PassiveTrial,
+                    now,
+                );
+            }
+        }
+    }
+
+    pub(crate) fn probe_done(&mut self, key: K, id: u64, healthy: bool, now: Instant) {
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return;
+        };
+        if entry.id != id || !matches!(entry.status, Status::Probing) {
+            return;
+        }
+        if healthy {
+            entry.failed_checks = 0;
+            self.readmit(&key, Status::Available, Readmission::ProbeSucceeded, now);
+        } else {
+            entry.failed_checks = entry.failed_checks.saturating_add(1);
+            let delay = entry
+                .schedule
+                .map_or(Duration::from_secs(10), |s| s.delay(entry.failed_checks));
+            let next_check = later(now, delay);
+            entry.status = Status::Ejected { next_check };
+            self.deadlines.push(next_check, entry.id);
+            tracing::info!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                failed_checks = entry.failed_checks,
+                next_check_in = ?delay,
+                "probe failed: endpoint stays ejected"
+            );
+            self.publish(&key, Some(next_check), None);
+        }
+    }
+
+    pub(super) fn readmit(&mut self, key: &K, status: Status, cause: Readmission, now: Instant) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        if entry.status.is_available() {
+            return;
+        }
+        entry.endpoint.record().reset();
+        self.refused -= usize::from(entry.refused);
+        entry.refused = false;
+        entry.trial_breached = false;
+        entry.trial_calls = 0;
+        let endpoint = entry.endpoint.clone();
+        self.seed_rtt(&endpoint);
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let next = status.deadline();
+        entry.status = status;
+        if let Some(at) = next {
+            self.deadlines.push(at, entry.id);
+        }
+        self.ejected -= 1;
+        tracing::info!(
+            target: "tower_outlier",
+            endpoint = ?key,
+            cause = %cause,
+            failed_checks = entry.failed_checks,
+            trial_until = ?next.map(|at| at.saturating_duration_since(now)),
+            "endpoint re-admitted"
+        );
+        self.queue
+            .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
+        self.publish(key, next, None);
+        self.retry_refused(now);
+    }
+
+    /// Re-admits ejected endpoints while more are ejected than the budget allows, or none is
+    /// available; the ones due soonest go first.
+    pub(super) fn enforce_budget(&mut self, now: Instant) {
+        loop {
+            let max = self.settings.budget.max_ejected(self.entries.len());
+            let cause = if self.ejected > 0 && self.available() == 0 {
+                Readmission::LastEndpoint
+            } else if self.ejected > max {
+                Readmission::BudgetShrank
+            } else {
+                return;
+            };
+            let soonest = self
+                .entries
+                .iter()
+                .filter(|(_, e)| !e.status.is_available())
+                .min_by_key(|(_, e)| (e.status.deadline(), e.id))
+                .map(|(k, _)| k.clone());
+            let Some(key) = soonest else { return };
+            if let Some(entry) = self.entries.get(&key) {
+                if matches!(entry.status, Status::Probing) {
+                    self.cancelled.push(entry.id);
+                }
+            }
+            let until = later(now, self.trial);
+            self.readmit(&key, Status::Trial { until }, cause, now);
+        }
+    }
+}
