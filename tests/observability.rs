@@ -106,3 +106,28 @@ async fn events_and_snapshots_tell_what_happened() {
     assert_eq!(snapshot.get("3").unwrap().failed_checks, 0);
     assert_eq!(snapshot.get("3").unwrap().next_check_in, None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_monitor_taken_before_with_policy_still_shows_every_endpoint() {
+    use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
+
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let early = layer.monitor();
+    let layer = layer.with_policy(SlowCallPolicy::new(
+        BreakerConfig::slow_ratio(Duration::from_millis(100))
+            .open_duration(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    ));
+    let mut h = Harness::new(&layer, 3);
+    h.calls(0, 2, 0).await;
+    let snapshot = early.snapshot();
+    assert_eq!(snapshot.endpoints.len(), 3);
+    let windows = &snapshot.get_key(&0).unwrap().windows;
+    let names: Vec<&str> = windows.iter().map(|w| w.policy).collect();
+    assert_eq!(names, ["error-rate", "slow-call"]);
+    assert_eq!(windows[0].counts.failures, 2);
+    assert_eq!(layer.monitor().snapshot().endpoints.len(), 3);
+}

@@ -43,6 +43,8 @@ pub(crate) struct ProbeStart<K> {
 
 pub(crate) struct Engine<K, S, C> {
     settings: Arc<Settings>,
+    // The policies' names, shared by every endpoint's monitor entry.
+    names: Arc<[&'static str]>,
     trial: Duration,
     classifier: C,
     notifier: Arc<Notifier>,
@@ -171,6 +173,7 @@ impl<K, S, C> Engine<K, S, C> {
             })
             .collect();
         Engine {
+            names: settings.policies.iter().map(|p| p.name()).collect(),
             settings,
             trial,
             classifier,
@@ -284,6 +287,7 @@ where
             next_check: None,
             failed_checks: 0,
             last_reason: None,
+            policies: self.names.clone(),
         });
         let endpoint = Endpoint::new(service, shared);
         self.seed_rtt(&endpoint);

@@ -62,7 +62,7 @@ impl OutlierDetectionLayer {
     pub fn new(policy: impl Policy) -> Self {
         let policies: Vec<Arc<dyn Policy>> = vec![Arc::new(policy)];
         OutlierDetectionLayer {
-            monitor: Monitor::new(names(&policies)),
+            monitor: Monitor::new(),
             policies,
             budget: None,
             clock: Clock::auto(),
@@ -72,19 +72,14 @@ impl OutlierDetectionLayer {
     }
 }
 
-fn names(policies: &[Arc<dyn Policy>]) -> Arc<[&'static str]> {
-    policies.iter().map(|p| p.name()).collect()
-}
-
 impl<C, P> OutlierDetectionLayer<C, P> {
     /// Adds another policy. All policies judge every endpoint; the first that calls it an
     /// outlier ejects it, and all ejections spend from the one budget.
     ///
-    /// The layer's monitor is replaced (it names the policies), so take
-    /// [`monitor`](Self::monitor) after adding policies.
+    /// A [`monitor`](Self::monitor) taken before or after shows the same endpoints, each with
+    /// the windows of all the policies of the layer that built its adaptor.
     pub fn with_policy(mut self, policy: impl Policy) -> Self {
         self.policies.push(Arc::new(policy));
-        self.monitor = Monitor::new(names(&self.policies));
         self
     }
 

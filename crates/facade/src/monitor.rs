@@ -127,7 +127,6 @@ pub struct Monitor {
 
 pub(crate) struct Registry {
     next_id: AtomicU64,
-    policies: Arc<[&'static str]>,
     entries: Lock<HashMap<u64, Tracked>>,
 }
 
@@ -138,14 +137,15 @@ pub(crate) struct Tracked {
     pub(crate) next_check: Option<Instant>,
     pub(crate) failed_checks: u32,
     pub(crate) last_reason: Option<Reason>,
+    // The names of the policies of the layer that built the endpoint's adaptor, in order.
+    pub(crate) policies: Arc<[&'static str]>,
 }
 
 impl Monitor {
-    pub(crate) fn new(policies: Arc<[&'static str]>) -> Self {
+    pub(crate) fn new() -> Self {
         Monitor {
             registry: Arc::new(Registry {
                 next_id: AtomicU64::new(0),
-                policies,
                 entries: Lock::new(HashMap::new()),
             }),
         }
@@ -168,7 +168,7 @@ impl Monitor {
                 let windows: Vec<PolicyWindow> = record
                     .policies()
                     .iter()
-                    .zip(self.registry.policies.iter())
+                    .zip(tracked.policies.iter())
                     .map(|(policy, name)| PolicyWindow {
                         policy: name,
                         counts: policy.counts(at),

@@ -124,7 +124,7 @@ impl Bench {
             budget: Budget::new(max_ratio, BudgetFloor::One).unwrap(),
             clock: Clock::tokio(),
         };
-        let registry = Monitor::new(vec!["switch"].into()).registry().clone();
+        let registry = Monitor::new().registry().clone();
         let start = Instant::now();
         let engine = Engine::new(Arc::new(settings), NetworkErrors, registry, start);
         let mut bench = Bench {
