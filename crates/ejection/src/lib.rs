@@ -11,8 +11,18 @@
 //!   capped at the max multiple; recovery resets the interval to one unit.
 //!
 //! Presets: [`ErrorRateConfig::hsf`], [`ErrorRateConfig::edas_spring_cloud`],
-//! [`ErrorRateConfig::edas_dubbo_2_7`]. HSF's configuration-center JSON is read by
-//! [`HsfQosConfig`].
+//! [`ErrorRateConfig::edas_dubbo_2_7`].
+//!
+#![cfg_attr(
+    feature = "hsf",
+    doc = "HSF's configuration-center JSON and `-D` parameters are read by [`HsfQosConfig`] \
+           (cargo feature `hsf`, on by default)."
+)]
+#![cfg_attr(
+    not(feature = "hsf"),
+    doc = "HSF's configuration-center JSON and `-D` parameters are read by `HsfQosConfig`, \
+           behind the cargo feature `hsf` (on by default, off in this build)."
+)]
 //!
 //! ```
 //! use tower_outlier_ejection::{ErrorRateConfig, ErrorRatePolicy};
@@ -20,11 +30,23 @@
 //! let policy = ErrorRatePolicy::new(ErrorRateConfig::edas_spring_cloud().build()?);
 //! # Ok::<(), tower_outlier_core::ConfigError>(())
 //! ```
+//!
+//! # Cargo features
+//!
+//! * `hsf` (on by default): the HSF configuration reader, `HsfQosConfig`, and its error,
+//!   `HsfConfigError`. It is the only user of `serde` and `serde_json`: with
+//!   `default-features = false`, configure ejection in code with [`ErrorRateConfig`] and neither
+//!   is compiled.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+#[cfg(feature = "hsf")]
 mod hsf;
 mod policy;
 
 pub use config::{ErrorRateBuilder, ErrorRateConfig};
+#[cfg(feature = "hsf")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
 pub use hsf::{HsfConfigError, HsfQosConfig};
 pub use policy::{ErrorRateEndpoint, ErrorRatePolicy};

@@ -46,7 +46,7 @@ impl fmt::Display for Strategy {
 /// use std::time::Duration;
 /// use tower_outlier_slow_call::BreakerConfig;
 ///
-/// // The seed's walk-through: 1 s interval, at least 5 calls, every call slower than 500 ms,
+/// // A slow-call ratio breaker: 1 s interval, at least 5 calls, every call slower than 500 ms,
 /// // open for 10 s.
 /// let config = BreakerConfig::slow_ratio(Duration::from_millis(500))
 ///     .ratio(1.0)

@@ -13,10 +13,28 @@
 //! * Observers ([`CircuitBreakerLayer::on_state_change`], [`SlowCallPolicy::on_state_change`]) and
 //!   `tracing` events (`target: "tower_outlier::breaker"`) receive every change with the value
 //!   that triggered it.
-//! * Sentinel's `DegradeRule` JSON loads with [`parse_degrade_rules`].
+#![cfg_attr(
+    feature = "sentinel",
+    doc = "* Sentinel's `DegradeRule` JSON loads with [`parse_degrade_rules`] (cargo feature \
+           `sentinel`, on by default)."
+)]
+#![cfg_attr(
+    not(feature = "sentinel"),
+    doc = "* Sentinel's `DegradeRule` JSON loads with `parse_degrade_rules`, behind the cargo \
+           feature `sentinel` (on by default, off in this build)."
+)]
 //!
 //! The statistics interval is the core crate's lock-free bucketed window; with one bucket (the
 //! default) it behaves exactly like Sentinel's `statIntervalMs`.
+//!
+//! # Cargo features
+//!
+//! * `sentinel` (on by default): the Sentinel `DegradeRule` JSON reader, `parse_degrade_rules`,
+//!   with its `DegradeRule` and `RuleError`. It is the only user of `serde_json`: with
+//!   `default-features = false`, configure breakers in code with [`BreakerConfig`] and
+//!   `serde_json` is not compiled.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod breaker;
 mod config;
@@ -24,6 +42,7 @@ mod error;
 mod future;
 mod layer;
 mod policy;
+#[cfg(feature = "sentinel")]
 mod sentinel;
 mod service;
 
@@ -33,5 +52,7 @@ pub use error::BrokenCircuit;
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
 pub use policy::SlowCallPolicy;
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use sentinel::{parse_degrade_rules, DegradeRule, RuleError};
 pub use service::CircuitBreaker;

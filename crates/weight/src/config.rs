@@ -15,7 +15,7 @@ use tower_outlier_core::{ConfigError, FailureKind, Outcome};
 /// use std::time::Duration;
 /// use tower_outlier_weight::WeightConfig;
 ///
-/// // The seed's example.
+/// // The example from SOFARPC's fault-tolerance documentation.
 /// let config = WeightConfig::builder()
 ///     .regulation_effective(true)
 ///     .degrade_effective(true)

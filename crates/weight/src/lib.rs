@@ -1,9 +1,22 @@
 //! Weight degradation (SOFARPC fault tolerance) for tower-outlier.
+//!
+//! # Cargo features
+//!
+//! * `sofa` (on by default): the SOFARPC properties reader, `SofaProperties`, and its error,
+//!   `PropertiesError`, which read SOFARPC's fault-tolerance properties
+//!   (`com.alipay.sofa.rpc.aft.*`, as in a SOFABoot `application.properties`). With
+//!   `default-features = false`, configure weight degradation in code with
+//!   [`WeightConfig::builder`].
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 mod policy;
+#[cfg(feature = "sofa")]
 mod sofa;
 
 pub use config::{ExceptionKinds, WeightBuilder, WeightConfig};
 pub use policy::{WeightEndpoint, WeightPolicy};
+#[cfg(feature = "sofa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sofa")))]
 pub use sofa::{PropertiesError, SofaProperties};
