@@ -1,4 +1,4 @@
-//! Per-call overhead of the `Endpoint` wrapper over a trivial always-ready service, against the
+//! Per-call overhead of the `OutlierEndpoint` wrapper over a trivial always-ready service, against the
 //! bare service measured in the same run.
 //!
 //! Run with `cargo bench -p tower-outlier-benches`. A plain harness (no criterion): each case runs

@@ -1,4 +1,4 @@
-//! What a power-of-two-choices draw costs: one `Load::load` read of an `Endpoint`, against tower's
+//! What a power-of-two-choices draw costs: one `Load::load` read of an `OutlierEndpoint`, against tower's
 //! own `PeakEwma` read measured in the same run; and whether the balancer's reads slow down the
 //! completions recorded on another core.
 //!
@@ -23,7 +23,9 @@ use futures::StreamExt;
 use tower::discover::{Change, ServiceList};
 use tower::load::{CompleteOnResponse, Load, PeakEwma};
 use tower_layer::Layer;
-use tower_outlier::{Clock, Endpoint, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+use tower_outlier::{
+    Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, OutlierEndpoint,
+};
 use tower_service::Service;
 
 const ITERATIONS: u64 = 10_000_000;
@@ -50,7 +52,9 @@ impl Service<u64> for TimesOut {
 
 /// Endpoints as the balancer receives them: through the layer's adaptor, so they are tracked and
 /// may ask for evidence.
-fn tracked<S: Service<u64> + Clone>(service: S) -> Endpoint<S, tower_outlier::NetworkErrors> {
+fn tracked<S: Service<u64> + Clone>(
+    service: S,
+) -> OutlierEndpoint<S, tower_outlier::NetworkErrors> {
     let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
         ErrorRateConfig::hsf().build().expect("valid preset"),
     ))
@@ -84,7 +88,7 @@ where
 /// ns per completed call on one thread, while another thread reads the load of a second handle of
 /// the same endpoint (`with_reader`) or idles.
 fn completions_beside_reads<S>(
-    endpoint: &Endpoint<S, tower_outlier::NetworkErrors>,
+    endpoint: &OutlierEndpoint<S, tower_outlier::NetworkErrors>,
     with_reader: bool,
 ) -> f64
 where

@@ -24,9 +24,8 @@ use tower::discover::Change;
 use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_outlier::classify::classify_fn;
-use tower_outlier::{
-    Clock, ErrorRateConfig, ErrorRatePolicy, FailureKind, Outcome, OutlierDetectionLayer,
-};
+use tower_outlier::classify::{FailureKind, Outcome};
+use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 use tower_service::Service;
 
 /// A request that the classifier counts as a failure.

@@ -10,10 +10,10 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tower_outlier::classify::{FailureKind, Observation, Outcome};
+use tower_outlier::policy::{EndpointRecord, FleetMember, Notifier, Policy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
-use tower_outlier::{
-    Clock, EndpointRecord, FailureKind, FleetMember, Notifier, Observation, Outcome, Policy,
-};
+use tower_outlier::Clock;
 
 fn main() {
     let policy = WeightPolicy::new(

@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, StreamBody};
 use tower::{service_fn, Service, ServiceExt};
 use tower_outlier::grpc::{Code, GrpcErrors};
 use tower_outlier::{
-    Endpoint, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, WindowCounts,
+    ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, OutlierEndpoint, WindowCounts,
 };
 
 type TestBody = StreamBody<BoxStream<'static, Result<http_body::Frame<Bytes>, io::Error>>>;
@@ -52,7 +52,7 @@ impl Answer {
 
 fn endpoint(
     classifier: GrpcErrors,
-) -> Endpoint<
+) -> OutlierEndpoint<
     impl Service<
             Answer,
             Response = http::Response<TestBody>,
@@ -97,7 +97,7 @@ fn endpoint(
     }))
 }
 
-fn counts<S>(endpoint: &Endpoint<S, GrpcErrors>) -> WindowCounts {
+fn counts<S>(endpoint: &OutlierEndpoint<S, GrpcErrors>) -> WindowCounts {
     let record = endpoint.record();
     record.policies()[0].counts(record.clock().now())
 }

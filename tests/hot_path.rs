@@ -1,4 +1,4 @@
-//! Recording an outcome allocates nothing: calls through an `Endpoint`, successes and failures,
+//! Recording an outcome allocates nothing: calls through an `OutlierEndpoint`, successes and failures,
 //! under a counting global allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -1,4 +1,4 @@
-//! The seeds' "verify the result" step: `tracing` events and monitor snapshots tell what the
+//! What operators check after a change (EDAS and HSF call it "verify the result"): `tracing` events and monitor snapshots tell what the
 //! layer did, with the endpoint, the reason, the error rate and the next check.
 
 mod support;

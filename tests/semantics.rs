@@ -1,4 +1,4 @@
-//! SEMANTICS.md section 1 (error-rate ejection), rule by rule, through the discover adaptor on
+//! `tower_outlier::rules`, sections 2 to 4 and 8 (error-rate ejection), rule by rule, through the discover adaptor on
 //! tokio's paused clock. Each test fails if its rule is broken.
 
 mod support;

@@ -1,4 +1,4 @@
-//! SEMANTICS.md section 2 (Sentinel's slow-call ratio, error ratio and error count breaker),
+//! `tower_outlier::rules`, section 5 (Sentinel's slow-call ratio, error ratio and error count breaker),
 //! rule by rule: on the breaker itself, through the standalone layer on tokio's paused clock, and
 //! per endpoint through the outlier layer.
 
@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_outlier::classify::{FailureKind, Observation, Outcome};
 use tower_outlier::slow_call::{
     Admission, Breaker, BreakerConfig, BrokenCircuit, CircuitBreakerLayer, SlowCallPolicy, State,
     StateChange,
 };
-use tower_outlier::{FailureKind, Observation, Outcome};
 
 const MS: u64 = 1_000_000;
 const SECOND: u64 = 1_000 * MS;
@@ -577,7 +577,7 @@ mod against_a_real_server {
         let requests = Arc::new(AtomicUsize::new(0));
         let addr = server(delay_ms.clone(), requests.clone()).await;
         let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-        // The seed's rule scaled down: slower than 30 ms is slow, at least 5 calls, ratio 1.0.
+        // Sentinel's documented rule scaled down: slower than 30 ms is slow, at least 5 calls, ratio 1.0.
         let service = ServiceBuilder::new()
             .layer(CircuitBreakerLayer::new(
                 BreakerConfig::slow_ratio(Duration::from_millis(30))

@@ -1,4 +1,4 @@
-//! SEMANTICS.md section 3 (SOFARPC weight degradation), rule by rule, through the discover
+//! `tower_outlier::rules`, section 6 (SOFARPC weight degradation), rule by rule, through the discover
 //! adaptor on tokio's paused clock, and the weight's effect through a real p2c balancer.
 
 mod support;
@@ -10,7 +10,7 @@ use tower_outlier::probe::PassiveTrial;
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
 use tower_outlier::{Budget, BudgetFloor, OutlierDetectionLayer};
 
-/// The seed's example: window 20 s, least 30 calls, multiple 6, degrade 0.5, recover 1.2, least
+/// SOFARPC's documented example: window 20 s, least 30 calls, multiple 6, degrade 0.5, recover 1.2, least
 /// weight 1, at most 2 degraded.
 fn seed() -> tower_outlier::weight::WeightBuilder {
     WeightConfig::builder()
@@ -340,7 +340,7 @@ mod all_three_policies {
         ))
         .with_policy(WeightPolicy::new(
             WeightConfig::sofarpc()
-                .exceptions(&[tower_outlier::FailureKind::Timeout])
+                .exceptions(&[tower_outlier::classify::FailureKind::Timeout])
                 .least_window_count(5)
                 .exception_rate_multiple(2.0)
                 .build()

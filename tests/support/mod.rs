@@ -15,7 +15,9 @@ use futures::Stream;
 use tower::discover::Change;
 use tower::{Service, ServiceExt};
 use tower_outlier::probe::Probe;
-use tower_outlier::{Endpoint, NetworkErrors, OutlierDetection, OutlierDetectionLayer};
+use tower_outlier::{
+    NetworkErrors, OutlierDetectionDiscover, OutlierDetectionLayer, OutlierEndpoint,
+};
 
 /// A backend that answers its id, or fails with a transport error while `failing` is set.
 #[derive(Clone, Debug)]
@@ -89,8 +91,8 @@ pub enum Seen {
 /// Drives an adaptor like a balancer would: applies every change it yields to a live set.
 pub struct Harness<P> {
     pub tx: mpsc::UnboundedSender<Result<Change<usize, Backend>, Infallible>>,
-    pub adaptor: OutlierDetection<Upstream, NetworkErrors, P>,
-    pub live: HashMap<usize, Endpoint<Backend, NetworkErrors>>,
+    pub adaptor: OutlierDetectionDiscover<Upstream, NetworkErrors, P>,
+    pub live: HashMap<usize, OutlierEndpoint<Backend, NetworkErrors>>,
     pub backends: HashMap<usize, Backend>,
     pub seen: Vec<(tokio::time::Instant, Seen)>,
     pub ended: bool,

@@ -2,7 +2,7 @@
 //!
 //! The seeds let the user choose what counts against an endpoint, and so do these:
 //!
-//! | seed's choice | classifier |
+//! | the system's choice | classifier |
 //! |---|---|
 //! | EDAS "network exceptions" | [`NetworkErrors`] |
 //! | EDAS "network exceptions + HTTP 5xx" | [`ServerErrors`] |

@@ -21,13 +21,13 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower::discover::{Change, Discover};
 
-use crate::endpoint::Endpoint;
+use crate::endpoint::OutlierEndpoint;
 use crate::engine::{Engine, ProbeStart, Settings};
 use crate::monitor::Registry;
 use crate::probe::Probe;
 
 pin_project! {
-    /// A [`Discover`] stream of [`Endpoint`]s: the upstream's endpoints minus the ejected ones.
+    /// A [`Discover`] stream of [`OutlierEndpoint`]s: the upstream's endpoints minus the ejected ones.
     ///
     /// Built by [`OutlierDetectionLayer`](crate::OutlierDetectionLayer). Upstream `Insert`s and
     /// `Remove`s pass through (wrapped); an ejection yields `Change::Remove`, a re-admission
@@ -43,7 +43,7 @@ pin_project! {
     /// * An upstream error is passed through and nothing is forgotten.
     /// * When the upstream ends, the last known set stays under detection; this stream ends only
     ///   once the upstream has ended and holds no endpoint.
-    pub struct OutlierDetection<D, C, P>
+    pub struct OutlierDetectionDiscover<D, C, P>
     where
         D: Discover,
     {
@@ -61,7 +61,7 @@ pin_project! {
 
 type ProbeTask<K> = Abortable<Pin<Box<dyn Future<Output = (K, u64, bool)> + Send>>>;
 
-impl<D, C, P> OutlierDetection<D, C, P>
+impl<D, C, P> OutlierDetectionDiscover<D, C, P>
 where
     D: Discover,
 {
@@ -72,7 +72,7 @@ where
         probe: P,
         registry: Arc<Registry>,
     ) -> Self {
-        OutlierDetection {
+        OutlierDetectionDiscover {
             discover,
             upstream_done: false,
             engine: Engine::new(settings, classifier, registry, Instant::now()),
@@ -100,7 +100,7 @@ where
     }
 }
 
-impl<D, C, P> Stream for OutlierDetection<D, C, P>
+impl<D, C, P> Stream for OutlierDetectionDiscover<D, C, P>
 where
     D: Discover,
     D::Key: Hash + Eq + Clone + fmt::Debug + Send + 'static,
@@ -108,7 +108,7 @@ where
     C: Clone + Send + Sync + 'static,
     P: Probe<D::Key, D::Service>,
 {
-    type Item = Result<Change<D::Key, Endpoint<D::Service, C>>, D::Error>;
+    type Item = Result<Change<D::Key, OutlierEndpoint<D::Service, C>>, D::Error>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let mut this = self.project();
@@ -243,13 +243,13 @@ fn start_probe<K: Send + 'static>(
     aborts.insert(id, abort);
 }
 
-impl<D, C, P> fmt::Debug for OutlierDetection<D, C, P>
+impl<D, C, P> fmt::Debug for OutlierDetectionDiscover<D, C, P>
 where
     D: Discover + fmt::Debug,
     D::Key: fmt::Debug,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OutlierDetection")
+        f.debug_struct("OutlierDetectionDiscover")
             .field("discover", &self.discover)
             .field("tracked", &self.engine.tracked())
             .field("ejected", &self.engine.ejected())

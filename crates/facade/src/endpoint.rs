@@ -16,7 +16,7 @@ use crate::response::ResponseClassifier;
 pub(crate) struct Shared<C> {
     pub(crate) record: EndpointRecord,
     pub(crate) classifier: C,
-    // How many `Endpoint` values hold this record. Every other strong reference is an in-flight
+    // How many `OutlierEndpoint` values hold this record. Every other strong reference is an in-flight
     // response future, so the in-flight count is derived instead of counted twice per call.
     holders: AtomicUsize,
 }
@@ -82,7 +82,7 @@ const EVIDENCE_REFRESH: Nanos = 10_000_000;
 
 /// What the balancer's load reads need to remember about this handle. It belongs to the handle
 /// the balancer holds, not to the shared record, so the reads write no memory other cores use.
-/// Atomic only so that `Endpoint` stays `Sync`: the balancer holding the handle is normally its
+/// Atomic only so that `OutlierEndpoint` stays `Sync`: the balancer holding the handle is normally its
 /// only reader; concurrent reads through a shared reference could only blur the counts.
 #[derive(Debug)]
 struct Draws {
@@ -161,7 +161,7 @@ impl<C> Drop for Holder<C> {
 /// endpoint's shared [`EndpointRecord`] (lock-free). A response future dropped before completion
 /// counts as cancelled: neither success nor failure.
 ///
-/// `Endpoint` implements [`tower::load::Load`] with a peak-EWMA-style [`Cost`]: the latency
+/// `OutlierEndpoint` implements [`tower::load::Load`] with a peak-EWMA-style [`Cost`]: the latency
 /// estimate (a peak-sensitive moving average of the latencies it measures, decaying toward zero
 /// while idle), times the requests in flight plus one, divided by the endpoint's relative weight.
 ///
@@ -183,14 +183,14 @@ impl<C> Drop for Holder<C> {
 /// assert!(endpoint.load().value() > 0.0);
 /// # Ok(()) }
 /// ```
-pub struct Endpoint<S, C> {
+pub struct OutlierEndpoint<S, C> {
     inner: S,
     holder: Holder<C>,
 }
 
-impl<S, C> Endpoint<S, C> {
+impl<S, C> OutlierEndpoint<S, C> {
     pub(crate) fn new(inner: S, shared: Arc<Shared<C>>) -> Self {
-        Endpoint {
+        OutlierEndpoint {
             inner,
             holder: Holder::new(shared),
         }
@@ -198,7 +198,7 @@ impl<S, C> Endpoint<S, C> {
 
     /// The same endpoint record around another service (an upstream replacement).
     pub(crate) fn with_service(&self, inner: S) -> Self {
-        Endpoint {
+        OutlierEndpoint {
             inner,
             holder: self.holder.clone(),
         }
@@ -230,25 +230,25 @@ impl<S, C> Endpoint<S, C> {
     }
 }
 
-impl<S: Clone, C> Clone for Endpoint<S, C> {
+impl<S: Clone, C> Clone for OutlierEndpoint<S, C> {
     fn clone(&self) -> Self {
-        Endpoint {
+        OutlierEndpoint {
             inner: self.inner.clone(),
             holder: self.holder.clone(),
         }
     }
 }
 
-impl<S: fmt::Debug, C> fmt::Debug for Endpoint<S, C> {
+impl<S: fmt::Debug, C> fmt::Debug for OutlierEndpoint<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Endpoint")
+        f.debug_struct("OutlierEndpoint")
             .field("inner", &self.inner)
             .field("record", self.record())
             .finish()
     }
 }
 
-impl<S, C, Req> Service<Req> for Endpoint<S, C>
+impl<S, C, Req> Service<Req> for OutlierEndpoint<S, C>
 where
     S: Service<Req>,
     C: ResponseClassifier<S::Response, S::Error>,
@@ -284,7 +284,7 @@ where
     }
 }
 
-/// The load of an [`Endpoint`]: (latency estimate + 1 µs) × (in-flight + 1) ÷ relative weight,
+/// The load of an [`OutlierEndpoint`]: (latency estimate + 1 µs) × (in-flight + 1) ÷ relative weight,
 /// in nanoseconds — or zero while the endpoint needs calls to be judged.
 ///
 /// Lower is better. The microsecond keeps requests in flight and weights meaningful between
@@ -318,7 +318,7 @@ impl Cost {
 
 const COST_FLOOR_NANOS: f64 = 1_000.0;
 
-impl<S, C> Load for Endpoint<S, C> {
+impl<S, C> Load for OutlierEndpoint<S, C> {
     type Metric = Cost;
 
     fn load(&self) -> Cost {

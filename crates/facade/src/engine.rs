@@ -22,7 +22,7 @@ use tower_outlier_core::{
 };
 
 use crate::deadlines::Deadlines;
-use crate::endpoint::{Endpoint, HasRecord, Shared};
+use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
 use crate::monitor::{EndpointStatus, Registry, Tracked};
 use crate::probe::ProbeFuture;
 
@@ -56,7 +56,7 @@ pub(crate) struct Engine<K, S, C> {
     ejected: usize,
     // How many entries have `refused` set, so the common case (none) skips the scan.
     refused: usize,
-    queue: VecDeque<Change<K, Endpoint<S, C>>>,
+    queue: VecDeque<Change<K, OutlierEndpoint<S, C>>>,
     probes: VecDeque<ProbeStart<K>>,
     cancelled: Vec<u64>,
     fleet: Vec<FleetSchedule>,
@@ -79,7 +79,7 @@ struct FleetSchedule {
 }
 
 struct Entry<S, C> {
-    endpoint: Endpoint<S, C>,
+    endpoint: OutlierEndpoint<S, C>,
     id: u64,
     status: Status,
     failed_checks: u32,
@@ -212,7 +212,7 @@ impl<K, S, C> Engine<K, S, C> {
     }
 
     /// The next change for the balancer.
-    pub(crate) fn pop_change(&mut self) -> Option<Change<K, Endpoint<S, C>>> {
+    pub(crate) fn pop_change(&mut self) -> Option<Change<K, OutlierEndpoint<S, C>>> {
         self.queue.pop_front()
     }
 
@@ -289,7 +289,7 @@ where
             last_reason: None,
             policies: self.names.clone(),
         });
-        let endpoint = Endpoint::new(service, shared);
+        let endpoint = OutlierEndpoint::new(service, shared);
         self.seed_rtt(&endpoint);
         self.queue
             .push_back(Change::Insert(key.clone(), endpoint.clone()));
@@ -338,7 +338,7 @@ where
     /// competes for traffic on equal terms: the samples from before its ejection (or none at all)
     /// would otherwise starve it, and a passive trial needs traffic to judge. A sample of the
     /// fleet is enough for a starting point and keeps inserting n endpoints linear in n.
-    fn seed_rtt(&self, endpoint: &Endpoint<S, C>) {
+    fn seed_rtt(&self, endpoint: &OutlierEndpoint<S, C>) {
         const SAMPLE: usize = 32;
         let record = endpoint.record();
         let now = record.clock().now();

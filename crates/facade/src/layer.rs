@@ -8,8 +8,8 @@ use tower_outlier_core::{
     Budget, BudgetFloor, Clock, EndpointRecord, NetworkErrors, Notifier, Policy,
 };
 
-use crate::discover::OutlierDetection;
-use crate::endpoint::{Endpoint, Shared};
+use crate::discover::OutlierDetectionDiscover;
+use crate::endpoint::{OutlierEndpoint, Shared};
 use crate::engine::Settings;
 use crate::monitor::Monitor;
 use crate::probe::PassiveTrial;
@@ -17,7 +17,7 @@ use crate::probe::PassiveTrial;
 /// Client-side outlier detection for a `tower::discover` stream.
 ///
 /// Wraps a discover stream of services; the result is itself a discover stream, of
-/// [`Endpoint`]s, minus the endpoints the policies eject. Feed it to
+/// [`OutlierEndpoint`]s, minus the endpoints the policies eject. Feed it to
 /// `tower::balance::p2c::Balance` (usually behind `tower::buffer::Buffer`).
 ///
 /// * `C` classifies results ([`NetworkErrors`] by default; see
@@ -145,7 +145,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     /// Wraps one service as an endpoint tracked by no adaptor: its calls are recorded and it
     /// reports its [`Load`](tower::load::Load), but nothing ejects it. For custom balancers and
     /// benchmarks.
-    pub fn endpoint<S>(&self, service: S) -> Endpoint<S, C>
+    pub fn endpoint<S>(&self, service: S) -> OutlierEndpoint<S, C>
     where
         C: Clone,
     {
@@ -157,7 +157,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             self.policies.iter().map(|p| p.new_endpoint()).collect(),
             Arc::new(notifier),
         );
-        Endpoint::new(service, Shared::new(record, self.classifier.clone()))
+        OutlierEndpoint::new(service, Shared::new(record, self.classifier.clone()))
     }
 }
 
@@ -172,10 +172,10 @@ where
     C: Clone,
     P: Clone,
 {
-    type Service = OutlierDetection<D, C, P>;
+    type Service = OutlierDetectionDiscover<D, C, P>;
 
     fn layer(&self, discover: D) -> Self::Service {
-        OutlierDetection::new(
+        OutlierDetectionDiscover::new(
             discover,
             Arc::new(self.settings()),
             self.classifier.clone(),

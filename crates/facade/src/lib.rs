@@ -2,9 +2,9 @@
 //! load-balanced set that fail, take them out of rotation, check them, and bring them back.
 //!
 //! [`OutlierDetectionLayer`] wraps a `tower::discover` stream. Each discovered service becomes an
-//! [`Endpoint`] whose response futures classify and record every call (lock-free, with its
+//! [`OutlierEndpoint`] whose response futures classify and record every call (lock-free, with its
 //! latency); the layer's output is a discover stream without the ejected endpoints, ready for
-//! `tower::balance::p2c::Balance`. [`Endpoint`] implements `tower::load::Load`, so p2c prefers
+//! `tower::balance::p2c::Balance`. [`OutlierEndpoint`] implements `tower::load::Load`, so p2c prefers
 //! fast, idle endpoints.
 //!
 //! Policies (each its own crate, re-exported behind a feature):
@@ -40,51 +40,81 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Invariants the layer keeps: the last available endpoint is never ejected; ejections never
-//! exceed the budget; no request is routed to an ejected endpoint; idle means `Pending` with a
-//! timer or waker registered; recording takes no lock and allocates nothing; the upstream is
-//! authoritative; time comes from tokio (or the [`Clock`] you choose); bad configuration is a
-//! [`ConfigError`].
+//! Every rule the layer follows — when an endpoint is judged and ejected, the budget, recovery
+//! checks and trials, the breaker, the weights, how the load steers the balancer, and the
+//! invariants — is stated once, in [`rules`]. Writing a policy of your own starts at [`policy`].
+//!
+//! Features: `ejection`, `slow-call` and `weight` (the policies), `hsf`, `sentinel` and `sofa`
+//! (their configuration readers), all on by default; `tower-http` (a `tower_http` response
+//! classifier).
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod deadlines;
 mod discover;
 mod endpoint;
 mod engine;
-mod future;
+pub mod future;
 pub mod grpc;
 mod layer;
 mod monitor;
+pub mod policy;
 pub mod probe;
-pub mod response;
+mod response;
+pub mod rules;
 #[cfg(feature = "tower-http")]
 pub mod tower_http;
 
-pub use discover::OutlierDetection;
-pub use endpoint::{Cost, Endpoint};
-pub use future::ResponseFuture;
+pub mod classify {
+    //! What counts as a failure, and when it is known.
+    //!
+    //! A [`Classify`] turns one call's result into an [`Outcome`]: success, or a failure of a
+    //! [`FailureKind`]. [`NetworkErrors`] (the default, EDAS's "network exceptions") counts every
+    //! error; [`ServerErrors`] (EDAS's "network exceptions + HTTP 5xx") also counts 5xx
+    //! responses; [`predicate`] (HSF's `bizExceptionPredicateClassName`) and [`classify_fn`]
+    //! take your own rule. A call whose response future is dropped first is cancelled: neither.
+    //!
+    //! Classifiers that can only decide later — at the end of a response body, as gRPC's status
+    //! in trailers — implement [`ResponseClassifier`] and record through a [`Recorder`];
+    //! [`Immediate`] adapts a [`Classify`] to it (the layer does this for you).
+    pub use crate::response::{Immediate, Recorder, ResponseClassifier};
+    pub use tower_outlier_core::classify::*;
+    pub use tower_outlier_core::{FailureKind, Observation, Outcome};
+}
+
+pub use classify::{NetworkErrors, ServerErrors};
+pub use discover::OutlierDetectionDiscover;
+pub use endpoint::{Cost, OutlierEndpoint};
 pub use layer::OutlierDetectionLayer;
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, PolicyWindow, Snapshot};
-
 pub use tower_outlier_core::{
-    classify, Admit, AsAny, Budget, BudgetFloor, Classify, Clock, ConfigError, EndpointPolicy,
-    EndpointRecord, FailureKind, FleetMember, Judgement, NetworkErrors, Notifier, Observation,
-    Outcome, Policy, Reason, RecoverySchedule, ServerErrors, Signal, Window, WindowCounts,
+    Budget, BudgetFloor, Clock, ConfigError, Reason, RecoverySchedule, WindowCounts,
 };
+
+/// Error-rate ejection (EDAS and HSF semantics): everything of the `tower-outlier-ejection`
+/// crate; the policy, its configuration and the HSF reader are also at this crate's root.
+#[cfg(feature = "ejection")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ejection")))]
+pub use tower_outlier_ejection as ejection;
 
 /// The slow-call ratio circuit breaker (Sentinel semantics): [`SlowCallPolicy`](slow_call::SlowCallPolicy)
 /// per endpoint in this layer, or [`CircuitBreakerLayer`](slow_call::CircuitBreakerLayer) around
 /// any service.
 #[cfg(feature = "slow-call")]
+#[cfg_attr(docsrs, doc(cfg(feature = "slow-call")))]
 pub use tower_outlier_slow_call as slow_call;
 
 /// Weight degradation (SOFARPC semantics): [`WeightPolicy`](weight::WeightPolicy) lowers the
 /// weight of endpoints whose exception rate is a multiple of the service average and restores it
 /// when they are healthy; the weight divides the endpoint's load.
 #[cfg(feature = "weight")]
+#[cfg_attr(docsrs, doc(cfg(feature = "weight")))]
 pub use tower_outlier_weight as weight;
 
 #[cfg(feature = "ejection")]
-pub use tower_outlier_ejection::{
-    ErrorRateBuilder, ErrorRateConfig, ErrorRateEndpoint, ErrorRatePolicy, HsfConfigError,
-    HsfQosConfig,
-};
+#[cfg_attr(docsrs, doc(cfg(feature = "ejection")))]
+pub use tower_outlier_ejection::{ErrorRateBuilder, ErrorRateConfig, ErrorRatePolicy};
+
+#[cfg(feature = "hsf")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
+pub use tower_outlier_ejection::{HsfConfigError, HsfQosConfig};

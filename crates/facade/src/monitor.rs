@@ -101,7 +101,7 @@ impl Snapshot {
     }
 }
 
-/// A handle for reading the layer's decisions: the seeds' "verify the result" step.
+/// A handle for reading the layer's decisions (what EDAS and HSF call "verify the result").
 ///
 /// Cheap to clone. Every adaptor the layer builds reports to the same monitor.
 ///

@@ -37,7 +37,7 @@ pub trait ResponseClassifier<Res, E>: Sized {
 /// the response future completes.
 ///
 /// ```
-/// use tower_outlier::{response::Immediate, Classify, FailureKind, Outcome};
+/// use tower_outlier::classify::{Classify, FailureKind, Immediate, Outcome};
 ///
 /// #[derive(Clone)]
 /// struct EveryErrorButNotFound;

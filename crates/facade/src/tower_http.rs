@@ -178,7 +178,7 @@ mod tests {
                 ]);
                 Ok::<_, std::io::Error>(http::Response::new(StreamBody::new(frames)))
             }));
-        let counts = |endpoint: &crate::Endpoint<_, _>| {
+        let counts = |endpoint: &crate::OutlierEndpoint<_, _>| {
             let record = endpoint.record();
             record.policies()[0].counts(record.clock().now())
         };

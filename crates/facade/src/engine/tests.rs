@@ -13,7 +13,7 @@ use tower_outlier_core::{
 };
 
 use super::{Engine, Settings, Status};
-use crate::endpoint::Endpoint;
+use crate::endpoint::OutlierEndpoint;
 use crate::monitor::Monitor;
 use crate::probe::ProbeFuture;
 
@@ -111,7 +111,7 @@ type TestEngine = Engine<u32, Svc, NetworkErrors>;
 struct Bench {
     engine: TestEngine,
     switches: Arc<Switches>,
-    live: std::collections::HashMap<u32, Endpoint<Svc, NetworkErrors>>,
+    live: std::collections::HashMap<u32, OutlierEndpoint<Svc, NetworkErrors>>,
     start: Instant,
 }
 
@@ -187,7 +187,7 @@ impl Bench {
         record.observe(&observation, record.clock().now(), 0);
     }
 
-    fn endpoint(&self, key: u32) -> Endpoint<Svc, NetworkErrors> {
+    fn endpoint(&self, key: u32) -> OutlierEndpoint<Svc, NetworkErrors> {
         self.engine.entries[&key].endpoint.clone()
     }
 

@@ -1,0 +1,122 @@
+//! The rules the layer follows, each stated once. Code, tests and the README refer here.
+//!
+//! The three policies implement the behaviour of production systems: error-rate ejection as
+//! Alibaba EDAS and HSF describe their "outlier instance removal", the slow-call ratio circuit
+//! breaker of Alibaba Sentinel, and the weight degradation of SOFARPC's fault tolerance. Where
+//! those systems are silent, the rule below says what this crate decided.
+//!
+//! # 1. Outcomes
+//!
+//! Every finished call has one outcome: a success, or a failure of a kind (transport error,
+//! timeout, server error, overload, business failure), and a latency. A call whose response
+//! future is dropped before it finishes is *cancelled* and counts as neither. The classifier
+//! decides which results are failures ([`classify`](crate::classify)): EDAS counts network
+//! exceptions, or network exceptions and HTTP 5xx; HSF lets a predicate decide; SOFARPC counts
+//! timeouts and overload only. A gRPC status may arrive in the trailers, so a classifier may
+//! decide when the response body ends.
+//!
+//! # 2. Error-rate ejection (EDAS, HSF)
+//!
+//! * An endpoint is judged only when its window (10 s by default; 15 s for Dubbo 2.7) holds at
+//!   least the minimum number of calls (10 by default).
+//! * It is an outlier when its error rate in the window is **strictly greater** than the
+//!   threshold (50 %): 6 failures in 10 calls is ejected, 5 in 10 is not.
+//! * The failing call that crosses the threshold wakes the layer, which ejects before the
+//!   balancer picks its next endpoint.
+//!
+//! # 3. The budget and the last endpoint
+//!
+//! * At most `floor(n × max_ejection_ratio)` endpoints are out at once (20 % by default), `n`
+//!   counting every endpoint the upstream holds, whatever the policy that ejects them. When that
+//!   is below one, EDAS ejects none and HSF ejects one ([`BudgetFloor`](crate::BudgetFloor)).
+//! * The last available endpoint is never ejected.
+//! * An ejection the rules refuse is retried when they may allow it (the set grows, an endpoint
+//!   comes back). If the upstream removes endpoints so that more are out than the budget allows,
+//!   or none is left in, the ones whose checks are due soonest come back on trial.
+//!
+//! # 4. Recovery
+//!
+//! * **Schedule.** The first check is one recovery unit after the ejection; each failed check
+//!   makes the next one unit later, up to a maximum multiple (EDAS 30 s × 20, so every 10 min at
+//!   most; HSF 60 s × 60, every hour); a passed check resets it to one unit.
+//! * **Passive trial** (the default check). The endpoint is re-admitted and judged only on the
+//!   calls it gets from then on. Breaching again ejects it with the next, longer interval. The
+//!   trial lasts one window and passes only on evidence: no policy judges the endpoint an
+//!   outlier, and the ejecting policy's windows, added up over the trial, hold at least its
+//!   minimum number of calls; otherwise the trial goes on for another window. A trial that
+//!   breaches while the budget or the last-endpoint rule keeps the endpoint in is a failed
+//!   check all the same (once per re-admission): it stays on trial and is ejected as soon as the
+//!   rules allow.
+//! * **Active probe** ([`probe`](crate::probe)). A request of your own is sent through a clone
+//!   of the ejected endpoint's service; success re-admits, failure (or no answer within one
+//!   recovery unit) is a failed check. No caller's request reaches the endpoint meanwhile.
+//!
+//! # 5. Slow calls (Sentinel)
+//!
+//! * A call is slow when its latency is strictly greater than the maximum response time.
+//! * Closed → open → half-open. In the closed state, after each completion, once the interval
+//!   (1 s by default) holds the minimum number of requests (5), the breaker opens when the slow
+//!   ratio is strictly greater than the threshold — or, with a threshold of 1.0, when every call
+//!   was slow. Error ratio: errors ÷ calls strictly greater; error count: errors strictly
+//!   greater.
+//! * Open rejects every call for the open duration; then exactly one call is the half-open
+//!   probe, and its completion alone decides: slow or failed re-opens for another full
+//!   duration, otherwise the breaker closes and the statistics restart. Observers hear of every
+//!   state change with the value that caused it.
+//! * In this layer an open breaker ejects its endpoint within the shared budget; standalone
+//!   ([`CircuitBreakerLayer`](crate::slow_call::CircuitBreakerLayer)) calls fail fast with a
+//!   distinct error while it is open.
+//!
+//! # 6. Weight degradation (SOFARPC)
+//!
+//! Once per window (10 s):
+//! * An endpoint is counted only when its calls reach the least count (10) scaled by its current
+//!   weight over its original weight (multiplied, then truncated; at least 1).
+//! * The average exception rate is taken over the counted endpoints, the judged one included;
+//!   with none counted nothing is judged, and with an average of 0 every counted endpoint is
+//!   healthy. Rates and their quotient are rounded half-up to hundredths, as SOFARPC does.
+//! * An endpoint is abnormal when its rate ÷ the average is at least the multiple (6). With
+//!   degradation on, its weight becomes weight × degrade rate (0.05), never below the least
+//!   weight, compounding each abnormal window, with at most a maximum number of endpoints (2)
+//!   degraded at once; with it off, abnormal endpoints are only reported.
+//! * A healthy degraded endpoint's weight becomes weight × recover rate (2), and once that
+//!   reaches the original weight it is restored to it exactly.
+//! * The weight reaches the balancer through the load: the endpoint's load is divided by its
+//!   weight relative to the original.
+//!
+//! # 7. Load and the balancer
+//!
+//! * Each endpoint's [`Load`](tower::load::Load) is (latency estimate + 1 µs) × (calls in
+//!   flight + 1) ÷ relative weight ([`Cost`](crate::Cost)). The latency estimate is a
+//!   peak-sensitive moving average that decays toward zero while the endpoint is idle (10 s time
+//!   constant).
+//! * **Evidence.** While an endpoint's last call failed (other than by overload) and a policy
+//!   needs more calls to judge it (an error rate above the threshold on fewer calls than the
+//!   minimum), its load is zero until that many calls are in flight — only while the layer
+//!   could eject it, and not when a policy lowered its weight.
+//! * **Exploration.** An endpoint whose last call succeeded and that lost 16 power-of-two-choices
+//!   draws in a row wins the next one (at most 1 in 17 of its draws).
+//!
+//! # 8. Upstream changes
+//!
+//! * The upstream is authoritative. An endpoint it removes is forgotten at once (its state, its
+//!   timers, its probe) and never re-inserted by a recovery timer.
+//! * An insert for a known key replaces the service and keeps the key's history: an available
+//!   endpoint is re-inserted with the new service, an ejected one stays out until it recovers.
+//! * Upstream errors pass through and lose nothing. When the upstream ends, the last known set
+//!   stays under detection; the stream ends once the upstream has ended holding no endpoint.
+//!
+//! # 9. Invariants
+//!
+//! Every change keeps these, and the tests check them:
+//! 1. While the upstream holds endpoints, at least one is available (rule 3).
+//! 2. The endpoints out never exceed the budget, all policies together (rule 3).
+//! 3. No real request reaches an ejected endpoint; only probes do.
+//! 4. Nothing busy-polls: `Pending` always means a waker or timer is registered.
+//! 5. Recording an outcome takes no lock and allocates nothing.
+//! 6. The upstream is authoritative (rule 8).
+//! 7. Time comes from the layer's [`Clock`](crate::Clock) (tokio's when paused, so tests are
+//!    deterministic); deadlines from tokio's timer.
+//! 8. Bad configuration is a typed error naming the field, the value and the allowed range; no
+//!    input, configuration or response makes the library panic.
+//! 9. A readiness error never ejects (tower's balancer drops such an endpoint for good).
