@@ -10,7 +10,7 @@
 //! * [`EndpointRecord`]: the per-endpoint state the layer and the response futures share.
 //! * [`ConfigError`]: a configuration value outside its range, named.
 //!
-//! Users normally depend on the `tower-outlier` facade crate, which re-exports all of this.
+//! Users normally depend on the `tower-outlier` crate, which re-exports what they need.
 //!
 //! This crate reads time from tokio (see [`Clock`]), a dependency the architecture did not list for
 //! it: the window and the clock have to agree on one time source, and tests need tokio's paused
