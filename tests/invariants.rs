@@ -9,27 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{Backend, Harness};
+use support::{Backend, Harness, SeededRng};
 use tower_outlier::probe::{probe_fn, Probe, ProbeFuture};
 use tower_outlier::{
     Budget, BudgetFloor, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer,
 };
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 async fn run<P: Probe<usize, Backend> + Clone>(
     seed: u64,
@@ -37,7 +21,7 @@ async fn run<P: Probe<usize, Backend> + Clone>(
     budget: Budget,
 ) {
     let monitor = layer.monitor();
-    let mut rng = Rng(seed);
+    let mut rng = SeededRng(seed);
     let mut h = Harness::new(&layer, 4);
     let mut upstream: HashSet<usize> = (0..4).collect();
     let mut next_id = 4;

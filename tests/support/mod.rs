@@ -66,10 +66,17 @@ impl Service<()> for Backend {
 
 pub type Upstream = mpsc::UnboundedReceiver<Result<Change<usize, Backend>, Infallible>>;
 
-/// A seeded generator (splitmix64) for `Balance::from_rng`, so p2c picks the same pairs on every
-/// run and the balancer tests are deterministic.
+/// The tests' one seeded generator (splitmix64): for `Balance::from_rng`, so p2c picks the same
+/// pairs on every run, and for random test sequences.
 #[derive(Clone, Debug)]
 pub struct SeededRng(pub u64);
+
+impl SeededRng {
+    /// Uniform in `0..n` (n > 0); the slight modulo bias does not matter to a test.
+    pub fn below(&mut self, n: u64) -> u64 {
+        tower::util::rng::Rng::next_u64(self) % n
+    }
+}
 
 impl tower::util::rng::Rng for SeededRng {
     fn next_u64(&mut self) -> u64 {
@@ -96,6 +103,8 @@ pub struct Harness<P> {
     pub backends: HashMap<usize, Backend>,
     pub seen: Vec<(tokio::time::Instant, Seen)>,
     pub ended: bool,
+    /// The task the adaptor is polled in, so tests can see whether it was woken.
+    pub task: tokio_test::task::Spawn<()>,
 }
 
 impl<P: Probe<usize, Backend> + Clone> Harness<P> {
@@ -109,6 +118,7 @@ impl<P: Probe<usize, Backend> + Clone> Harness<P> {
             backends: HashMap::new(),
             seen: Vec::new(),
             ended: false,
+            task: tokio_test::task::spawn(()),
         };
         for id in 0..endpoints {
             harness.insert(id);
@@ -132,12 +142,15 @@ impl<P: Probe<usize, Backend> + Clone> Harness<P> {
         self.tx.unbounded_send(Ok(Change::Remove(id))).unwrap();
     }
 
-    /// Polls the adaptor until it is pending, applying what it yields.
+    /// Polls the adaptor until it is pending, applying what it yields, and checks it does not
+    /// busy-poll: a `Pending` after the adaptor woke its own task is polled once more (aborting a
+    /// probe wakes the task once, as the aborted probe finishes), and must then stay quiet.
     pub fn sync(&mut self) {
-        let waker = futures::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
+        let mut woke_itself = false;
         loop {
-            match std::pin::Pin::new(&mut self.adaptor).poll_next(&mut cx) {
+            let (task, adaptor) = (&mut self.task, &mut self.adaptor);
+            let polled = task.enter(|cx, _| std::pin::Pin::new(&mut *adaptor).poll_next(cx));
+            match polled {
                 Poll::Ready(Some(Ok(Change::Insert(k, endpoint)))) => {
                     self.seen
                         .push((tokio::time::Instant::now(), Seen::Insert(k)));
@@ -152,6 +165,13 @@ impl<P: Probe<usize, Backend> + Clone> Harness<P> {
                 Poll::Ready(None) => {
                     self.ended = true;
                     return;
+                }
+                Poll::Pending if self.task.is_woken() => {
+                    assert!(
+                        !woke_itself,
+                        "the adaptor keeps waking its own task and returning Pending: a busy poll"
+                    );
+                    woke_itself = true;
                 }
                 Poll::Pending => return,
             }

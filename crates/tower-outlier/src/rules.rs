@@ -112,7 +112,9 @@
 //! 1. While the upstream holds endpoints, at least one is available (rule 3).
 //! 2. The endpoints out never exceed the budget, all policies together (rule 3).
 //! 3. No real request reaches an ejected endpoint; only probes do.
-//! 4. Nothing busy-polls: `Pending` always means a waker or timer is registered.
+//! 4. Nothing busy-polls: `Pending` always means a waker or timer is registered, and the adaptor
+//!    never wakes its own task to be polled again for nothing. (Abandoning a probe wakes it once,
+//!    as the abandoned probe finishes; the test harness checks every poll for a second one.)
 //! 5. Recording an outcome takes no lock and allocates nothing.
 //! 6. The upstream is authoritative (rule 8).
 //! 7. Time comes from the layer's [`Clock`](crate::Clock) (tokio's when paused, so tests are
