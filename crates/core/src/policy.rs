@@ -116,32 +116,36 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
         0
     }
 
-    /// Readiness gate, asked by the endpoint's `poll_ready` before every call.
+    /// The capability to gate the endpoint's readiness, for a policy that admits its own probe
+    /// through real traffic (a half-open breaker lets exactly one call through). `None`, the
+    /// default: the policy never holds a call back. Asked once, when the endpoint is created.
+    fn gate(&self) -> Option<&dyn ProbeGate> {
+        None
+    }
+}
+
+/// A readiness gate: what a policy that probes through real traffic adds to [`EndpointPolicy`]
+/// (see [`EndpointPolicy::gate`]).
+pub trait ProbeGate: Send + Sync {
+    /// Asked by the endpoint's `poll_ready` before every call.
     ///
-    /// `armed` says whether this endpoint handle already holds this policy's probe permit (from
-    /// an earlier `Ready(Admit::Probe)` whose call has not been made yet). Return
+    /// `armed` says whether this endpoint handle already holds this gate's probe permit (from an
+    /// earlier `Ready(Admit::Probe)` whose call has not been made yet). Return
     /// `Ready(Admit::Probe)` to hand the next call the single probe permit, `Ready(Admit::Call)`
     /// for an ordinary call, or `Pending` (with `cx`'s waker registered) while another probe is in
-    /// flight. The default admits every call.
+    /// flight.
     ///
     /// `clock` is there to read only when the answer depends on the time: this runs before every
     /// call, and most states do not need it.
-    fn poll_admit(&self, armed: bool, clock: &Clock, cx: &mut Context<'_>) -> Poll<Admit> {
-        let _ = (armed, clock, cx);
-        Poll::Ready(Admit::Call)
-    }
+    fn poll_admit(&self, armed: bool, clock: &Clock, cx: &mut Context<'_>) -> Poll<Admit>;
 
-    /// Records the completion of the call that held this policy's probe permit. Hot path, like
-    /// [`record`](Self::record), which the default delegates to.
-    fn record_probe(&self, observation: &Observation, now: Nanos) -> Signal {
-        self.record(observation, now)
-    }
+    /// Records the completion of the call that held this gate's probe permit, instead of
+    /// [`EndpointPolicy::record`]. Hot path: no lock, no allocation.
+    fn record_probe(&self, observation: &Observation, now: Nanos) -> Signal;
 
     /// The probe permit was given up without a completed call (the future or the endpoint handle
     /// was dropped).
-    fn probe_cancelled(&self, now: Nanos) {
-        let _ = now;
-    }
+    fn probe_cancelled(&self, now: Nanos);
 }
 
 /// What a readiness gate grants the next call.

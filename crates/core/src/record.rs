@@ -10,7 +10,7 @@ use futures::task::AtomicWaker;
 
 use crate::clock::{duration_to_nanos, Clock, Nanos};
 use crate::outcome::{FailureKind, Observation, Outcome};
-use crate::policy::{Admit, EndpointPolicy, Judgement, Reason, Signal};
+use crate::policy::{Admit, EndpointPolicy, Judgement, ProbeGate, Reason, Signal};
 
 /// Probe permits an endpoint handle or a call holds: bit `i` for the record's policy `i`. Policies
 /// past the 32nd cannot gate readiness.
@@ -110,6 +110,8 @@ const LAST_OVERLOADED: u8 = 2;
 pub struct EndpointRecord {
     clock: Clock,
     policies: Box<[Box<dyn EndpointPolicy>]>,
+    // Bit i: policy i (of the first 32) has a readiness gate. Fixed at creation.
+    gated: ProbePermits,
     latency: Latency,
     // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
     weight: AtomicU64,
@@ -135,9 +137,16 @@ impl EndpointRecord {
         notifier: Arc<Notifier>,
     ) -> Self {
         let now = clock.now();
+        let gated = policies
+            .iter()
+            .take(GATED_POLICIES)
+            .enumerate()
+            .filter(|(_, policy)| policy.gate().is_some())
+            .fold(0, |gated, (index, _)| gated | 1 << index);
         EndpointRecord {
             clock,
             policies,
+            gated,
             // Zero: an endpoint nobody has measured yet is tried first (the layer seeds endpoints
             // that join a measured fleet with the fleet's mean instead).
             latency: Latency {
@@ -162,13 +171,29 @@ impl EndpointRecord {
         &self.policies
     }
 
+    /// The policy at `index`'s readiness gate, if it has one among the first 32.
+    #[inline]
+    fn gate(&self, index: usize) -> Option<&dyn ProbeGate> {
+        if self.gated & (1 << index) == 0 {
+            return None;
+        }
+        self.policies[index].gate()
+    }
+
     /// Asks every policy's readiness gate; `permits` holds the probe permits this handle has
     /// and gains the ones granted now. `Pending` when any gate waits (its waker registered).
+    /// Without a gated policy this is one comparison.
     #[inline]
     pub fn poll_admit(&self, permits: &mut ProbePermits, cx: &mut Context<'_>) -> Poll<()> {
-        for (index, policy) in self.policies.iter().enumerate().take(GATED_POLICIES) {
+        let mut gated = self.gated;
+        while gated != 0 {
+            let index = gated.trailing_zeros() as usize;
+            gated &= gated - 1;
             let bit = 1 << index;
-            match policy.poll_admit(*permits & bit != 0, &self.clock, cx) {
+            let Some(gate) = self.gate(index) else {
+                continue;
+            };
+            match gate.poll_admit(*permits & bit != 0, &self.clock, cx) {
                 Poll::Ready(Admit::Call) => *permits &= !bit,
                 Poll::Ready(Admit::Probe) => *permits |= bit,
                 Poll::Pending => return Poll::Pending,
@@ -183,9 +208,11 @@ impl EndpointRecord {
             return;
         }
         let now = self.clock.now();
-        for (index, policy) in self.policies.iter().enumerate().take(GATED_POLICIES) {
+        for index in 0..self.policies.len().min(GATED_POLICIES) {
             if permits & (1 << index) != 0 {
-                policy.probe_cancelled(now);
+                if let Some(gate) = self.gate(index) {
+                    gate.probe_cancelled(now);
+                }
             }
         }
     }
@@ -212,11 +239,14 @@ impl EndpointRecord {
         }
         let mut signal = false;
         for (index, policy) in self.policies.iter().enumerate() {
-            let probe = index < GATED_POLICIES && probes & (1 << index) != 0;
-            let outcome = if probe {
-                policy.record_probe(observation, now)
+            let gate = if index < GATED_POLICIES && probes & (1 << index) != 0 {
+                self.gate(index)
             } else {
-                policy.record(observation, now)
+                None
+            };
+            let outcome = match gate {
+                Some(gate) => gate.record_probe(observation, now),
+                None => policy.record(observation, now),
             };
             signal |= outcome == Signal::Evaluate;
         }

@@ -5,8 +5,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower_outlier_core::{
-    Admit, Clock, EndpointPolicy, Judgement, Nanos, Observation, Policy, Reason, RecoverySchedule,
-    Signal, WindowCounts,
+    Admit, Clock, EndpointPolicy, Judgement, Nanos, Observation, Policy, ProbeGate, Reason,
+    RecoverySchedule, Signal, WindowCounts,
 };
 
 use crate::breaker::{Admission, Breaker, Observer, State, StateChange};
@@ -118,10 +118,6 @@ impl EndpointPolicy for BreakerEndpoint {
         signal(self.breaker.complete(Admission::Call, observation, now))
     }
 
-    fn record_probe(&self, observation: &Observation, now: Nanos) -> Signal {
-        signal(self.breaker.complete(Admission::Probe, observation, now))
-    }
-
     fn judge(&self, now: Nanos) -> Judgement {
         // Only an open breaker still inside its open duration is an outlier: once the duration is
         // over, the endpoint must be back in rotation for its probe.
@@ -150,6 +146,14 @@ impl EndpointPolicy for BreakerEndpoint {
         // The breaker's own state machine decides re-admission through its probe.
     }
 
+    fn gate(&self) -> Option<&dyn ProbeGate> {
+        Some(self)
+    }
+}
+
+/// A half-open breaker admits exactly one call, the probe, and holds the others back until it
+/// decides.
+impl ProbeGate for BreakerEndpoint {
     #[inline]
     fn poll_admit(&self, armed: bool, clock: &Clock, cx: &mut Context<'_>) -> Poll<Admit> {
         if armed {
@@ -165,6 +169,10 @@ impl EndpointPolicy for BreakerEndpoint {
                 // Still open but in rotation: the budget refused the ejection, so it serves.
                 Admission::Call | Admission::Rejected => Admit::Call,
             })
+    }
+
+    fn record_probe(&self, observation: &Observation, now: Nanos) -> Signal {
+        signal(self.breaker.complete(Admission::Probe, observation, now))
     }
 
     fn probe_cancelled(&self, now: Nanos) {

@@ -13,5 +13,5 @@ pub use tower_outlier_core::text;
 pub use tower_outlier_core::{
     check_nonzero_duration, check_ratio, duration_to_nanos, Admit, AsAny, EndpointPolicy,
     EndpointRecord, FleetMember, Judgement, Lock, LockGuard, Nanos, Notifier, Observation, Policy,
-    ProbePermits, Signal, Window, WindowShape, RTT_DECAY,
+    ProbeGate, ProbePermits, Signal, Window, WindowShape, RTT_DECAY,
 };
