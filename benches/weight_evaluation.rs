@@ -3,7 +3,8 @@
 //! Run with `cargo bench -p tower-outlier-benches --bench weight_evaluation`. Plain harness: for
 //! each size, every endpoint's window is filled (untimed: 30 calls each, one endpoint in 50
 //! failing them all, so the evaluation degrades and recovers), then one evaluation is timed the
-//! way the layer runs it — building the fleet view and calling `evaluate_fleet`. Median of many
+//! way the layer runs it — building the fleet view and calling the policy's fleet evaluation (which
+//! recovers each member's typed state). Median of many
 //! evaluations per size.
 
 use std::hint::black_box;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tower_outlier::classify::{FailureKind, Observation, Outcome};
-use tower_outlier::policy::{EndpointRecord, FleetMember, Notifier, Policy};
+use tower_outlier::policy::{EndpointPolicy, EndpointRecord, FleetMember, Notifier, Policy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
 use tower_outlier::Clock;
 
@@ -32,7 +33,7 @@ fn main() {
         outcome: Outcome::Failure(FailureKind::Transport),
         latency: Duration::from_millis(1),
     };
-    println!("one weight evaluation (fleet view + evaluate_fleet), median of the runs");
+    println!("one weight evaluation (fleet view + the policy's fleet evaluation), median of the runs");
     println!(
         "{:>10} {:>8} {:>14} {:>14}",
         "endpoints", "runs", "median (µs)", "per endpoint (ns)"
@@ -58,7 +59,7 @@ fn main() {
                 }
             }
             let start = Instant::now();
-            let fleet: Vec<FleetMember<'_>> = records
+            let fleet: Vec<FleetMember<'_, dyn EndpointPolicy>> = records
                 .iter()
                 .zip(&keys)
                 .map(|(record, key)| FleetMember {
@@ -68,7 +69,10 @@ fn main() {
                     available: true,
                 })
                 .collect();
-            policy.evaluate_fleet(black_box(&fleet), 0);
+            policy
+                .fleet()
+                .expect("regulation is on")
+                .evaluate(black_box(&fleet), 0);
             times.push(start.elapsed());
         }
         times.sort();

@@ -32,8 +32,8 @@ pub use error::{check_nonzero_duration, check_ratio, ConfigError};
 pub use lock::{Lock, LockGuard};
 pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
-    Admit, AsAny, Budget, BudgetFloor, EndpointPolicy, FleetMember, Judgement, Policy, ProbeGate,
-    Reason, RecoverySchedule, Signal,
+    Admit, AsAny, Budget, BudgetFloor, EndpointPolicy, FleetEvaluation, FleetMember, FleetPolicy,
+    Judgement, Policy, ProbeGate, Reason, RecoverySchedule, Signal,
 };
 pub use record::{EndpointRecord, Notifier, ProbePermits, RTT_DECAY};
 /// The boxed error type of tower middleware (`tower::BoxError`).

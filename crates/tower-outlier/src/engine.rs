@@ -164,7 +164,10 @@ impl<K, S, C> Engine<K, S, C> {
             .iter()
             .enumerate()
             .filter_map(|(policy, p)| {
-                let every = p.fleet_interval().filter(|every| !every.is_zero())?;
+                let every = p.fleet()?.interval();
+                if every.is_zero() {
+                    return None;
+                }
                 Some(FleetSchedule {
                     policy,
                     every,

@@ -12,6 +12,6 @@
 pub use tower_outlier_core::text;
 pub use tower_outlier_core::{
     check_nonzero_duration, check_ratio, duration_to_nanos, Admit, AsAny, EndpointPolicy,
-    EndpointRecord, FleetMember, Judgement, Lock, LockGuard, Nanos, Notifier, Observation, Policy,
-    ProbeGate, ProbePermits, Signal, Window, WindowShape, RTT_DECAY,
+    EndpointRecord, FleetEvaluation, FleetMember, FleetPolicy, Judgement, Lock, LockGuard, Nanos,
+    Notifier, Observation, Policy, ProbeGate, ProbePermits, Signal, Window, WindowShape, RTT_DECAY,
 };

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    EndpointPolicy, FleetMember, Judgement, Nanos, Observation, Policy, RecoverySchedule, Signal,
-    WindowCounts,
+    EndpointPolicy, FleetEvaluation, FleetMember, FleetPolicy, Judgement, Nanos, Observation,
+    Policy, RecoverySchedule, Signal, WindowCounts,
 };
 
 use crate::config::{ExceptionKinds, WeightConfig};
@@ -68,7 +68,8 @@ use crate::config::{ExceptionKinds, WeightConfig};
 /// use tower_outlier_weight::{WeightConfig, WeightPolicy};
 ///
 /// let policy = WeightPolicy::new(WeightConfig::sofarpc().time_window(Duration::from_secs(20)).build()?);
-/// assert_eq!(policy.fleet_interval(), Some(Duration::from_secs(20)));
+/// let fleet = policy.fleet().expect("SOFARPC's switches are on");
+/// assert_eq!(fleet.interval(), Duration::from_secs(20));
 /// # Ok::<(), tower_outlier_core::ConfigError>(())
 /// ```
 #[derive(Clone, Debug)]
@@ -194,24 +195,27 @@ impl Policy for WeightPolicy {
         self.config.time_window
     }
 
-    fn fleet_interval(&self) -> Option<Duration> {
+    fn fleet(&self) -> Option<&dyn FleetEvaluation> {
         self.config
             .regulation_effective
-            .then_some(self.config.time_window)
+            .then_some(self as &dyn FleetEvaluation)
+    }
+}
+
+impl FleetPolicy for WeightPolicy {
+    type State = WeightEndpoint;
+
+    fn interval(&self) -> Duration {
+        self.config.time_window
     }
 
-    fn evaluate_fleet(&self, fleet: &[FleetMember<'_>], _: Nanos) {
+    fn evaluate(&self, fleet: &[FleetMember<'_, WeightEndpoint>], _: Nanos) {
         let config = &*self.config;
         if !config.regulation_effective {
             return;
         }
-        let states: Vec<(&FleetMember<'_>, &WeightEndpoint)> = fleet
-            .iter()
-            .filter_map(|member| {
-                let state = member.state.as_any().downcast_ref::<WeightEndpoint>()?;
-                Some((member, state))
-            })
-            .collect();
+        let states: Vec<(&FleetMember<'_, WeightEndpoint>, &WeightEndpoint)> =
+            fleet.iter().map(|member| (member, member.state)).collect();
         let windows: Vec<(u64, u64)> = states.iter().map(|(_, s)| s.take_window()).collect();
         let counted: Vec<bool> = states
             .iter()
@@ -275,7 +279,7 @@ impl WeightPolicy {
 
     fn degrade(
         &self,
-        member: &FleetMember<'_>,
+        member: &FleetMember<'_, WeightEndpoint>,
         state: &WeightEndpoint,
         rate: f64,
         average: f64,
@@ -323,7 +327,12 @@ impl WeightPolicy {
         );
     }
 
-    fn recover(&self, member: &FleetMember<'_>, state: &WeightEndpoint, degraded: &mut usize) {
+    fn recover(
+        &self,
+        member: &FleetMember<'_, WeightEndpoint>,
+        state: &WeightEndpoint,
+        degraded: &mut usize,
+    ) {
         let config = &*self.config;
         let current = state.weight();
         let mut next = current * config.recover_rate;
@@ -343,7 +352,12 @@ impl WeightPolicy {
         );
     }
 
-    fn set_weight(&self, member: &FleetMember<'_>, state: &WeightEndpoint, weight: f64) {
+    fn set_weight(
+        &self,
+        member: &FleetMember<'_, WeightEndpoint>,
+        state: &WeightEndpoint,
+        weight: f64,
+    ) {
         state.weight.store(weight.to_bits(), Ordering::Relaxed);
         member
             .record
@@ -406,7 +420,7 @@ mod tests {
             }
         }
         let keys: Vec<usize> = (0..records.len()).collect();
-        let members: Vec<FleetMember<'_>> = records
+        let members: Vec<FleetMember<'_, dyn EndpointPolicy>> = records
             .iter()
             .zip(&keys)
             .map(|(record, key)| FleetMember {
@@ -416,7 +430,9 @@ mod tests {
                 available: true,
             })
             .collect();
-        policy.evaluate_fleet(&members, 0);
+        if let Some(fleet) = policy.fleet() {
+            fleet.evaluate(&members, 0);
+        }
     }
 
     /// Absolute weights (original 100), to six decimals.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::discover::Change;
-use tower_outlier_core::FleetMember;
+use tower_outlier_core::{EndpointPolicy, FleetMember};
 
 use super::{later, Engine, ProbeStart, Readmission, Status};
 use crate::probe::ProbeFuture;
@@ -119,7 +119,10 @@ where
             if self.entries.is_empty() {
                 continue;
             }
-            let members: Vec<FleetMember<'_>> = self
+            let Some(fleet) = self.settings.policies[schedule.policy].fleet() else {
+                continue;
+            };
+            let members: Vec<FleetMember<'_, dyn EndpointPolicy>> = self
                 .entries
                 .iter()
                 .map(|(key, entry)| {
@@ -132,8 +135,7 @@ where
                     }
                 })
                 .collect();
-            self.settings.policies[schedule.policy]
-                .evaluate_fleet(&members, self.settings.clock.now());
+            fleet.evaluate(&members, self.settings.clock.now());
         }
     }
 
