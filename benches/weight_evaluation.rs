@@ -33,7 +33,9 @@ fn main() {
         outcome: Outcome::Failure(FailureKind::Transport),
         latency: Duration::from_millis(1),
     };
-    println!("one weight evaluation (fleet view + the policy's fleet evaluation), median of the runs");
+    println!(
+        "one weight evaluation (fleet view + the policy's fleet evaluation), median of the runs"
+    );
     println!(
         "{:>10} {:>8} {:>14} {:>14}",
         "endpoints", "runs", "median (µs)", "per endpoint (ns)"
