@@ -204,8 +204,7 @@ pub trait ProbeGate: Send + Sync {
 pub enum Admit {
     /// An ordinary call.
     Call,
-    /// The policy's single probe: its completion goes to
-    /// [`EndpointPolicy::record_probe`].
+    /// The gate's single probe: its completion goes to [`ProbeGate::record_probe`].
     Probe,
 }
 
