@@ -162,12 +162,12 @@ fn main() {
         median(tower_ns.clone())
     );
     println!(
-        "Endpoint, last call succeeded        {:8.2}   ({:.2}x tower)",
+        "OutlierEndpoint, last call succeeded {:8.2}   ({:.2}x tower)",
         median(healthy_ns.clone()),
         median(healthy_ns) / median(tower_ns.clone())
     );
     println!(
-        "Endpoint, asking for evidence        {:8.2}   ({:.2}x tower)",
+        "OutlierEndpoint, asking for evidence {:8.2}   ({:.2}x tower)",
         median(suspect_ns.clone()),
         median(suspect_ns) / median(tower_ns)
     );

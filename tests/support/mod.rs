@@ -152,11 +152,13 @@ impl<P: Probe<usize, Backend> + Clone> Harness<P> {
             let polled = task.enter(|cx, _| std::pin::Pin::new(&mut *adaptor).poll_next(cx));
             match polled {
                 Poll::Ready(Some(Ok(Change::Insert(k, endpoint)))) => {
+                    woke_itself = false;
                     self.seen
                         .push((tokio::time::Instant::now(), Seen::Insert(k)));
                     self.live.insert(k, endpoint);
                 }
                 Poll::Ready(Some(Ok(Change::Remove(k)))) => {
+                    woke_itself = false;
                     self.seen
                         .push((tokio::time::Instant::now(), Seen::Remove(k)));
                     self.live.remove(&k);

@@ -24,7 +24,9 @@ pub fn clip(shown: String) -> String {
 }
 
 /// A name read from configuration (a key, a block, a property), as an error shows it: unchanged
-/// when it is printable, otherwise quoted with its control characters escaped; clipped either way.
+/// when it is printable, otherwise quoted with every character that could break or forge a log
+/// line escaped (control characters, line and paragraph separators, bidirectional overrides);
+/// clipped either way.
 ///
 /// ```
 /// use tower_outlier_core::text::name;
@@ -32,9 +34,11 @@ pub fn clip(shown: String) -> String {
 /// assert_eq!(name("timeWindowInSeconds"), "timeWindowInSeconds");
 /// assert_eq!(name("evil\nkey"), r#""evil\nkey""#);
 /// assert_eq!(name("\u{1b}[31mred"), r#""\u{1b}[31mred""#);
+/// assert_eq!(name("a\u{2028}b\u{202e}c"), r#""a\u{2028}b\u{202e}c""#);
 /// ```
 pub fn name(raw: &str) -> String {
-    if raw.chars().any(char::is_control) {
+    let plain = |c: char| matches!(c, '"' | '\'' | '\\') || c.escape_debug().count() == 1;
+    if !raw.chars().all(plain) {
         clip(format!("{raw:?}"))
     } else {
         clip(raw.to_string())

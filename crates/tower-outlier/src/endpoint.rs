@@ -168,7 +168,8 @@ impl<C> Drop for Holder<C> {
 /// Clones share the record, so all of them (and the copy the layer keeps for re-admission) count
 /// the same calls.
 ///
-/// ```
+#[cfg_attr(feature = "ejection", doc = "```")]
+#[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
 /// use tower::{service_fn, Service, ServiceExt};
 /// use tower::load::Load;
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};

@@ -24,7 +24,8 @@ use crate::probe::PassiveTrial;
 ///   [`classify`](crate::classify) for the others).
 /// * `P` checks ejected endpoints ([`PassiveTrial`] by default; see [`probe`](crate::probe)).
 ///
-/// ```
+#[cfg_attr(feature = "ejection", doc = "```")]
+#[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
 /// use std::convert::Infallible;
 /// use tower::balance::p2c::Balance;
 /// use tower::discover::ServiceList;

@@ -9,12 +9,12 @@
 //!
 //! Policies (each its own crate, re-exported behind a feature):
 //! * `ejection` (default): error-rate ejection with EDAS / HSF semantics —
-//!   [`ErrorRatePolicy`], [`ErrorRateConfig`], [`HsfQosConfig`].
-//! * `slow-call` (default): the slow-call ratio breaker with Sentinel semantics, in [`slow_call`]:
+//!   `ErrorRatePolicy`, `ErrorRateConfig`, `HsfQosConfig` (feature `hsf`), at the root.
+//! * `slow-call` (default): the slow-call ratio breaker with Sentinel semantics, in `slow_call`:
 //!   `SlowCallPolicy` per endpoint (composes with error-rate ejection through
 //!   [`OutlierDetectionLayer::with_policy`], sharing one budget) and the standalone
 //!   `CircuitBreakerLayer`.
-//! * `weight` (default): weight degradation with SOFARPC semantics, in [`weight`]: `WeightPolicy`
+//! * `weight` (default): weight degradation with SOFARPC semantics, in `weight`: `WeightPolicy`
 //!   evaluated once per window against the service average; the weight divides each endpoint's
 //!   load.
 //!
@@ -23,7 +23,8 @@
 //! probe's ([`probe::PassiveTrial`], [`probe::request_probe`], [`probe::probe_fn`]). A
 //! [`Monitor`] shows what the layer decided.
 //!
-//! ```
+#![cfg_attr(feature = "ejection", doc = "```")]
+#![cfg_attr(not(feature = "ejection"), doc = "```ignore")]
 //! use std::convert::Infallible;
 //! use tower::balance::p2c::Balance;
 //! use tower::discover::ServiceList;

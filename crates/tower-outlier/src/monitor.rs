@@ -110,7 +110,8 @@ impl Snapshot {
 /// balancer can show an endpoint as ejected with its next check already due (`next_check_in` of
 /// zero) until traffic resumes and the check runs.
 ///
-/// ```
+#[cfg_attr(feature = "ejection", doc = "```")]
+#[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///
 /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap()));

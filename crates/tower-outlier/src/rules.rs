@@ -32,18 +32,24 @@
 //! * The last available endpoint is never ejected.
 //! * An ejection the rules refuse is retried when they may allow it (the set grows, an endpoint
 //!   comes back). If the upstream removes endpoints so that more are out than the budget allows,
-//!   or none is left in, the ones whose checks are due soonest come back on trial.
+//!   or none is left in, endpoints come back on trial until the rules hold: first those being
+//!   probed (their check is under way; the probe is abandoned), then those whose checks are due
+//!   soonest.
 //!
 //! # 4. Recovery
 //!
-//! * **Schedule.** The first check is one recovery unit after the ejection; each failed check
-//!   makes the next one unit later, up to a maximum multiple (EDAS 30 s × 20, so every 10 min at
-//!   most; HSF 60 s × 60, every hour); a passed check resets it to one unit.
+//! * **Schedule.** The policy that ejected the endpoint sets it. Error-rate ejection: the first
+//!   check is one recovery unit after the ejection; each failed check makes the next one unit
+//!   later, up to a maximum multiple (EDAS 30 s × 20, so every 10 min at most; HSF 60 s × 60,
+//!   every hour); a passed check resets it to one unit. The slow-call breaker: every check one
+//!   open duration after the last.
 //! * **Passive trial** (the default check). The endpoint is re-admitted and judged only on the
-//!   calls it gets from then on. Breaching again ejects it with the next, longer interval. The
-//!   trial lasts one window and passes only on evidence: no policy judges the endpoint an
-//!   outlier, and the ejecting policy's windows, added up over the trial, hold at least its
-//!   minimum number of calls; otherwise the trial goes on for another window. A trial that
+//!   calls it gets from then on. Breaching again ejects it with the next, longer interval. A
+//!   trial period is the longest of the layer's policies' trial periods (an error-rate policy's
+//!   is its window, a breaker's its interval, a weight policy's its window; at least 1 ms). The
+//!   trial passes only on evidence: no policy judges the endpoint an outlier, and the ejecting
+//!   policy's windows, added up over the trial's periods, hold at least its minimum number of
+//!   calls; otherwise the trial goes on for another period. A trial that
 //!   breaches while the budget or the last-endpoint rule keeps the endpoint in is a failed
 //!   check all the same (once per re-admission): it stays on trial and is ejected as soon as the
 //!   rules allow.
@@ -63,15 +69,18 @@
 //!   probe, and its completion alone decides: slow or failed re-opens for another full
 //!   duration, otherwise the breaker closes and the statistics restart. Observers hear of every
 //!   state change with the value that caused it.
-//! * In this layer an open breaker ejects its endpoint within the shared budget; standalone
-//!   ([`CircuitBreakerLayer`](crate::slow_call::CircuitBreakerLayer)) calls fail fast with a
+//! * In this layer an open breaker ejects its endpoint within the shared budget; an open breaker
+//!   whose ejection the budget refused keeps serving calls (other than its half-open probe);
+//!   standalone
+//!   (`slow_call::CircuitBreakerLayer`) calls fail fast with a
 //!   distinct error while it is open.
 //!
 //! # 6. Weight degradation (SOFARPC)
 //!
 //! Once per window (10 s):
 //! * An endpoint is counted only when its calls reach the least count (10) scaled by its current
-//!   weight over its original weight (multiplied, then truncated; at least 1).
+//!   weight over its original weight (the ratio rounded half-up to hundredths, multiplied, then
+//!   truncated; at least 1).
 //! * The average exception rate is taken over the counted endpoints, the judged one included;
 //!   with none counted nothing is judged, and with an average of 0 every counted endpoint is
 //!   healthy. Rates and their quotient are rounded half-up to hundredths, as SOFARPC does.

@@ -40,6 +40,11 @@ where
             let Some(entry) = self.entries.get_mut(&key) else {
                 continue;
             };
+            // An earlier endpoint's check may have changed this one (a re-admission freed the
+            // budget and it was ejected anew): only a deadline still due counts.
+            if entry.status.deadline().is_none_or(|at| at > now) {
+                continue;
+            }
             match entry.status {
                 Status::Trial { .. } => self.trial_ended(&key, now),
                 Status::Ejected { .. } => self.check(key, now, probe),

@@ -407,3 +407,23 @@ fn the_next_deadline_is_the_earliest_current_one() {
         "a removed endpoint's is dropped"
     );
 }
+
+#[test]
+fn an_endpoint_ejected_during_a_wake_up_waits_for_its_own_check() {
+    // 1 is on trial and kept in by the budget, which 0 holds. 0's check and 1's trial end come
+    // due in one wake-up; 0 (discovered first) comes back, which lets 1 out, and 1 must then wait
+    // its interval instead of being checked in the same wake-up.
+    let mut b = Bench::new(4, 0.25);
+    b.fail(1, b.start);
+    b.drain();
+    b.advance_passive(b.at(30));
+    assert_eq!(b.drain(), vec![(1, true)]);
+    b.fail(0, b.at(31));
+    assert_eq!(b.drain(), vec![(0, false)]);
+    b.fail(1, b.at(32));
+    assert!(b.drain().is_empty(), "the budget keeps 1 in");
+    b.heal(0);
+    b.advance_passive(b.at(61));
+    assert_eq!(b.drain(), vec![(0, true), (1, false)]);
+    assert!(matches!(b.status(1), Status::Ejected { next_check } if *next_check == b.at(121)));
+}
