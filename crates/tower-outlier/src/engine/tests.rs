@@ -427,3 +427,122 @@ fn an_endpoint_ejected_during_a_wake_up_waits_for_its_own_check() {
     assert_eq!(b.drain(), vec![(0, true), (1, false)]);
     assert!(matches!(b.status(1), Status::Ejected { next_check } if *next_check == b.at(121)));
 }
+
+#[test]
+fn a_probe_abandoned_when_the_budget_shrinks_is_cancelled_and_its_result_ignored() {
+    let mut b = Bench::new(4, 0.5);
+    b.fail(0, b.start);
+    b.drain();
+    b.engine.advance(b.at(30), &mut probe_with(true));
+    let probe = b.engine.pop_probe().expect("a probe is due");
+    // Two endpoints left allow one out, but only 0 is out: removing 1 and 2 leaves 3 alone
+    // available, and then removing 3 leaves none — 0 comes back and its probe is abandoned.
+    b.engine.remove(&1, b.at(31));
+    b.engine.remove(&2, b.at(31));
+    b.engine.remove(&3, b.at(31));
+    assert_eq!(
+        b.drain(),
+        vec![(1, false), (2, false), (3, false), (0, true)]
+    );
+    assert_eq!(b.engine.take_cancelled(), vec![probe.id]);
+    assert!(matches!(b.status(0), Status::Trial { .. }));
+    // The abandoned probe's result, should it still arrive, changes nothing.
+    b.engine.probe_done(0, probe.id, false, b.at(32));
+    assert!(matches!(b.status(0), Status::Trial { .. }));
+    assert_eq!(b.failed_checks(0), 0);
+}
+
+/// A fleet policy that counts its evaluations and the members it saw.
+#[derive(Debug, Default)]
+struct Census {
+    evaluations: AtomicU64,
+    members: AtomicU64,
+}
+
+#[derive(Debug)]
+struct CensusPolicy(Arc<Census>);
+
+#[derive(Debug)]
+struct CensusState;
+
+impl EndpointPolicy for CensusState {
+    fn record(&self, _: &Observation, _: Nanos) -> Signal {
+        Signal::None
+    }
+
+    fn judge(&self, _: Nanos) -> Judgement {
+        Judgement::Healthy
+    }
+
+    fn counts(&self, _: Nanos) -> WindowCounts {
+        WindowCounts::default()
+    }
+
+    fn reset(&self) {}
+}
+
+impl Policy for CensusPolicy {
+    fn name(&self) -> &'static str {
+        "census"
+    }
+
+    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
+        Box::new(CensusState)
+    }
+
+    fn recovery(&self) -> RecoverySchedule {
+        RecoverySchedule::fixed(UNIT)
+    }
+
+    fn trial_period(&self) -> Duration {
+        TRIAL
+    }
+
+    fn fleet(&self) -> Option<&dyn tower_outlier_core::FleetEvaluation> {
+        Some(self)
+    }
+}
+
+impl tower_outlier_core::FleetPolicy for CensusPolicy {
+    type State = CensusState;
+
+    fn interval(&self) -> Duration {
+        Duration::from_secs(20)
+    }
+
+    fn evaluate(&self, fleet: &[tower_outlier_core::FleetMember<'_, CensusState>], _: Nanos) {
+        self.0.evaluations.fetch_add(1, Ordering::Relaxed);
+        self.0
+            .members
+            .fetch_add(fleet.len() as u64, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn fleet_evaluations_run_on_their_interval_from_when_they_ran() {
+    let census = Arc::new(Census::default());
+    let settings = Settings {
+        policies: vec![Arc::new(CensusPolicy(census.clone())) as Arc<dyn Policy>].into(),
+        budget: Budget::new(0.5, BudgetFloor::One).unwrap(),
+        clock: Clock::tokio(),
+    };
+    let start = Instant::now();
+    let registry = Monitor::new().registry().clone();
+    let mut engine: TestEngine = Engine::new(Arc::new(settings), NetworkErrors, registry, start);
+    for key in 0..3 {
+        engine.insert(key, Svc(key), start);
+    }
+    let at = |secs| start + Duration::from_secs(secs);
+    assert_eq!(engine.next_deadline(), Some(at(20)));
+    engine.advance(at(19), &mut |_, _| None);
+    assert_eq!(census.evaluations.load(Ordering::Relaxed), 0);
+    // Late by 15 s: one evaluation, and the next one interval after it ran, not a burst.
+    engine.advance(at(35), &mut |_, _| None);
+    assert_eq!(census.evaluations.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        census.members.load(Ordering::Relaxed),
+        3,
+        "every endpoint, typed"
+    );
+    assert_eq!(engine.next_deadline(), Some(at(55)));
+}
