@@ -532,6 +532,47 @@ mod through_the_outlier_layer {
     }
 }
 
+/// The breaker owns its endpoint's recovery timing: an endpoint ejected late (the budget was full
+/// when its breaker opened) comes back for its half-open probe when the open duration ends, not
+/// one open duration after the ejection.
+#[tokio::test(start_paused = true)]
+async fn a_late_ejection_is_checked_when_the_breaker_s_open_duration_ends() {
+    use tower_outlier::{Budget, BudgetFloor, EndpointStatus, OutlierDetectionLayer};
+
+    let layer = OutlierDetectionLayer::new(SlowCallPolicy::new(
+        BreakerConfig::error_ratio(0.5)
+            .min_requests(3)
+            .stat_interval(Duration::from_secs(5))
+            .open_duration(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    ))
+    .budget(Budget::new(0.25, BudgetFloor::One).unwrap());
+    let monitor = layer.monitor();
+    let mut h = support::Harness::new(&layer, 4);
+    // Both breakers open at 0 s, until 10 s; the one slot goes to 0, 1 is refused.
+    h.calls(0, 3, 0).await;
+    h.calls(1, 3, 0).await;
+    assert!(!h.is_live(0));
+    assert!(h.is_live(1), "the budget keeps 1 in");
+    // At 4 s the upstream drops 0: the slot frees and 1 goes out.
+    h.advance(Duration::from_secs(4)).await;
+    h.remove(0);
+    h.sync();
+    assert!(!h.is_live(1));
+    assert_eq!(
+        monitor.snapshot().get_key(&1).unwrap().next_check_in,
+        Some(Duration::from_secs(6)),
+        "checked when the breaker's open duration ends"
+    );
+    h.advance(Duration::from_secs(6)).await;
+    assert!(h.is_live(1));
+    assert_eq!(
+        monitor.snapshot().get_key(&1).unwrap().status,
+        EndpointStatus::Trial
+    );
+}
+
 mod against_a_real_server {
     use super::*;
     use bytes::Bytes;

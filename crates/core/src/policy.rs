@@ -167,6 +167,15 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
         0
     }
 
+    /// When the endpoint may next be checked, if this state decides it itself: a breaker knows
+    /// when its open duration ends, and the layer's recovery check should come then, not one
+    /// schedule step after the ejection (which may have come later, when the budget allowed).
+    /// Asked when this policy ejects the endpoint. `None` (the default): the policy's
+    /// [`RecoverySchedule`] decides.
+    fn check_at(&self) -> Option<Nanos> {
+        None
+    }
+
     /// The capability to gate the endpoint's readiness, for a policy that admits its own probe
     /// through real traffic (a half-open breaker lets exactly one call through). `None`, the
     /// default: the policy never holds a call back. Asked once, when the endpoint is created.

@@ -146,6 +146,12 @@ impl EndpointPolicy for BreakerEndpoint {
         // The breaker's own state machine decides re-admission through its probe.
     }
 
+    fn check_at(&self) -> Option<Nanos> {
+        // The breaker owns its timing: the endpoint is checked (re-admitted for the half-open
+        // probe) exactly when the open duration ends.
+        (self.breaker.state() == State::Open).then(|| self.breaker.open_until())
+    }
+
     fn gate(&self) -> Option<&dyn ProbeGate> {
         Some(self)
     }

@@ -461,7 +461,11 @@ where
         self.refused -= usize::from(entry.refused);
         entry.refused = false;
         let schedule = self.settings.policies[policy].recovery();
-        let delay = schedule.delay(entry.failed_checks);
+        // The ejecting state's own deadline, when it has one, owns the timing of the check.
+        let delay = match record.policies().get(policy).and_then(|p| p.check_at()) {
+            Some(at) => Duration::from_nanos(at.saturating_sub(record.clock().now())),
+            None => schedule.delay(entry.failed_checks),
+        };
         let next_check = later(now, delay);
         entry.status = Status::Ejected { next_check };
         self.deadlines.push(next_check, entry.id);

@@ -41,8 +41,9 @@
 //! * **Schedule.** The policy that ejected the endpoint sets it. Error-rate ejection: the first
 //!   check is one recovery unit after the ejection; each failed check makes the next one unit
 //!   later, up to a maximum multiple (EDAS 30 s × 20, so every 10 min at most; HSF 60 s × 60,
-//!   every hour); a passed check resets it to one unit. The slow-call breaker: every check one
-//!   open duration after the last.
+//!   every hour); a passed check resets it to one unit. The slow-call breaker owns its timing:
+//!   the check comes when the breaker's open duration ends (however late the budget let the
+//!   ejection happen), and after a failed active probe one open duration later.
 //! * **Passive trial** (the default check). The endpoint is re-admitted and judged only on the
 //!   calls it gets from then on. Breaching again ejects it with the next, longer interval. A
 //!   trial period is the longest of the layer's policies' trial periods (an error-rate policy's
