@@ -8,17 +8,37 @@
 //! * [`Policy`], [`EndpointPolicy`], [`Judgement`]: how policies judge endpoints, and the shared
 //!   [`Budget`] and [`RecoverySchedule`] they eject and recover by.
 //! * [`EndpointRecord`]: the per-endpoint state the layer and the response futures share.
-//! * [`ConfigError`]: a configuration value outside its range, named.
+//! * [`ConfigError`]: a configuration value outside its range, named; [`text`]: how
+//!   configuration readers show names and values in errors.
 //!
 //! Users normally depend on the `tower-outlier` crate, which re-exports what they need.
 //!
 //! This crate reads time from tokio (see [`Clock`]), a dependency the architecture did not list for
 //! it: the window and the clock have to agree on one time source, and tests need tokio's paused
 //! clock.
+//!
+//! # Cargo features
+//!
+#![cfg_attr(
+    feature = "json",
+    doc = "* `json` (off by default): [`json`], JSON read with keys given twice detected, for \
+           the policy crates' configuration readers. It is the only user of `serde` and \
+           `serde_json`."
+)]
+#![cfg_attr(
+    not(feature = "json"),
+    doc = "* `json` (off by default, off in this build): `json`, JSON read with keys given twice \
+           detected, for the policy crates' configuration readers. It is the only user of \
+           `serde` and `serde_json`."
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod classify;
 mod clock;
 mod error;
+#[cfg(feature = "json")]
+#[cfg_attr(docsrs, doc(cfg(feature = "json")))]
+pub mod json;
 mod lock;
 mod outcome;
 mod policy;

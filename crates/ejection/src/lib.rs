@@ -34,9 +34,10 @@
 //! # Cargo features
 //!
 //! * `hsf` (on by default): the HSF configuration reader, `HsfQosConfig`, and its error,
-//!   `HsfConfigError`. It is the only user of `serde` and `serde_json`: with
-//!   `default-features = false`, configure ejection in code with [`ErrorRateConfig`] and neither
-//!   is compiled.
+//!   `HsfConfigError`. It is what brings in `serde` and `serde_json`, directly and through the
+//!   `json` feature of `tower-outlier-core` (JSON with repeated keys detected), which it turns
+//!   on: with `default-features = false`, configure ejection in code with [`ErrorRateConfig`] and
+//!   neither is compiled.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -30,9 +30,10 @@
 //! # Cargo features
 //!
 //! * `sentinel` (on by default): the Sentinel `DegradeRule` JSON reader, `parse_degrade_rules`,
-//!   with its `DegradeRule` and `RuleError`. It is the only user of `serde_json`: with
-//!   `default-features = false`, configure breakers in code with [`BreakerConfig`] and
-//!   `serde_json` is not compiled.
+//!   with its `DegradeRule` and `RuleError`. It is what brings in `serde` and `serde_json`,
+//!   directly and through the `json` feature of `tower-outlier-core` (JSON with repeated keys
+//!   detected), which it turns on: with `default-features = false`, configure breakers in code
+//!   with [`BreakerConfig`] and neither is compiled.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -9,6 +9,7 @@ mod error;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+use tower_outlier_core::json;
 use tower_outlier_core::text::clip;
 use tower_outlier_core::ConfigError;
 
@@ -154,8 +155,12 @@ impl DegradeRule {
 ///   `gmtCreate` and `gmtModified` (dashboard bookkeeping; `limitApp` has no effect on circuit
 ///   breaking in Sentinel either) may hold anything, `null` included. Unknown fields are ignored
 ///   too, so that rules written by newer Sentinel versions still load, but they are listed by
-///   [`DegradeRule::ignored_fields`]. Field names are case-sensitive. When an object repeats a
-///   field, the last value wins (serde_json's behaviour).
+///   [`DegradeRule::ignored_fields`]. Field names are case-sensitive.
+/// * **A key given twice is an error**, in a rule (`{"count": 100, "count": 200}`, even with
+///   equal values) or in any other object of the text (say, inside an unknown field's value).
+///   Sentinel's JSON reader, like most, silently keeps the last value, so which one a Java
+///   service loads is a guess; a misedited rule is better reported than half applied. The error
+///   names the key and the rule (or where the object is, when not directly in a rule).
 /// * **Several rules for one resource are all kept, in order**, as Sentinel applies every rule of
 ///   a resource (e.g. a slow-call rule and an error-count rule); identical rules are kept too.
 /// * **One invalid rule fails the whole array.** Sentinel's `DegradeRuleManager` skips an invalid
@@ -166,13 +171,18 @@ impl DegradeRule {
 ///
 /// # Errors
 ///
-/// A [`RuleError`] for malformed JSON (with serde_json's message, line and column), a top level
-/// that is not an array, an element that is not an object, or a field that is missing, of the wrong
-/// JSON type or out of range. The last names the rule's position in the array (from 0, as in
-/// `jq '.[2]'`), its resource when that was valid, the field as Sentinel spells it, the value as
-/// written (JSON re-serialised, clipped at 80 characters; `(missing)` when absent) and the allowed
-/// range. Fields are checked in the order `resource`, `regex`, `grade`, `count`, `timeWindow`,
-/// `minRequestAmount`, `statIntervalMs`, `slowRatioThreshold`, and the first error is reported.
+/// A [`RuleError`] for malformed JSON (with serde_json's message, line and column), a key given
+/// twice in an object ([`RuleError::is_duplicate`]), a top level that is not an array, an element
+/// that is not an object, or a field that is missing, of the wrong JSON type or out of range. The
+/// last names the rule's position in the array (from 0, as in `jq '.[2]'`), its resource when that
+/// was valid, the field as Sentinel spells it, the value as written (JSON re-serialised, clipped at
+/// 80 characters; `(missing)` when absent) and the allowed range. A repeated key is named with the
+/// rule it is in (clipped, and escaped when it holds control characters).
+///
+/// Malformed JSON anywhere in the text is reported first, then the first repeated key in reading
+/// order, then the rules in order. Within a rule, fields are checked in the order `resource`,
+/// `regex`, `grade`, `count`, `timeWindow`, `minRequestAmount`, `statIntervalMs`,
+/// `slowRatioThreshold`, and the first error is reported.
 ///
 /// # Example
 ///
@@ -214,13 +224,26 @@ impl DegradeRule {
 ///     "invalid Sentinel degrade rule #2 (resource \"GET:/orders\"): `timeWindow` = 0 \
 ///      (allowed: a JSON integer from 1 to 2147483647, in seconds (required))"
 /// );
+///
+/// // So is a field given twice (a plain JSON reader would keep the last value).
+/// let error = parse_degrade_rules(
+///     r#"[{ "resource": "/testD", "count": 100, "count": 200, "timeWindow": 10 }]"#,
+/// )
+/// .unwrap_err();
+/// assert!(error.is_duplicate());
+/// assert_eq!(error.index(), Some(0));
+/// assert_eq!(error.field(), Some("count"));
+/// assert_eq!(
+///     error.to_string(),
+///     "invalid Sentinel degrade rule #0: field `count` is given more than once"
+/// );
 /// # Ok::<(), tower_outlier_slow_call::RuleError>(())
 /// ```
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub fn parse_degrade_rules(json: &str) -> Result<Vec<DegradeRule>, RuleError> {
     // Config centers and editors on Windows sometimes prepend a BOM, which serde_json rejects.
     let json = json.strip_prefix('\u{feff}').unwrap_or(json);
-    let document: Value = serde_json::from_str(json).map_err(RuleError::syntax)?;
+    let document = json::parse(json).map_err(RuleError::from_parse)?;
     let elements = match &document {
         Value::Array(elements) => elements,
         other => return Err(RuleError::top_level(other)),

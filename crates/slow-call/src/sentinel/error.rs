@@ -3,14 +3,16 @@
 use std::fmt;
 
 use serde_json::Value;
-use tower_outlier_core::text::clip;
+use tower_outlier_core::json::{show_path, ParseError, PathSegment};
+use tower_outlier_core::text::{clip, name};
 use tower_outlier_core::ConfigError;
 
 use super::show_json;
 
-/// Why Sentinel degrade rules could not be read: malformed JSON, a top level that is not an array,
-/// an element that is not an object, or a field that is missing, of the wrong type or out of range
-/// (which carries a [`ConfigError`] naming the field as Sentinel spells it).
+/// Why Sentinel degrade rules could not be read: malformed JSON, a key given twice in an object, a
+/// top level that is not an array, an element that is not an object, or a field that is missing,
+/// of the wrong type or out of range (which carries a [`ConfigError`] naming the field as Sentinel
+/// spells it).
 ///
 /// ```
 /// use tower_outlier_slow_call::parse_degrade_rules;
@@ -27,6 +29,15 @@ use super::show_json;
 /// let error = parse_degrade_rules("[{ \"resource\": \"/testD\",\n \"count\" 500 }]").unwrap_err();
 /// assert_eq!(error.field(), None);
 /// assert_eq!(error.location(), Some((2, 10)));
+///
+/// let error = parse_degrade_rules(
+///     r#"[{ "resource": "/testD", "count": 500, "timeWindow": 10, "timeWindow": 10 }]"#,
+/// )
+/// .unwrap_err();
+/// assert!(error.is_duplicate());
+/// assert_eq!(error.index(), Some(0));
+/// assert_eq!(error.field(), Some("timeWindow"));
+/// assert_eq!(error.config_error(), None);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
@@ -41,6 +52,14 @@ enum ErrorKind {
         message: String,
         line: usize,
         column: usize,
+    },
+    /// An object holding `key` more than once: a rule (`index`, with `within` empty), an object
+    /// inside rule `index` at the path `within`, or an object outside any rule (`index` `None`;
+    /// `within` from the top level).
+    Duplicate {
+        index: Option<usize>,
+        key: String,
+        within: Vec<PathSegment>,
     },
     /// JSON, but not an array.
     TopLevel { shown: String },
@@ -61,6 +80,26 @@ impl RuleError {
                 message: error.to_string(),
                 line: error.line(),
                 column: error.column(),
+            },
+        }
+    }
+
+    /// Malformed JSON, or a key given twice.
+    pub(super) fn from_parse(error: ParseError) -> Self {
+        let duplicate = match error {
+            ParseError::Syntax(error) => return RuleError::syntax(error),
+            ParseError::DuplicateKey(duplicate) => duplicate,
+        };
+        // A path that starts at a position in the array starts at a rule.
+        let (index, within) = match duplicate.path() {
+            [PathSegment::Index(index), within @ ..] => (Some(*index), within.to_vec()),
+            within => (None, within.to_vec()),
+        };
+        RuleError {
+            kind: ErrorKind::Duplicate {
+                index,
+                key: duplicate.key().to_owned(),
+                within,
             },
         }
     }
@@ -93,7 +132,8 @@ impl RuleError {
     }
 
     /// The resource of the offending rule, when the rule has a valid one. `None` when `resource`
-    /// itself is at fault, and for errors that are not about one rule.
+    /// itself is at fault, for errors that are not about one rule, and for keys given twice
+    /// (which are found while the text is parsed, before any rule is read).
     pub fn resource(&self) -> Option<&str> {
         match &self.kind {
             ErrorKind::Invalid { resource, .. } => resource.as_deref(),
@@ -101,10 +141,18 @@ impl RuleError {
         }
     }
 
-    /// The offending field, as Sentinel spells it (`timeWindow`). `None` when the text is not
-    /// JSON, its top level is not an array, or an element is not an object.
+    /// The offending field, as Sentinel spells it (`timeWindow`), or as written when a rule gives
+    /// it twice. `None` when the text is not JSON, its top level is not an array, an element is
+    /// not an object, or a key is given twice in an object other than a rule itself.
     pub fn field(&self) -> Option<&str> {
-        self.config_error().map(ConfigError::field)
+        match &self.kind {
+            ErrorKind::Duplicate {
+                index: Some(_),
+                key,
+                within,
+            } if within.is_empty() => Some(key),
+            _ => self.config_error().map(ConfigError::field),
+        }
     }
 
     /// The position of the offending rule in the array, from 0. `None` when the text is not JSON
@@ -112,8 +160,15 @@ impl RuleError {
     pub fn index(&self) -> Option<usize> {
         match &self.kind {
             ErrorKind::NotAnObject { index, .. } | ErrorKind::Invalid { index, .. } => Some(*index),
+            ErrorKind::Duplicate { index, .. } => *index,
             ErrorKind::Syntax { .. } | ErrorKind::TopLevel { .. } => None,
         }
+    }
+
+    /// Whether the error is a key given more than once in an object: [`field`](Self::field)
+    /// names it when the object is a rule, the message names it always.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self.kind, ErrorKind::Duplicate { .. })
     }
 
     /// The field, value and allowed range, when one field is at fault.
@@ -139,6 +194,25 @@ impl fmt::Display for RuleError {
         match &self.kind {
             ErrorKind::Syntax { message, .. } => {
                 write!(f, "Sentinel degrade rules are not valid JSON: {message}")
+            }
+            ErrorKind::Duplicate { index, key, within } => {
+                match index {
+                    Some(index) => write!(f, "invalid Sentinel degrade rule #{index}: ")?,
+                    None => f.write_str("invalid Sentinel degrade rules: ")?,
+                }
+                let key = name(key);
+                match (index, within.is_empty()) {
+                    (Some(_), true) => write!(f, "field `{key}` is given more than once"),
+                    (None, true) => write!(
+                        f,
+                        "key `{key}` is given more than once in the top-level object"
+                    ),
+                    (_, false) => write!(
+                        f,
+                        "key `{key}` is given more than once in `{}`",
+                        show_path(within)
+                    ),
+                }
             }
             ErrorKind::TopLevel { shown } => write!(
                 f,

@@ -533,10 +533,110 @@ fn duplicate_resources_are_all_kept_in_order() {
         Strategy::ErrorCount { count: 3 }
     );
     assert_eq!(rules[0], rules[2]);
+}
 
-    // Within one object, a repeated field keeps its last value.
-    let rule = parse_one(&rule_with(r#""count":1,"timeWindow":0,"timeWindow":4"#));
-    assert_eq!(rule.config().open_duration(), Duration::from_secs(4));
+#[test]
+fn a_field_given_twice_is_an_error_naming_it() {
+    for (json, field) in [
+        (
+            r#"[{"resource":"a","count":100,"count":200,"timeWindow":10}]"#,
+            "count",
+        ),
+        // Even with equal values, even when the first value alone would be invalid, and for
+        // fields this reader ignores.
+        (
+            rule_with(r#""count":1,"count":1,"timeWindow":1"#).as_str(),
+            "count",
+        ),
+        (
+            rule_with(r#""count":1,"timeWindow":0,"timeWindow":4"#).as_str(),
+            "timeWindow",
+        ),
+        (
+            r#"[{"resource":"a","resource":"b","count":1,"timeWindow":1}]"#,
+            "resource",
+        ),
+        (
+            rule_with(r#""count":1,"timeWindow":1,"app":"x","app":null"#).as_str(),
+            "app",
+        ),
+        (
+            rule_with(r#""count":1,"timeWindow":1,"future":1,"future":2"#).as_str(),
+            "future",
+        ),
+    ] {
+        let error = error_of(json);
+        assert!(error.is_duplicate(), "{json}: {error}");
+        assert_eq!(error.index(), Some(0), "{json}: {error}");
+        assert_eq!(error.field(), Some(field), "{json}: {error}");
+        assert_eq!(error.resource(), None, "{json}: {error}");
+        assert_eq!(error.config_error(), None, "{json}: {error}");
+        assert_eq!(error.location(), None, "{json}: {error}");
+        assert_eq!(
+            error.to_string(),
+            format!("invalid Sentinel degrade rule #0: field `{field}` is given more than once")
+        );
+    }
+
+    // The rule is named by its position; a repeat is found before any rule is validated.
+    let error = error_of(
+        r#"[{"resource":"a","count":1,"timeWindow":0},
+            {"resource":"b","count":1,"timeWindow":1},
+            {"resource":"c","grade":2,"grade":2,"count":3,"timeWindow":1}]"#,
+    );
+    assert_eq!((error.index(), error.field()), (Some(2), Some("grade")));
+
+    // Repeats elsewhere are errors too, named with where their object is.
+    for (json, index, message) in [
+        (
+            rule_with(r#""count":1,"timeWindow":1,"extra":{"a":[{"x":1,"x":2}]}"#),
+            Some(0),
+            "invalid Sentinel degrade rule #0: key `x` is given more than once in `extra.a[0]`",
+        ),
+        (
+            r#"{"resource":"a","count":1,"count":2}"#.to_owned(),
+            None,
+            "invalid Sentinel degrade rules: key `count` is given more than once in the \
+             top-level object",
+        ),
+        (
+            r#"{"rules":[{"count":1,"count":2}]}"#.to_owned(),
+            None,
+            "invalid Sentinel degrade rules: key `count` is given more than once in `rules[0]`",
+        ),
+    ] {
+        let error = error_of(&json);
+        assert!(error.is_duplicate(), "{json}: {error}");
+        assert_eq!(error.index(), index, "{json}: {error}");
+        assert_eq!(error.field(), None, "{json}: {error}");
+        assert_eq!(error.to_string(), message);
+    }
+
+    // Names are escaped and clipped in the message, and kept as written by the accessor.
+    let error = error_of(&rule_with(
+        r#""count":1,"timeWindow":1,"evil\nkey\u001b[0m":1,"evil\nkey\u001b[0m":2"#,
+    ));
+    assert_eq!(error.field(), Some("evil\nkey\u{1b}[0m"));
+    assert_eq!(
+        error.to_string(),
+        r#"invalid Sentinel degrade rule #0: field `"evil\nkey\u{1b}[0m"` is given more than once"#
+    );
+    let long = "n".repeat(100_000);
+    let error = error_of(&rule_with(&format!(
+        r#""count":1,"timeWindow":1,"{long}":1,"{long}":2"#
+    )));
+    assert_eq!(error.field().map(str::len), Some(100_000));
+    let message = error.to_string();
+    assert!(message.chars().count() < 200, "{message}");
+    assert!(message.contains('…'), "{message}");
+
+    // Malformed JSON after a repeat is still reported as malformed JSON.
+    let error = error_of(r#"[{"resource":"a","count":1,"count":2,"timeWindow":}]"#);
+    assert!(!error.is_duplicate());
+    assert!(error.location().is_some());
+    // Other errors are not duplicates.
+    assert!(!error_of(&rule_with(r#""count":1,"timeWindow":0"#)).is_duplicate());
+    assert!(!error_of("{}").is_duplicate());
 }
 
 #[test]
