@@ -94,6 +94,30 @@ struct Entry<S, C> {
     refused: bool,
 }
 
+impl<S, C> Entry<S, C> {
+    /// Moves to `status`, scheduling its deadline if it has one. Every status change goes
+    /// through here, so no deadline is ever missing from the heap.
+    fn set_status(&mut self, status: Status, deadlines: &mut Deadlines) {
+        if let Some(at) = status.deadline() {
+            deadlines.push(at, self.id);
+        }
+        self.status = status;
+    }
+}
+
+/// Whether the deadline `at` popped for entry `id` is still that entry's deadline (the heap keeps
+/// deadlines its entries have since moved past).
+fn deadline_is_current<'a, K: Hash + Eq, S, C>(
+    entries: &'a HashMap<K, Entry<S, C>>,
+    keys: &'a HashMap<u64, K>,
+) -> impl Fn(u64, Instant) -> bool + 'a {
+    move |id, at| {
+        keys.get(&id)
+            .and_then(|key| entries.get(key))
+            .is_some_and(|e| e.status.deadline() == Some(at))
+    }
+}
+
 enum Status {
     Available,
     Trial { until: Instant },
@@ -246,11 +270,7 @@ where
     /// recovery check or fleet evaluation.
     pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
         let (entries, keys) = (&self.entries, &self.keys);
-        let current = |id: u64, at: Instant| {
-            keys.get(&id)
-                .and_then(|key| entries.get(key))
-                .is_some_and(|e| e.status.deadline() == Some(at))
-        };
+        let current = deadline_is_current(entries, keys);
         self.deadlines.compact(entries.len(), || {
             entries
                 .values()
@@ -467,8 +487,7 @@ where
             None => schedule.delay(entry.failed_checks),
         };
         let next_check = later(now, delay);
-        entry.status = Status::Ejected { next_check };
-        self.deadlines.push(next_check, entry.id);
+        entry.set_status(Status::Ejected { next_check }, &mut self.deadlines);
         entry.schedule = Some(schedule);
         entry.ejected_by = policy;
         self.ejected += 1;

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
-use super::{later, Engine, ProbeStart, Readmission, Status};
+use super::{deadline_is_current, later, Engine, ProbeStart, Readmission, Status};
 use crate::probe::ProbeFuture;
 
 impl<K, S, C> Engine<K, S, C>
@@ -24,12 +24,7 @@ where
         probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
     ) {
         self.evaluate_fleet(now);
-        let (entries, keys) = (&self.entries, &self.keys);
-        let current = |id: u64, at: Instant| {
-            keys.get(&id)
-                .and_then(|key| entries.get(key))
-                .is_some_and(|e| e.status.deadline() == Some(at))
-        };
+        let current = deadline_is_current(&self.entries, &self.keys);
         let due: Vec<K> = self
             .deadlines
             .pop_due(now, current)
@@ -72,8 +67,7 @@ where
                 entry.failed_checks = entry.failed_checks.saturating_add(1);
                 entry.trial_breached = true;
             }
-            entry.status = Status::Trial { until };
-            self.deadlines.push(until, entry.id);
+            entry.set_status(Status::Trial { until }, &mut self.deadlines);
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
@@ -92,8 +86,7 @@ where
             });
         entry.trial_calls = entry.trial_calls.saturating_add(seen);
         if entry.trial_calls < needed {
-            entry.status = Status::Trial { until };
-            self.deadlines.push(until, entry.id);
+            entry.set_status(Status::Trial { until }, &mut self.deadlines);
             tracing::debug!(
                 target: "tower_outlier",
                 endpoint = ?key,
@@ -103,7 +96,7 @@ where
             );
             self.publish(key, Some(until), None);
         } else {
-            entry.status = Status::Available;
+            entry.set_status(Status::Available, &mut self.deadlines);
             entry.failed_checks = 0;
             tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint recovered: trial passed");
             self.publish(key, None, None);
@@ -158,7 +151,7 @@ where
             Some(probe) => {
                 // A probe that hangs longer than one recovery unit is a failed check.
                 let timeout = entry.schedule.map_or(Duration::from_secs(10), |s| s.unit());
-                entry.status = Status::Probing;
+                entry.set_status(Status::Probing, &mut self.deadlines);
                 self.probes.push_back(ProbeStart {
                     key: key.clone(),
                     id: entry.id,
@@ -196,8 +189,7 @@ where
                 .schedule
                 .map_or(Duration::from_secs(10), |s| s.delay(entry.failed_checks));
             let next_check = later(now, delay);
-            entry.status = Status::Ejected { next_check };
-            self.deadlines.push(next_check, entry.id);
+            entry.set_status(Status::Ejected { next_check }, &mut self.deadlines);
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
@@ -227,10 +219,7 @@ where
             return;
         };
         let next = status.deadline();
-        entry.status = status;
-        if let Some(at) = next {
-            self.deadlines.push(at, entry.id);
-        }
+        entry.set_status(status, &mut self.deadlines);
         self.ejected -= 1;
         tracing::info!(
             target: "tower_outlier",
