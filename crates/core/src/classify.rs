@@ -60,7 +60,8 @@ impl<Res, E: 'static> Classify<Res, E> for NetworkErrors {
 
 /// Counts service errors and HTTP 5xx responses (EDAS "network exceptions + HTTP 5xx").
 ///
-/// 503 is classified as [`FailureKind::Overload`], other 5xx as [`FailureKind::ServerError`]. 4xx
+/// 503 is classified as [`FailureKind::Overload`], 502 and 504 as [`FailureKind::Gateway`], other
+/// 5xx as [`FailureKind::ServerError`]. 4xx
 /// responses, 429 included, are the caller's business and count as successes; use
 /// [`classify_fn`] to count 429 as overload.
 ///
@@ -90,6 +91,9 @@ impl<B, E: 'static> Classify<http::Response<B>, E> for ServerErrors {
 pub fn status_outcome(status: http::StatusCode) -> Outcome {
     if status == http::StatusCode::SERVICE_UNAVAILABLE {
         Outcome::Failure(FailureKind::Overload)
+    } else if status == http::StatusCode::BAD_GATEWAY || status == http::StatusCode::GATEWAY_TIMEOUT
+    {
+        Outcome::Failure(FailureKind::Gateway)
     } else if status.is_server_error() {
         Outcome::Failure(FailureKind::ServerError)
     } else {

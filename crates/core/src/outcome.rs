@@ -15,8 +15,11 @@ pub enum FailureKind {
     Transport,
     /// The call did not finish in time (for example `tower::timeout` elapsed).
     Timeout,
-    /// The server answered with an error of its own (HTTP 5xx other than 503).
+    /// The server answered with an error of its own (HTTP 5xx other than 502, 503 and 504).
     ServerError,
+    /// A gateway reported that the server behind it failed or did not answer in time (HTTP 502
+    /// and 504). With [`Overload`](Self::Overload) (503), what Envoy calls a gateway failure.
+    Gateway,
     /// The server said it is overloaded (HTTP 503 or 429, gRPC UNAVAILABLE / RESOURCE_EXHAUSTED,
     /// SOFARPC "server busy").
     Overload,
@@ -30,6 +33,7 @@ impl fmt::Display for FailureKind {
             FailureKind::Transport => "transport error",
             FailureKind::Timeout => "timeout",
             FailureKind::ServerError => "server error",
+            FailureKind::Gateway => "gateway failure",
             FailureKind::Overload => "overload",
             FailureKind::Business => "business failure",
         })

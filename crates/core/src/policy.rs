@@ -170,9 +170,11 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// When the endpoint may next be checked, if this state decides it itself: a breaker knows
     /// when its open duration ends, and the layer's recovery check should come then, not one
     /// schedule step after the ejection (which may have come later, when the budget allowed).
-    /// Asked when this policy ejects the endpoint. `None` (the default): the policy's
-    /// [`RecoverySchedule`] decides.
-    fn check_at(&self) -> Option<Nanos> {
+    /// Asked exactly once each time this policy ejects the endpoint, at `now`, so a policy that
+    /// counts ejections (a growing ejection time) may count here. `None` (the default): the
+    /// policy's [`RecoverySchedule`] decides.
+    fn check_at(&self, now: Nanos) -> Option<Nanos> {
+        let _ = now;
         None
     }
 
@@ -265,13 +267,19 @@ impl fmt::Display for Reason {
     }
 }
 
-/// What to do when `floor(n × max ratio)` is below one.
+/// How `n × max ratio` becomes a number of endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BudgetFloor {
-    /// Eject none (EDAS: "if the result is less than 1, no instance is removed").
+    /// Round down, and eject none when that is below one (EDAS: "if the result is less than 1,
+    /// no instance is removed"). Envoy's rule too: an ejection is allowed while
+    /// `(ejected + 1) / n` stays within the ratio.
     Zero,
-    /// Eject one (HSF: "if the result is less than 1, one instance is removed").
+    /// Round down, and eject one when that is below one (HSF: "if the result is less than 1, one
+    /// instance is removed"; Envoy's `always_eject_one_host`).
     One,
+    /// Round up: an ejection is allowed while fewer than `n × ratio` are ejected (gRPC checks
+    /// `ejected / n < ratio` before each ejection), so any ratio above zero allows one.
+    RoundUp,
 }
 
 /// How many endpoints may be ejected at once: `floor(n × max_ratio)`, with [`BudgetFloor`]
@@ -322,7 +330,11 @@ impl Budget {
     /// How many of `endpoints` may be ejected at once (before the last-endpoint rule).
     pub fn max_ejected(&self, endpoints: usize) -> usize {
         // The small epsilon keeps 10 × 0.3 (2.9999999999999996 in binary) from flooring to 2.
-        let raw = (endpoints as f64 * self.max_ratio + 1e-9).floor() as usize;
+        let exact = endpoints as f64 * self.max_ratio;
+        if self.floor == BudgetFloor::RoundUp {
+            return ((exact - 1e-9).ceil().max(0.0) as usize).min(endpoints);
+        }
+        let raw = (exact + 1e-9).floor() as usize;
         if raw == 0 && endpoints > 0 && self.floor == BudgetFloor::One && self.max_ratio > 0.0 {
             1
         } else {
@@ -420,6 +432,14 @@ mod tests {
             0
         );
         assert!(Budget::new(1.5, BudgetFloor::One).is_err());
+        // gRPC: 5 endpoints at 10 % allow one (0 / 5 < 10 %), 10 at 15 % two, 0 % none.
+        let grpc = |ratio| Budget::new(ratio, BudgetFloor::RoundUp).unwrap();
+        assert_eq!(grpc(0.1).max_ejected(5), 1);
+        assert_eq!(grpc(0.1).max_ejected(10), 1);
+        assert_eq!(grpc(0.15).max_ejected(10), 2);
+        assert_eq!(grpc(0.3).max_ejected(10), 3);
+        assert_eq!(grpc(0.0).max_ejected(10), 0);
+        assert_eq!(grpc(1.0).max_ejected(3), 3);
         assert!(Budget::new(f64::NAN, BudgetFloor::One).is_err());
     }
 

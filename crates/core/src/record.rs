@@ -355,6 +355,14 @@ impl EndpointRecord {
         self.weight.store(weight.to_bits(), Ordering::Relaxed);
     }
 
+    /// Asks the layer to judge this endpoint soon, as a call that crossed a threshold does: for a
+    /// fleet policy whose evaluation found the endpoint an outlier (cold path).
+    pub fn request_evaluation(&self) {
+        if !self.flagged.swap(true, Ordering::AcqRel) {
+            self.notifier.notify();
+        }
+    }
+
     /// Clears the signal mark and says whether it was set.
     pub fn take_flag(&self) -> bool {
         self.flagged.swap(false, Ordering::AcqRel)

@@ -146,7 +146,7 @@ impl EndpointPolicy for BreakerEndpoint {
         // The breaker's own state machine decides re-admission through its probe.
     }
 
-    fn check_at(&self) -> Option<Nanos> {
+    fn check_at(&self, _now: Nanos) -> Option<Nanos> {
         // The breaker owns its timing: the endpoint is checked (re-admitted for the half-open
         // probe) exactly when the open duration ends.
         (self.breaker.state() == State::Open).then(|| self.breaker.open_until())

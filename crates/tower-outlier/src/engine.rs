@@ -482,8 +482,13 @@ where
         entry.refused = false;
         let schedule = self.settings.policies[policy].recovery();
         // The ejecting state's own deadline, when it has one, owns the timing of the check.
-        let delay = match record.policies().get(policy).and_then(|p| p.check_at()) {
-            Some(at) => Duration::from_nanos(at.saturating_sub(record.clock().now())),
+        let recorded_now = record.clock().now();
+        let delay = match record
+            .policies()
+            .get(policy)
+            .and_then(|p| p.check_at(recorded_now))
+        {
+            Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
             None => schedule.delay(entry.failed_checks),
         };
         let next_check = later(now, delay);

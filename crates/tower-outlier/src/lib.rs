@@ -17,6 +17,11 @@
 //! * `weight` (default): weight degradation with SOFARPC semantics, in `weight`: `WeightPolicy`
 //!   evaluated once per window against the service average; the weight divides each endpoint's
 //!   load.
+//! * `detectors` (default): the detectors of Envoy, gRPC (A50) and linkerd2-proxy, in
+//!   `detectors`: consecutive 5xx, gateway and local-origin failures, success rate (Envoy's rule
+//!   and a robust one) and failure percentage, with each system's enforcement rules, as
+//!   `DetectorPolicy` with the presets `DetectorConfig::envoy`, `grpc` and `linkerd` (at the
+//!   root); Envoy's and gRPC's JSON are read behind the features `envoy` and `grpc-config`.
 //!
 //! What counts as a failure is the classifier's choice ([`NetworkErrors`], [`ServerErrors`],
 //! [`classify::predicate`], [`classify::classify_fn`]); how an ejected endpoint is checked is the
@@ -111,6 +116,17 @@ pub use tower_outlier_slow_call as slow_call;
 #[cfg(feature = "weight")]
 #[cfg_attr(docsrs, doc(cfg(feature = "weight")))]
 pub use tower_outlier_weight as weight;
+
+/// The detectors of Envoy, gRPC (A50) and linkerd2-proxy:
+/// [`DetectorPolicy`](detectors::DetectorPolicy) with the presets of
+/// [`DetectorConfig`](detectors::DetectorConfig).
+#[cfg(feature = "detectors")]
+#[cfg_attr(docsrs, doc(cfg(feature = "detectors")))]
+pub use tower_outlier_detectors as detectors;
+
+#[cfg(feature = "detectors")]
+#[cfg_attr(docsrs, doc(cfg(feature = "detectors")))]
+pub use tower_outlier_detectors::{DetectorConfig, DetectorPolicy};
 
 #[cfg(feature = "ejection")]
 #[cfg_attr(docsrs, doc(cfg(feature = "ejection")))]

@@ -1,14 +1,16 @@
 //! The rules the layer follows, each stated once. Code, tests and the README refer here.
 //!
-//! The three policies implement the behaviour of production systems: error-rate ejection as
-//! Alibaba EDAS and HSF describe their "outlier instance removal", the slow-call ratio circuit
-//! breaker of Alibaba Sentinel, and the weight degradation of SOFARPC's fault tolerance. Where
-//! those systems are silent, the rule below says what this crate decided.
+//! The policies implement the behaviour of production systems: error-rate ejection as Alibaba
+//! EDAS and HSF describe their "outlier instance removal", the slow-call ratio circuit breaker of
+//! Alibaba Sentinel, the weight degradation of SOFARPC's fault tolerance, and the outlier
+//! detectors of Envoy, gRPC and linkerd2-proxy (section 10). Where those systems are silent, the
+//! rule below says what this crate decided.
 //!
 //! # 1. Outcomes
 //!
 //! Every finished call has one outcome: a success, or a failure of a kind (transport error,
-//! timeout, server error, overload, business failure), and a latency. A call whose response
+//! timeout, server error, gateway failure, overload, business failure), and a latency. HTTP 503
+//! is overload, 502 and 504 are gateway failures, other 5xx server errors. A call whose response
 //! future is dropped before it finishes is *cancelled* and counts as neither. The classifier
 //! decides which results are failures ([`classify`](crate::classify)): EDAS counts network
 //! exceptions, or network exceptions and HTTP 5xx; HSF lets a predicate decide; SOFARPC counts
@@ -29,6 +31,9 @@
 //! * At most `floor(n × max_ejection_ratio)` endpoints are out at once (20 % by default), `n`
 //!   counting every endpoint the upstream holds, whatever the policy that ejects them. When that
 //!   is below one, EDAS ejects none and HSF ejects one ([`BudgetFloor`](crate::BudgetFloor)).
+//!   Envoy's rule is EDAS's (`(ejected + 1) / n` within the ratio), or HSF's with
+//!   `always_eject_one_host`; gRPC's rounds up (an ejection is allowed while fewer than
+//!   `n × ratio` are out, so the first always is).
 //! * The last available endpoint is never ejected.
 //! * An ejection the rules refuse is retried when they may allow it (the set grows, an endpoint
 //!   comes back). If the upstream removes endpoints so that more are out than the budget allows,
@@ -132,3 +137,36 @@
 //! 8. Bad configuration is a typed error naming the field, the value and the allowed range; no
 //!    input, configuration or response makes the library panic.
 //! 9. A readiness error never ejects (tower's balancer drops such an endpoint for good).
+//!
+//! # 10. The detectors of Envoy, gRPC and linkerd
+//!
+//! `tower_outlier::detectors` (feature `detectors`). One endpoint state per endpoint holds
+//! every detector's counts and one ejection counter that all of them grow.
+//!
+//! * **Consecutive failures**, judged on each call. A detector fires at **exactly** its N-th
+//!   failure in a row, and its streak then starts over, so N more failures fire it again; a
+//!   success ends the streak. Consecutive 5xx counts every failure; consecutive gateway failures
+//!   count 502, 503, 504 (gateway failures and overload), and refused connections and timeouts.
+//!   With `split_external_local_origin_errors`, transport errors and timeouts (raised before any
+//!   response) count only in the consecutive local-origin detector, and any response ends that
+//!   streak. A firing counts as detected; its enforcement percentage decides (seeded dice)
+//!   whether it asks for the ejection. A request the budget refuses stands for one interval.
+//! * **Success rate** and **failure percentage**, judged on every interval over the calls of the
+//!   interval just ended, among the endpoints in rotation that had at least the request volume,
+//!   when there are at least the minimum hosts. Success rate: below `mean − factor/1000 ×
+//!   population stdev` (Envoy, gRPC), or below `median − factor/1000 × max(1.4826 × MAD,
+//!   min_spread)` (the robust rule: two of five fully down are both ejected; a tight healthy
+//!   fleet ejects none). Failure percentage: at or above the threshold (Envoy), above it (gRPC).
+//!   With the origins split, both also run over local-origin events.
+//! * **Ejection time.** Envoy: `min(base × m, max)` plus up to `max_ejection_time_jitter`, where
+//!   the multiplier `m` grows on each ejection while `base × m < max + base` and drops by one on
+//!   each interval tick from one full interval after the endpoint came back; it comes back on the
+//!   first tick at or after that time. gRPC: `min(base × m, max(base, max))`, `m` growing on each
+//!   ejection and dropping by one on every tick the endpoint is in rotation; it comes back on the
+//!   first tick strictly after. Before the first tick, exactly at the time. linkerd: the back-off
+//!   `min(base × 2ⁿ, max)` after n failed probes, lengthened by up to `jitter` of itself (never
+//!   beyond max); it comes back for one real request, the probe, with every other call held
+//!   (`Pending`) until the probe answers. A successful probe ends the trip (the next starts at
+//!   `base`); a failed one ejects it for the next back-off.
+//! * All of it inside the layer's one budget and never-the-last rule (section 3): Envoy's
+//!   panic threshold and linkerd's fail-fast are not reproduced; the last endpoint stays in.

@@ -150,6 +150,7 @@ fn bit(kind: FailureKind) -> u8 {
         FailureKind::ServerError => 4,
         FailureKind::Overload => 8,
         FailureKind::Business => 16,
+        FailureKind::Gateway => 32,
         // Kinds added later count only under `ALL`.
         _ => 128,
     }

@@ -23,7 +23,7 @@ where
         now: Instant,
         probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
     ) {
-        self.evaluate_fleet(now);
+        let evaluated = self.evaluate_fleet(now);
         let current = deadline_is_current(&self.entries, &self.keys);
         let due: Vec<K> = self
             .deadlines
@@ -45,6 +45,11 @@ where
                 Status::Ejected { .. } => self.check(key, now, probe),
                 Status::Available | Status::Probing => {}
             }
+        }
+        // After the re-admissions that were due, so the endpoints an evaluation condemned
+        // compete for the budget those freed (Envoy un-ejects before it detects, too).
+        if evaluated {
+            self.signalled(now);
         }
     }
 
@@ -104,8 +109,9 @@ where
     }
 
     /// Runs the fleet-wide evaluations that are due (policies judging endpoints against each
-    /// other, such as weight degradation against the service average).
-    fn evaluate_fleet(&mut self, now: Instant) {
+    /// other, such as weight degradation against the service average). Whether any ran.
+    fn evaluate_fleet(&mut self, now: Instant) -> bool {
+        let mut evaluated = false;
         for index in 0..self.fleet.len() {
             let schedule = self.fleet[index];
             if schedule.next > now {
@@ -120,9 +126,12 @@ where
             let Some(fleet) = self.settings.policies[schedule.policy].fleet() else {
                 continue;
             };
-            let members: Vec<FleetMember<'_, dyn EndpointPolicy>> = self
-                .entries
-                .iter()
+            // In discovery order, so a policy that draws random numbers per member (enforcement)
+            // draws them the same way on every run.
+            let mut in_order: Vec<_> = self.entries.iter().collect();
+            in_order.sort_unstable_by_key(|(_, entry)| entry.id);
+            let members: Vec<FleetMember<'_, dyn EndpointPolicy>> = in_order
+                .into_iter()
                 .map(|(key, entry)| {
                     let record = entry.endpoint.record();
                     FleetMember {
@@ -134,7 +143,9 @@ where
                 })
                 .collect();
             fleet.evaluate(&members, self.settings.clock.now());
+            evaluated = true;
         }
+        evaluated
     }
 
     /// A recovery check is due: probe actively, or re-admit for a passive trial.

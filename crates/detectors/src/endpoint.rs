@@ -1,0 +1,410 @@
+//! One endpoint's detector state: its failure streaks, its interval tallies, what it was condemned
+//! for, its ejection counter and, for linkerd, its probe gate.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::task::AtomicWaker;
+use tower_outlier_core::{
+    duration_to_nanos, Admit, Clock, EndpointPolicy, FailureKind, Judgement, Nanos, Observation,
+    Outcome, ProbeGate, Reason, Signal, WindowCounts,
+};
+
+use crate::config::Dialect;
+use crate::enforcement::ejection_end;
+use crate::policy::{Detector, Shared};
+use crate::statistics::Tally;
+
+const NONE: Nanos = Nanos::MAX;
+
+// Bits of `condemned`: one per detector (`Detector as u8`), and the failed probe.
+const CONSECUTIVE: u8 = 0b0000_0111;
+const STATISTICAL: u8 = 0b0111_1000;
+const FAILED_PROBE: u8 = 0b1000_0000;
+
+// The probe gate's states (linkerd).
+const CLOSED: u8 = 0;
+const OPEN: u8 = 1;
+const HALF_OPEN: u8 = 2;
+const PROBING: u8 = 3;
+
+/// One endpoint's state under a [`DetectorPolicy`](crate::DetectorPolicy).
+pub struct DetectorEndpoint {
+    pub(crate) shared: Arc<Shared>,
+    // Copied from the configuration so a call touches only this endpoint's memory.
+    split: bool,
+    thresholds: [u32; 3],
+    streaks: [AtomicU32; 3],
+    // This interval's calls (low 32 bits) and failures (high 32 bits), swapped out on each tick:
+    // one atomic add per call. An interval of more than 2³² calls would wrap.
+    external: AtomicU64,
+    local: AtomicU64,
+    condemned: AtomicU8,
+    condemned_at: AtomicU64,
+    // The statistical verdict behind a statistical condemnation (f64 bits), for the reason.
+    verdict_value: AtomicU64,
+    verdict_threshold: AtomicU64,
+    // Envoy's and gRPC's ejection multiplier; linkerd's failed probes in this trip.
+    pub(crate) ejections: AtomicU32,
+    pub(crate) ejected_until: AtomicU64,
+    pub(crate) last_tick: AtomicU64,
+    gate: Option<Gate>,
+}
+
+struct Gate {
+    state: AtomicU8,
+    waker: AtomicWaker,
+}
+
+#[inline]
+fn tally_of(failed: bool) -> u64 {
+    1 | u64::from(failed) << 32
+}
+
+pub(crate) fn unpack(packed: u64) -> Tally {
+    Tally {
+        calls: packed & u64::from(u32::MAX),
+        failures: packed >> 32,
+    }
+}
+
+impl DetectorEndpoint {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        let config = &shared.config;
+        let thresholds = [
+            config.consecutive_5xx.threshold,
+            config.consecutive_gateway_failure.threshold,
+            if config.split_external_local_origin_errors {
+                config.consecutive_local_origin_failure.threshold
+            } else {
+                0
+            },
+        ];
+        let gate = (config.dialect == Dialect::Linkerd).then(|| Gate {
+            state: AtomicU8::new(CLOSED),
+            waker: AtomicWaker::new(),
+        });
+        DetectorEndpoint {
+            split: config.split_external_local_origin_errors,
+            thresholds,
+            streaks: Default::default(),
+            external: AtomicU64::new(0),
+            local: AtomicU64::new(0),
+            condemned: AtomicU8::new(0),
+            condemned_at: AtomicU64::new(0),
+            verdict_value: AtomicU64::new(0),
+            verdict_threshold: AtomicU64::new(0),
+            ejections: AtomicU32::new(0),
+            ejected_until: AtomicU64::new(NONE),
+            last_tick: AtomicU64::new(NONE),
+            gate,
+            shared,
+        }
+    }
+
+    /// One more failure in detector `index`'s streak: detected at exactly its threshold (then
+    /// the streak starts over, as Envoy's does), and ejecting with its enforcement chance.
+    #[inline]
+    fn extend_streak(&self, index: usize, now: Nanos) -> Signal {
+        let threshold = self.thresholds[index];
+        if threshold == 0 {
+            return Signal::None;
+        }
+        if self.streaks[index].fetch_add(1, Ordering::Relaxed) + 1 != threshold {
+            return Signal::None;
+        }
+        self.streaks[index].store(0, Ordering::Relaxed);
+        let detector = Detector::CONSECUTIVE[index];
+        if self.shared.detected(detector) {
+            self.condemn(1 << index, now);
+            Signal::Evaluate
+        } else {
+            Signal::None
+        }
+    }
+
+    #[inline]
+    fn break_streak(&self, index: usize) {
+        // Steady success reads and does not write.
+        if self.streaks[index].load(Ordering::Relaxed) != 0 {
+            self.streaks[index].store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn condemn(&self, bits: u8, now: Nanos) {
+        self.condemned_at.store(now, Ordering::Relaxed);
+        self.condemned.fetch_or(bits, Ordering::AcqRel);
+    }
+
+    /// Condemns the endpoint for a statistical detector's verdict (cold path).
+    pub(crate) fn condemn_statistically(
+        &self,
+        detector: Detector,
+        value: f64,
+        threshold: f64,
+        now: Nanos,
+    ) {
+        self.verdict_value.store(value.to_bits(), Ordering::Relaxed);
+        self.verdict_threshold
+            .store(threshold.to_bits(), Ordering::Relaxed);
+        self.condemn(detector.bit(), now);
+    }
+
+    /// Forgets last interval's statistical verdicts (each interval judges afresh).
+    pub(crate) fn clear_statistical(&self) {
+        self.condemned.fetch_and(!STATISTICAL, Ordering::AcqRel);
+    }
+
+    pub(crate) fn is_condemned(&self) -> bool {
+        self.condemned.load(Ordering::Acquire) != 0
+    }
+
+    /// This interval's tallies (external, local), and a fresh start for the next.
+    pub(crate) fn take_tallies(&self) -> (Tally, Tally) {
+        (
+            unpack(self.external.swap(0, Ordering::Relaxed)),
+            unpack(self.local.swap(0, Ordering::Relaxed)),
+        )
+    }
+
+    fn wake_gate(&self, gate: &Gate, state: u8) {
+        gate.state.store(state, Ordering::Release);
+        gate.waker.wake();
+    }
+}
+
+impl EndpointPolicy for DetectorEndpoint {
+    #[inline]
+    fn record(&self, observation: &Observation, now: Nanos) -> Signal {
+        let kind = match observation.outcome {
+            Outcome::Success => None,
+            Outcome::Failure(kind) => Some(kind),
+            Outcome::Cancelled => return Signal::None,
+        };
+        // Raised before any response: the connection was refused or reset, or no answer came.
+        let local = matches!(kind, Some(FailureKind::Transport | FailureKind::Timeout));
+        if self.split {
+            self.local.fetch_add(tally_of(local), Ordering::Relaxed);
+            if local {
+                return self.extend_streak(2, now);
+            }
+            // A response came, so the connection worked.
+            self.break_streak(2);
+        }
+        self.external
+            .fetch_add(tally_of(kind.is_some()), Ordering::Relaxed);
+        let Some(kind) = kind else {
+            self.break_streak(0);
+            self.break_streak(1);
+            return Signal::None;
+        };
+        // Unsplit, Envoy counts a refused connection as a 503 and a timeout as a 504.
+        let gateway = local || matches!(kind, FailureKind::Gateway | FailureKind::Overload);
+        let mut signal = Signal::None;
+        if gateway {
+            if self.extend_streak(1, now) == Signal::Evaluate {
+                signal = Signal::Evaluate;
+            }
+        } else {
+            self.break_streak(1);
+        }
+        if self.extend_streak(0, now) == Signal::Evaluate {
+            signal = Signal::Evaluate;
+        }
+        signal
+    }
+
+    fn judge(&self, now: Nanos) -> Judgement {
+        let bits = self.condemned.load(Ordering::Acquire);
+        if bits == 0 {
+            return Judgement::Healthy;
+        }
+        let config = &self.shared.config;
+        // A detection the layer could not act on (its budget was spent) stands for one interval,
+        // as an ejection retried when room appears; after that only fresh evidence counts.
+        let age = now.saturating_sub(self.condemned_at.load(Ordering::Relaxed));
+        let fresh = age <= duration_to_nanos(config.interval);
+        let counts = self.counts(now);
+        let policy = self.shared.name;
+        if bits & FAILED_PROBE != 0 && fresh {
+            return Judgement::Outlier(Reason {
+                policy,
+                measure: "failed probe",
+                value: 1.0,
+                threshold: 1.0,
+                counts,
+            });
+        }
+        if bits & CONSECUTIVE != 0 && fresh {
+            let index = (bits & CONSECUTIVE).trailing_zeros() as usize;
+            let threshold = f64::from(self.thresholds[index]);
+            return Judgement::Outlier(Reason {
+                policy,
+                measure: Detector::CONSECUTIVE[index].measure(),
+                value: threshold,
+                threshold,
+                counts,
+            });
+        }
+        if bits & STATISTICAL != 0 {
+            let detector = Detector::from_bit(bits & STATISTICAL);
+            return Judgement::Outlier(Reason {
+                policy,
+                measure: detector.measure(),
+                value: f64::from_bits(self.verdict_value.load(Ordering::Relaxed)),
+                threshold: f64::from_bits(self.verdict_threshold.load(Ordering::Relaxed)),
+                counts,
+            });
+        }
+        Judgement::Healthy
+    }
+
+    fn counts(&self, _now: Nanos) -> WindowCounts {
+        let tally = unpack(self.external.load(Ordering::Relaxed));
+        let local = unpack(self.local.load(Ordering::Relaxed));
+        let (calls, failures) = if self.split {
+            // Local-origin failures never reached the external tally.
+            (local.calls, tally.failures + local.failures)
+        } else {
+            (tally.calls, tally.failures)
+        };
+        WindowCounts {
+            calls,
+            failures,
+            slow: 0,
+        }
+    }
+
+    fn reset(&self) {
+        for streak in &self.streaks {
+            streak.store(0, Ordering::Relaxed);
+        }
+        self.condemned.store(0, Ordering::Release);
+        if let Some(gate) = &self.gate {
+            // Back in rotation after the back-off: one real request is the probe.
+            if gate.state.load(Ordering::Acquire) == OPEN {
+                self.wake_gate(gate, HALF_OPEN);
+            }
+        }
+    }
+
+    fn calls_wanted(&self, _now: Nanos) -> u64 {
+        // A streak under way needs exactly the rest of its calls to be judged (a black hole that
+        // a latency-driven balancer would otherwise starve).
+        (0..3)
+            .filter(|&index| self.thresholds[index] > 0)
+            .map(|index| {
+                let streak = self.streaks[index].load(Ordering::Relaxed);
+                if streak == 0 {
+                    0
+                } else {
+                    u64::from(self.thresholds[index].saturating_sub(streak))
+                }
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn check_at(&self, now: Nanos) -> Option<Nanos> {
+        let last_tick = match self.last_tick.load(Ordering::Relaxed) {
+            NONE => None,
+            tick => Some(tick),
+        };
+        let (end, ejections) = ejection_end(
+            &self.shared.config,
+            self.ejections.load(Ordering::Relaxed),
+            now,
+            last_tick,
+            &self.shared.dice,
+        );
+        self.ejections.store(ejections, Ordering::Relaxed);
+        self.ejected_until.store(end, Ordering::Relaxed);
+        // The detection has been acted on.
+        self.condemned.store(0, Ordering::Release);
+        if let Some(gate) = &self.gate {
+            gate.state.store(OPEN, Ordering::Release);
+        }
+        Some(end)
+    }
+
+    fn gate(&self) -> Option<&dyn ProbeGate> {
+        self.gate.as_ref().map(|_| self as &dyn ProbeGate)
+    }
+}
+
+/// linkerd's probation: after the back-off the endpoint admits exactly one call, the probe, and
+/// holds the others back until it decides.
+impl ProbeGate for DetectorEndpoint {
+    fn poll_admit(&self, armed: bool, _clock: &Clock, cx: &mut Context<'_>) -> Poll<Admit> {
+        if armed {
+            return Poll::Ready(Admit::Probe);
+        }
+        let Some(gate) = &self.gate else {
+            return Poll::Ready(Admit::Call);
+        };
+        loop {
+            match gate.state.load(Ordering::Acquire) {
+                HALF_OPEN => {
+                    if gate
+                        .state
+                        .compare_exchange(HALF_OPEN, PROBING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return Poll::Ready(Admit::Probe);
+                    }
+                }
+                PROBING => {
+                    gate.waker.register(cx.waker());
+                    // The probe may have decided between the load and the registration.
+                    if gate.state.load(Ordering::Acquire) == PROBING {
+                        return Poll::Pending;
+                    }
+                }
+                // Closed, or open but kept in rotation (the layer refused the ejection): serve.
+                _ => return Poll::Ready(Admit::Call),
+            }
+        }
+    }
+
+    fn record_probe(&self, observation: &Observation, now: Nanos) -> Signal {
+        let Some(gate) = &self.gate else {
+            return self.record(observation, now);
+        };
+        if observation.outcome.is_failure() {
+            // Serves as usual if the layer refuses to eject it again.
+            self.condemn(FAILED_PROBE, now);
+            self.wake_gate(gate, CLOSED);
+            Signal::Evaluate
+        } else {
+            // The trip is over: the next one starts at the shortest back-off.
+            self.ejections.store(0, Ordering::Relaxed);
+            self.wake_gate(gate, CLOSED);
+            Signal::None
+        }
+    }
+
+    fn probe_cancelled(&self, _now: Nanos) {
+        if let Some(gate) = &self.gate {
+            if gate.state.load(Ordering::Acquire) == PROBING {
+                self.wake_gate(gate, HALF_OPEN);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for DetectorEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DetectorEndpoint")
+            .field("streaks", &self.streaks)
+            .field("tally", &unpack(self.external.load(Ordering::Relaxed)))
+            .field("condemned", &self.condemned.load(Ordering::Relaxed))
+            .field("ejections", &self.ejections.load(Ordering::Relaxed))
+            .field(
+                "gate",
+                &self.gate.as_ref().map(|g| g.state.load(Ordering::Relaxed)),
+            )
+            .finish()
+    }
+}

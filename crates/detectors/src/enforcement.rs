@@ -1,0 +1,225 @@
+//! Enforcement shared by every detector: the enforcement percentage's dice, and how long an
+//! ejection lasts in each dialect.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tower_outlier_core::{duration_to_nanos, Nanos};
+
+use crate::config::{DetectorConfig, Dialect};
+
+/// A seedable random source that any thread may draw from without a lock: SplitMix64 over an
+/// atomic counter, so two draws racing each get their own number.
+#[derive(Debug)]
+pub(crate) struct Dice {
+    state: AtomicU64,
+}
+
+const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl Dice {
+    pub(crate) fn new(seed: u64) -> Self {
+        Dice {
+            state: AtomicU64::new(seed),
+        }
+    }
+
+    pub(crate) fn next(&self) -> u64 {
+        let mut z = self
+            .state
+            .fetch_add(GOLDEN_GAMMA, Ordering::Relaxed)
+            .wrapping_add(GOLDEN_GAMMA);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// True with `percent` % chance. 0 and 100 draw nothing, so the defaults cost no draw.
+    pub(crate) fn enforce(&self, percent: u32) -> bool {
+        match percent {
+            0 => false,
+            100.. => true,
+            _ => self.next() % 100 < u64::from(percent),
+        }
+    }
+
+    /// A uniform number in `[0, 1)`.
+    pub(crate) fn unit(&self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// When an endpoint ejected at `now` comes back, and the ejection counter after this ejection.
+///
+/// * Envoy: the multiplier grows while `base × m < max + base`; the endpoint comes back on the
+///   first interval tick at or after `now + min(base × m, max) + jitter`, the jitter a whole
+///   number of milliseconds up to `max_ejection_time_jitter`.
+/// * gRPC: the multiplier grows on every ejection; the endpoint comes back on the first tick
+///   strictly after `now + min(base × m, max(base, max))`.
+/// * linkerd: `ejections` counts the failed probes of this trip; the back-off is
+///   `min(base × 2^n, max)`, lengthened by up to `jitter` of itself but never beyond `max`.
+///
+/// `last_tick` is the time of the last interval tick (`None` before the first one, when the
+/// endpoint comes back at the exact time).
+pub(crate) fn ejection_end(
+    config: &DetectorConfig,
+    ejections: u32,
+    now: Nanos,
+    last_tick: Option<Nanos>,
+    dice: &Dice,
+) -> (Nanos, u32) {
+    let base = config.base_ejection_time;
+    let max = config.max_ejection_time;
+    let interval = duration_to_nanos(config.interval).max(1);
+    match config.dialect {
+        Dialect::Envoy => {
+            let grows = base.saturating_mul(ejections) < max.saturating_add(base);
+            let multiplier = if grows { ejections + 1 } else { ejections };
+            let jitter_ms = config.max_ejection_time_jitter.as_millis() as u64;
+            let jitter = if jitter_ms == 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(dice.next() % (jitter_ms + 1))
+            };
+            let length = base.saturating_mul(multiplier).min(max) + jitter;
+            let due = now.saturating_add(duration_to_nanos(length));
+            (align(due, last_tick, interval, false), multiplier)
+        }
+        Dialect::Grpc => {
+            let multiplier = ejections.saturating_add(1);
+            let length = base.saturating_mul(multiplier).min(max.max(base));
+            let due = now.saturating_add(duration_to_nanos(length));
+            (align(due, last_tick, interval, true), multiplier)
+        }
+        Dialect::Linkerd => {
+            let doubled = 2u32
+                .checked_pow(ejections)
+                .map_or(max, |factor| base.saturating_mul(factor));
+            let backoff = doubled.min(max);
+            let extra = backoff
+                .mul_f64(config.backoff_jitter * dice.unit())
+                .min(max.saturating_sub(backoff));
+            let due = now.saturating_add(duration_to_nanos(backoff + extra));
+            (due, ejections.saturating_add(1))
+        }
+    }
+}
+
+/// The first tick of the series `last_tick + k × interval` at or after `due` (`strictly` after
+/// it, for gRPC).
+fn align(due: Nanos, last_tick: Option<Nanos>, interval: Nanos, strictly: bool) -> Nanos {
+    let Some(tick) = last_tick else {
+        return due;
+    };
+    if due < tick {
+        return due;
+    }
+    let since = due - tick;
+    let ticks = if strictly {
+        since / interval + 1
+    } else {
+        since.div_ceil(interval)
+    };
+    tick.saturating_add(ticks.saturating_mul(interval))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = 1_000_000_000;
+
+    #[test]
+    fn envoy_grows_to_the_cap_and_stops_one_step_past_it() {
+        let config = DetectorConfig::envoy().build().unwrap();
+        let dice = Dice::new(1);
+        let mut m = 0;
+        let mut lengths = Vec::new();
+        for _ in 0..13 {
+            let (end, next) = ejection_end(&config, m, 0, Some(0), &dice);
+            lengths.push(end / S);
+            m = next;
+        }
+        // 30 s × 1..10, capped at 300 s; the multiplier stops at 11 (30 × 11 ≥ 300 + 30).
+        assert_eq!(
+            lengths,
+            vec![30, 60, 90, 120, 150, 180, 210, 240, 270, 300, 300, 300, 300]
+        );
+        assert_eq!(m, 11);
+    }
+
+    #[test]
+    fn envoy_comes_back_on_the_first_tick_at_or_after_the_end() {
+        let config = DetectorConfig::envoy().build().unwrap();
+        let dice = Dice::new(1);
+        // Ejected 3 s after a tick: 33 s later is not a tick, the next one is 40 s after it.
+        let (end, _) = ejection_end(&config, 0, 3 * S, Some(0), &dice);
+        assert_eq!(end, 40 * S);
+        // Ejected on a tick: 30 s later is one.
+        let (end, _) = ejection_end(&config, 0, 10 * S, Some(10 * S), &dice);
+        assert_eq!(end, 40 * S);
+        // Before the first tick there is no series to align to.
+        let (end, _) = ejection_end(&config, 0, 3 * S, None, &dice);
+        assert_eq!(end, 33 * S);
+    }
+
+    #[test]
+    fn envoy_jitter_stays_within_its_bound() {
+        let config = DetectorConfig::envoy()
+            .max_ejection_time_jitter(Duration::from_millis(2500))
+            .interval(Duration::from_millis(1))
+            .build()
+            .unwrap();
+        let dice = Dice::new(7);
+        let ends: Vec<Nanos> = (0..200)
+            .map(|_| ejection_end(&config, 0, 0, Some(0), &dice).0)
+            .collect();
+        assert!(ends
+            .iter()
+            .all(|end| (30 * S..=32_500_000_000).contains(end)));
+        assert!(ends.iter().any(|end| *end > 31 * S), "the jitter is used");
+    }
+
+    #[test]
+    fn grpc_comes_back_strictly_after_and_grows_without_the_envoy_stop() {
+        let config = DetectorConfig::grpc().build().unwrap();
+        let dice = Dice::new(1);
+        // Ejected on a tick: 30 s later is a tick, but gRPC needs `now > end`: 40 s.
+        let (end, m) = ejection_end(&config, 0, 0, Some(0), &dice);
+        assert_eq!((end, m), (40 * S, 1));
+        let (end, m) = ejection_end(&config, 20, 0, Some(0), &dice);
+        assert_eq!((end, m), (310 * S, 21));
+    }
+
+    #[test]
+    fn linkerd_backs_off_exponentially_with_bounded_jitter() {
+        let plain = DetectorConfig::linkerd()
+            .backoff_jitter(0.0)
+            .build()
+            .unwrap();
+        let dice = Dice::new(3);
+        let lengths: Vec<Nanos> = (0..9)
+            .map(|n| ejection_end(&plain, n, 0, Some(0), &dice).0 / S)
+            .collect();
+        assert_eq!(lengths, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(ejection_end(&plain, u32::MAX, 0, None, &dice).0, 60 * S);
+        let jittered = DetectorConfig::linkerd().build().unwrap();
+        for n in 0..8 {
+            let end = ejection_end(&jittered, n, 0, None, &dice).0;
+            let backoff = (S << n).min(60 * S);
+            assert!(end >= backoff && end <= (backoff + backoff / 2).min(60 * S));
+        }
+    }
+
+    #[test]
+    fn dice_honour_the_percentage() {
+        let dice = Dice::new(42);
+        assert!((0..1000).all(|_| dice.enforce(100)));
+        assert!((0..1000).all(|_| !dice.enforce(0)));
+        let hits = (0..10_000).filter(|_| dice.enforce(30)).count();
+        assert!((2700..3300).contains(&hits), "{hits}");
+        let again = Dice::new(42);
+        let first = Dice::new(42);
+        assert_eq!(again.next(), first.next(), "seeded");
+    }
+}

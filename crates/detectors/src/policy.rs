@@ -1,0 +1,338 @@
+//! The detectors as one policy of the layer: its endpoint states, its interval evaluation and
+//! its counters.
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_outlier_core::{
+    duration_to_nanos, Budget, EndpointPolicy, FleetEvaluation, FleetMember, FleetPolicy, Nanos,
+    Policy, RecoverySchedule,
+};
+
+use crate::config::{DetectorConfig, Dialect};
+use crate::endpoint::DetectorEndpoint;
+use crate::enforcement::Dice;
+use crate::statistics::{failure_percentage_outliers, success_rate_outliers, Tally, Verdict};
+
+/// One of the detectors, for counters and reasons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Detector {
+    /// Consecutive 5xx (any failure, for services that are not HTTP).
+    Consecutive5xx,
+    /// Consecutive gateway failures (502, 503, 504).
+    ConsecutiveGatewayFailure,
+    /// Consecutive local-origin failures (with the origins split).
+    ConsecutiveLocalOriginFailure,
+    /// Success rate.
+    SuccessRate,
+    /// Failure percentage.
+    FailurePercentage,
+    /// Local-origin success rate (with the origins split).
+    LocalOriginSuccessRate,
+    /// Local-origin failure percentage (with the origins split).
+    LocalOriginFailurePercentage,
+}
+
+impl Detector {
+    /// Every detector, in the order of their counters.
+    pub const ALL: [Detector; 7] = [
+        Detector::Consecutive5xx,
+        Detector::ConsecutiveGatewayFailure,
+        Detector::ConsecutiveLocalOriginFailure,
+        Detector::SuccessRate,
+        Detector::FailurePercentage,
+        Detector::LocalOriginSuccessRate,
+        Detector::LocalOriginFailurePercentage,
+    ];
+
+    pub(crate) const CONSECUTIVE: [Detector; 3] = [
+        Detector::Consecutive5xx,
+        Detector::ConsecutiveGatewayFailure,
+        Detector::ConsecutiveLocalOriginFailure,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    pub(crate) fn bit(self) -> u8 {
+        1 << self.index()
+    }
+
+    pub(crate) fn from_bit(bits: u8) -> Detector {
+        Detector::ALL[(bits.trailing_zeros() as usize).min(Detector::ALL.len() - 1)]
+    }
+
+    /// What the detector measures, in words (the `measure` of its ejections' reasons).
+    pub fn measure(self) -> &'static str {
+        match self {
+            Detector::Consecutive5xx => "consecutive 5xx",
+            Detector::ConsecutiveGatewayFailure => "consecutive gateway failures",
+            Detector::ConsecutiveLocalOriginFailure => "consecutive local-origin failures",
+            Detector::SuccessRate => "success rate",
+            Detector::FailurePercentage => "failure percentage",
+            Detector::LocalOriginSuccessRate => "local-origin success rate",
+            Detector::LocalOriginFailurePercentage => "local-origin failure percentage",
+        }
+    }
+}
+
+/// How often each detector found an outlier, and how often its enforcement percentage let it ask
+/// for the ejection (the layer may still refuse: budget, last endpoint). Envoy's
+/// `ejections_detected_*` and `ejections_enforced_*`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DetectorStats {
+    detected: [u64; 7],
+    enforced: [u64; 7],
+}
+
+impl DetectorStats {
+    /// Outliers `detector` found.
+    pub fn detected(&self, detector: Detector) -> u64 {
+        self.detected[detector.index()]
+    }
+
+    /// Of those, the ones its enforcement percentage let through.
+    pub fn enforced(&self, detector: Detector) -> u64 {
+        self.enforced[detector.index()]
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: DetectorConfig,
+    pub(crate) name: &'static str,
+    pub(crate) dice: Dice,
+    detected: [AtomicU64; 7],
+    enforced: [AtomicU64; 7],
+}
+
+impl Shared {
+    fn enforcement(&self, detector: Detector) -> u32 {
+        let config = &self.config;
+        match detector {
+            Detector::Consecutive5xx => config.consecutive_5xx.enforcement,
+            Detector::ConsecutiveGatewayFailure => config.consecutive_gateway_failure.enforcement,
+            Detector::ConsecutiveLocalOriginFailure => {
+                config.consecutive_local_origin_failure.enforcement
+            }
+            Detector::SuccessRate => config.success_rate.map_or(0, |d| d.enforcement),
+            Detector::LocalOriginSuccessRate => config
+                .success_rate
+                .map_or(0, |d| d.local_origin_enforcement),
+            Detector::FailurePercentage => config.failure_percentage.map_or(0, |d| d.enforcement),
+            Detector::LocalOriginFailurePercentage => config
+                .failure_percentage
+                .map_or(0, |d| d.local_origin_enforcement),
+        }
+    }
+
+    /// Counts a detection and rolls its enforcement: whether to ask for the ejection.
+    pub(crate) fn detected(&self, detector: Detector) -> bool {
+        self.detected[detector.index()].fetch_add(1, Ordering::Relaxed);
+        let enforce = self.dice.enforce(self.enforcement(detector));
+        if enforce {
+            self.enforced[detector.index()].fetch_add(1, Ordering::Relaxed);
+        }
+        enforce
+    }
+}
+
+/// The detectors of Envoy, gRPC and linkerd as one policy of the layer: consecutive failures
+/// (event-driven, at exactly the Nth), success rate and failure percentage (on the interval), one
+/// ejection counter per endpoint that all of them grow, and the dialect's rules for how long an
+/// ejection lasts and how many may be out at once (the layer's budget; never the last endpoint).
+///
+/// ```
+/// use tower_outlier_core::Policy;
+/// use tower_outlier_detectors::{DetectorConfig, DetectorPolicy};
+///
+/// let envoy = DetectorPolicy::new(DetectorConfig::envoy().build()?);
+/// assert_eq!(envoy.name(), "envoy");
+/// // Under Envoy's current rule, 10 % of five endpoints is no ejection at all.
+/// assert_eq!(envoy.budget().unwrap().max_ejected(5), 0);
+/// let linkerd = DetectorPolicy::seeded(DetectorConfig::linkerd().build()?, 7);
+/// assert_eq!(linkerd.name(), "linkerd");
+/// # Ok::<(), tower_outlier_core::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct DetectorPolicy {
+    shared: Arc<Shared>,
+}
+
+impl DetectorPolicy {
+    /// The policy for `config`, its enforcement dice seeded at random.
+    pub fn new(config: DetectorConfig) -> Self {
+        // std's hasher keys are random per process: a seed without a dependency on `rand`.
+        let seed = RandomState::new().build_hasher().finish();
+        Self::seeded(config, seed)
+    }
+
+    /// The policy for `config`, its enforcement percentages and jitter drawn from `seed`: two
+    /// policies with the same seed fed the same calls decide the same way.
+    pub fn seeded(config: DetectorConfig, seed: u64) -> Self {
+        let name = match config.dialect {
+            Dialect::Envoy => "envoy",
+            Dialect::Grpc => "grpc",
+            Dialect::Linkerd => "linkerd",
+        };
+        DetectorPolicy {
+            shared: Arc::new(Shared {
+                config,
+                name,
+                dice: Dice::new(seed),
+                detected: Default::default(),
+                enforced: Default::default(),
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DetectorConfig {
+        &self.shared.config
+    }
+
+    /// What the detectors found so far, over every endpoint of every layer using this policy.
+    pub fn stats(&self) -> DetectorStats {
+        let load =
+            |counters: &[AtomicU64; 7]| counters.each_ref().map(|c| c.load(Ordering::Relaxed));
+        DetectorStats {
+            detected: load(&self.shared.detected),
+            enforced: load(&self.shared.enforced),
+        }
+    }
+
+    /// The state of one endpoint, on its own (the layer calls [`Policy::new_endpoint`]).
+    pub fn endpoint(&self) -> DetectorEndpoint {
+        DetectorEndpoint::new(self.shared.clone())
+    }
+}
+
+impl fmt::Debug for DetectorPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DetectorPolicy")
+            .field("config", &self.shared.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Policy for DetectorPolicy {
+    fn name(&self) -> &'static str {
+        self.shared.name
+    }
+
+    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
+        Box::new(self.endpoint())
+    }
+
+    fn recovery(&self) -> RecoverySchedule {
+        // Ejections are timed by the endpoint states (`check_at`); this paces only failed
+        // active probes, one base ejection time apart.
+        RecoverySchedule::fixed(self.shared.config.base_ejection_time)
+    }
+
+    fn trial_period(&self) -> Duration {
+        self.shared.config.interval
+    }
+
+    fn budget(&self) -> Option<Budget> {
+        Some(self.shared.config.budget())
+    }
+
+    fn fleet(&self) -> Option<&dyn FleetEvaluation> {
+        // linkerd has no interval: nothing to count, decay or align to.
+        (self.shared.config.dialect != Dialect::Linkerd).then_some(self as &dyn FleetEvaluation)
+    }
+}
+
+impl FleetPolicy for DetectorPolicy {
+    type State = DetectorEndpoint;
+
+    fn interval(&self) -> Duration {
+        self.shared.config.interval
+    }
+
+    /// One interval tick: the statistical detectors judge the interval that just ended, and the
+    /// ejection multipliers of endpoints in rotation decay.
+    fn evaluate(&self, fleet: &[FleetMember<'_, DetectorEndpoint>], now: Nanos) {
+        let config = &self.shared.config;
+        let mut external: Vec<Option<Tally>> = Vec::with_capacity(fleet.len());
+        let mut local: Vec<Option<Tally>> = Vec::with_capacity(fleet.len());
+        for member in fleet {
+            member.state.last_tick.store(now, Ordering::Relaxed);
+            member.state.clear_statistical();
+            let (outside, inside) = member.state.take_tallies();
+            // Ejected endpoints do not take part (and have no traffic to count anyway).
+            external.push(member.available.then_some(outside));
+            local.push(member.available.then_some(inside));
+        }
+        let mut condemned = vec![false; fleet.len()];
+        let mut judge = |detector: Detector, verdicts: Vec<Verdict>| {
+            for verdict in verdicts {
+                if condemned[verdict.index] {
+                    continue;
+                }
+                if self.shared.detected(detector) {
+                    condemned[verdict.index] = true;
+                    fleet[verdict.index].state.condemn_statistically(
+                        detector,
+                        verdict.value,
+                        verdict.threshold,
+                        now,
+                    );
+                }
+            }
+        };
+        if let Some(detector) = &config.success_rate {
+            judge(
+                Detector::SuccessRate,
+                success_rate_outliers(detector, &external),
+            );
+            if config.split_external_local_origin_errors {
+                judge(
+                    Detector::LocalOriginSuccessRate,
+                    success_rate_outliers(detector, &local),
+                );
+            }
+        }
+        if let Some(detector) = &config.failure_percentage {
+            judge(
+                Detector::FailurePercentage,
+                failure_percentage_outliers(detector, config.dialect, &external),
+            );
+            if config.split_external_local_origin_errors {
+                judge(
+                    Detector::LocalOriginFailurePercentage,
+                    failure_percentage_outliers(detector, config.dialect, &local),
+                );
+            }
+        }
+        let interval = duration_to_nanos(config.interval);
+        for member in fleet.iter().filter(|m| m.available) {
+            let state = member.state;
+            let decays = match config.dialect {
+                // From one full interval after it came back.
+                Dialect::Envoy => {
+                    let until = state.ejected_until.load(Ordering::Relaxed);
+                    until != Nanos::MAX && now >= until.saturating_add(interval)
+                }
+                _ => true,
+            };
+            if decays {
+                let _ = state
+                    .ejections
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_sub(1));
+            }
+        }
+        for member in fleet {
+            if member.state.is_condemned() {
+                member.record.request_evaluation();
+            }
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The endpoint state's rules, call by call, without a layer.
+
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::task::noop_waker_ref;
+use tower_outlier_core::{
+    Admit, Clock, EndpointPolicy, FailureKind, Judgement, Nanos, Observation, Outcome, Signal,
+};
+
+use crate::{Detector, DetectorBuilder, DetectorConfig, DetectorEndpoint, DetectorPolicy};
+
+const SECOND: Nanos = 1_000_000_000;
+
+fn policy(builder: DetectorBuilder) -> DetectorPolicy {
+    DetectorPolicy::seeded(builder.build().unwrap(), 1)
+}
+
+fn call(endpoint: &DetectorEndpoint, outcome: Outcome) -> Signal {
+    endpoint.record(
+        &Observation {
+            outcome,
+            latency: Duration::from_millis(1),
+        },
+        SECOND,
+    )
+}
+
+const OK: Outcome = Outcome::Success;
+const E500: Outcome = Outcome::Failure(FailureKind::ServerError);
+const E502: Outcome = Outcome::Failure(FailureKind::Gateway);
+const E503: Outcome = Outcome::Failure(FailureKind::Overload);
+const REFUSED: Outcome = Outcome::Failure(FailureKind::Transport);
+const TIMEOUT: Outcome = Outcome::Failure(FailureKind::Timeout);
+
+/// The indices of the calls that signalled.
+fn signals(endpoint: &DetectorEndpoint, outcomes: &[Outcome]) -> Vec<usize> {
+    outcomes
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| call(endpoint, **o) == Signal::Evaluate)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+fn is_outlier(endpoint: &DetectorEndpoint) -> Option<&'static str> {
+    match endpoint.judge(SECOND) {
+        Judgement::Outlier(reason) => Some(reason.measure),
+        Judgement::Healthy => None,
+    }
+}
+
+#[test]
+fn consecutive_5xx_fires_at_exactly_the_fifth_and_starts_over() {
+    let policy = policy(DetectorConfig::envoy());
+    let endpoint = policy.endpoint();
+    assert_eq!(signals(&endpoint, &[E500; 4]), Vec::<usize>::new());
+    assert_eq!(is_outlier(&endpoint), None);
+    assert_eq!(signals(&endpoint, &[E500]), vec![0]);
+    assert_eq!(is_outlier(&endpoint), Some("consecutive 5xx"));
+    // Envoy resets the streak once it fired: the next detection needs five more.
+    assert_eq!(signals(&endpoint, &[E500; 10]), vec![4, 9]);
+    assert_eq!(policy.stats().detected(Detector::Consecutive5xx), 3);
+    assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 3);
+}
+
+#[test]
+fn one_success_in_between_resets_the_count() {
+    let endpoint = policy(DetectorConfig::envoy()).endpoint();
+    let mut outcomes = vec![E500; 4];
+    outcomes.push(OK);
+    outcomes.extend([E500; 4]);
+    assert!(signals(&endpoint, &outcomes).is_empty());
+    assert_eq!(signals(&endpoint, &[E500]), vec![0]);
+}
+
+#[test]
+fn gateway_failures_are_counted_but_not_enforced_under_envoys_defaults() {
+    let policy = policy(DetectorConfig::envoy().consecutive_5xx(0));
+    let endpoint = policy.endpoint();
+    // 502, 503 and 504 (and unsplit transport errors and timeouts) are gateway failures.
+    assert!(signals(&endpoint, &[E502, E503, REFUSED, TIMEOUT, E502]).is_empty());
+    assert_eq!(
+        policy.stats().detected(Detector::ConsecutiveGatewayFailure),
+        1
+    );
+    assert_eq!(
+        policy.stats().enforced(Detector::ConsecutiveGatewayFailure),
+        0
+    );
+    assert_eq!(is_outlier(&endpoint), None);
+
+    let enforced = self::policy(
+        DetectorConfig::envoy()
+            .consecutive_5xx(0)
+            .enforcing_consecutive_gateway_failure(100),
+    );
+    let endpoint = enforced.endpoint();
+    // A 500 is a 5xx but not a gateway failure: it breaks the gateway streak.
+    assert!(signals(&endpoint, &[E502, E502, E502, E502, E500, E502]).is_empty());
+    assert_eq!(signals(&endpoint, &[E503, E502, E502, E502]), vec![3]);
+    assert_eq!(is_outlier(&endpoint), Some("consecutive gateway failures"));
+}
+
+#[test]
+fn local_origin_failures_eject_only_with_the_split_on() {
+    // Only the local-origin detector is on.
+    let unsplit = policy(DetectorConfig::envoy().consecutive_5xx(0));
+    let endpoint = unsplit.endpoint();
+    assert!(signals(&endpoint, &[REFUSED; 10]).is_empty());
+    assert_eq!(
+        unsplit
+            .stats()
+            .detected(Detector::ConsecutiveLocalOriginFailure),
+        0
+    );
+
+    let split = policy(
+        DetectorConfig::envoy()
+            .split_external_local_origin_errors(true)
+            .consecutive_5xx(5),
+    );
+    let endpoint = split.endpoint();
+    // Split, a refused connection or a timeout is neither a 5xx nor a gateway failure.
+    assert_eq!(
+        signals(&endpoint, &[REFUSED, TIMEOUT, REFUSED, REFUSED, TIMEOUT]),
+        vec![4]
+    );
+    assert_eq!(
+        is_outlier(&endpoint),
+        Some("consecutive local-origin failures")
+    );
+    assert_eq!(split.stats().detected(Detector::Consecutive5xx), 0);
+    // Any response, even a 500, shows the connection works and ends the local streak.
+    let endpoint = split.endpoint();
+    assert!(signals(
+        &endpoint,
+        &[REFUSED, REFUSED, REFUSED, REFUSED, E500, REFUSED]
+    )
+    .is_empty());
+}
+
+#[test]
+fn enforcement_zero_counts_but_never_ejects() {
+    let policy = policy(DetectorConfig::envoy().enforcing_consecutive_5xx(0));
+    let endpoint = policy.endpoint();
+    assert!(signals(&endpoint, &[E500; 15]).is_empty());
+    assert_eq!(is_outlier(&endpoint), None);
+    assert_eq!(policy.stats().detected(Detector::Consecutive5xx), 3);
+    assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 0);
+}
+
+#[test]
+fn a_streak_under_way_wants_exactly_its_remaining_calls() {
+    let endpoint = policy(DetectorConfig::envoy()).endpoint();
+    assert_eq!(endpoint.calls_wanted(SECOND), 0);
+    signals(&endpoint, &[E500, E500]);
+    assert_eq!(endpoint.calls_wanted(SECOND), 3);
+    signals(&endpoint, &[OK]);
+    assert_eq!(endpoint.calls_wanted(SECOND), 0);
+}
+
+#[test]
+fn a_detection_the_layer_could_not_act_on_expires_after_an_interval() {
+    let endpoint = policy(DetectorConfig::envoy()).endpoint();
+    signals(&endpoint, &[E500; 5]);
+    assert!(matches!(endpoint.judge(11 * SECOND), Judgement::Outlier(_)));
+    assert_eq!(endpoint.judge(12 * SECOND), Judgement::Healthy);
+}
+
+#[test]
+fn reset_forgets_streaks_and_detections() {
+    let endpoint = policy(DetectorConfig::envoy()).endpoint();
+    signals(&endpoint, &[E500; 5]);
+    signals(&endpoint, &[E500; 3]);
+    endpoint.reset();
+    assert_eq!(is_outlier(&endpoint), None);
+    assert_eq!(
+        signals(&endpoint, &[E500; 5]),
+        vec![4],
+        "a full streak again"
+    );
+}
+
+fn admit(endpoint: &DetectorEndpoint, armed: bool) -> Poll<Admit> {
+    let gate = endpoint.gate().expect("linkerd gates readiness");
+    gate.poll_admit(
+        armed,
+        &Clock::tokio(),
+        &mut Context::from_waker(noop_waker_ref()),
+    )
+}
+
+#[test]
+fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
+    let policy = policy(DetectorConfig::linkerd().backoff_jitter(0.0));
+    let endpoint = policy.endpoint();
+    assert!(policy.endpoint().gate().is_some());
+    assert!(self::policy(DetectorConfig::envoy())
+        .endpoint()
+        .gate()
+        .is_none());
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Call));
+    assert_eq!(signals(&endpoint, &[REFUSED; 7]), vec![6]);
+    // Ejected: one second, then two, four… while probes fail.
+    assert_eq!(endpoint.check_at(10 * SECOND), Some(11 * SECOND));
+    endpoint.reset();
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
+    assert_eq!(
+        admit(&endpoint, false),
+        Poll::Pending,
+        "one probe at a time"
+    );
+    assert_eq!(admit(&endpoint, true), Poll::Ready(Admit::Probe));
+    let gate = endpoint.gate().unwrap();
+    let failed = Observation {
+        outcome: REFUSED,
+        latency: Duration::ZERO,
+    };
+    assert_eq!(gate.record_probe(&failed, 11 * SECOND), Signal::Evaluate);
+    assert_eq!(
+        endpoint.judge(11 * SECOND),
+        Judgement::Outlier(tower_outlier_core::Reason {
+            policy: "linkerd",
+            measure: "failed probe",
+            value: 1.0,
+            threshold: 1.0,
+            counts: endpoint.counts(0),
+        })
+    );
+    assert_eq!(endpoint.check_at(11 * SECOND), Some(13 * SECOND));
+    endpoint.reset();
+    // A cancelled probe hands the permit to the next call.
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
+    gate.probe_cancelled(13 * SECOND);
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
+    let passed = Observation {
+        outcome: OK,
+        latency: Duration::ZERO,
+    };
+    assert_eq!(gate.record_probe(&passed, 13 * SECOND), Signal::None);
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Call));
+    // The next trip starts at the shortest back-off again.
+    signals(&endpoint, &[REFUSED; 7]);
+    assert_eq!(endpoint.check_at(20 * SECOND), Some(21 * SECOND));
+}
