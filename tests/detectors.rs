@@ -148,8 +148,18 @@ async fn grpc_success_rate_ejects_on_the_tick_and_readmits_strictly_after() {
     assert!(!h.is_live(0));
     h.advance(10 * SECOND).await;
     assert!(h.is_live(0));
-    // On the next tick, not ejected, its multiplier decays from 1 to 0 (Envoy would wait a full
-    // interval first), so ejecting it again takes one base time, not two.
+    // An endpoint condemned on a tick is ejected before the multipliers decay: this second
+    // ejection is 2 × 30 s (ending at 120 s; re-admitted on the tick after, at 130 s).
+    healthy(&mut h, 1..5, 100).await;
+    h.calls(0, 50, 50).await;
+    h.advance(10 * SECOND).await;
+    assert!(!h.is_live(0));
+    assert_eq!(next_check(&layer, 0), Some(70 * SECOND));
+    h.advance(70 * SECOND).await;
+    assert!(h.is_live(0));
+    // Two ticks in rotation take its multiplier from 2 to 0 (Envoy would wait a full interval
+    // first), so ejecting it again takes one base time.
+    h.advance(10 * SECOND).await;
     h.advance(10 * SECOND).await;
     healthy(&mut h, 1..5, 100).await;
     h.calls(0, 50, 50).await;

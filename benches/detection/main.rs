@@ -22,10 +22,14 @@ use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PeakEwmaDiscover};
 use tower::timeout::Timeout;
 use tower_layer::Layer;
+use tower_outlier::detectors::DetectorBuilder;
 use tower_outlier::probe::{request_probe, Probe};
 use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
-use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, NetworkErrors, OutlierDetectionLayer};
+use tower_outlier::{
+    DetectorConfig, DetectorPolicy, ErrorRateConfig, ErrorRatePolicy, NetworkErrors,
+    OutlierDetectionLayer,
+};
 
 use sim::{Backend, Event, Fault, Log, Request, Scenario, Schedule, World};
 
@@ -46,9 +50,19 @@ enum Config {
     Sentinel,
     Sofa,
     All,
+    /// Envoy's defaults: consecutive 5xx 5, success rate, at most 10 % ejected.
+    Envoy,
+    /// Envoy's defaults but `max_ejection_percent` 50, what a small fleet would deploy: 10 % of
+    /// five endpoints is no ejection at all under Envoy's rule.
+    EnvoyMax50,
+    /// gRPC's (A50) defaults: success rate only, at most 10 % ejected (checked before each
+    /// ejection, so one of five may go).
+    Grpc,
+    /// linkerd's defaults: 7 consecutive failures, back-off from 1 s to 60 s, one probe request.
+    Linkerd,
 }
 
-const CONFIGS: [Config; 7] = [
+const CONFIGS: [Config; 11] = [
     Config::Baseline,
     Config::Edas,
     Config::EdasProbe,
@@ -56,6 +70,10 @@ const CONFIGS: [Config; 7] = [
     Config::Sentinel,
     Config::Sofa,
     Config::All,
+    Config::Envoy,
+    Config::EnvoyMax50,
+    Config::Grpc,
+    Config::Linkerd,
 ];
 
 impl Config {
@@ -68,6 +86,10 @@ impl Config {
             Config::Sentinel => "Sentinel slow-call",
             Config::Sofa => "SOFA weights",
             Config::All => "EDAS + Sentinel + SOFA",
+            Config::Envoy => "Envoy preset",
+            Config::EnvoyMax50 => "Envoy preset, max_ejection_percent 50",
+            Config::Grpc => "gRPC preset",
+            Config::Linkerd => "linkerd preset",
         }
     }
 
@@ -84,6 +106,10 @@ impl Config {
             )
         };
         let sofa = || WeightPolicy::new(WeightConfig::sofarpc().build().unwrap());
+        // The presets' defaults; the seed makes enforcement and jitter draws repeat.
+        let detectors = |config: DetectorBuilder| {
+            OutlierDetectionLayer::new(DetectorPolicy::seeded(config.build().unwrap(), SEED))
+        };
         Some(match self {
             Config::Baseline => return None,
             Config::Edas | Config::EdasProbe => OutlierDetectionLayer::new(edas()),
@@ -95,6 +121,10 @@ impl Config {
             Config::All => OutlierDetectionLayer::new(edas())
                 .with_policy(sentinel())
                 .with_policy(sofa()),
+            Config::Envoy => detectors(DetectorConfig::envoy()),
+            Config::EnvoyMax50 => detectors(DetectorConfig::envoy().max_ejection_percent(50)),
+            Config::Grpc => detectors(DetectorConfig::grpc()),
+            Config::Linkerd => detectors(DetectorConfig::linkerd()),
         })
     }
 }

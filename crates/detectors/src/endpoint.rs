@@ -2,7 +2,7 @@
 //! for, its ejection counter and, for linkerd, its probe gate.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -36,6 +36,8 @@ pub struct DetectorEndpoint {
     // Copied from the configuration so a call touches only this endpoint's memory.
     split: bool,
     thresholds: [u32; 3],
+    // Which consecutive detectors may eject (enforcement above 0): only those want calls.
+    enforcing: [bool; 3],
     streaks: [AtomicU32; 3],
     // This interval's calls (low 32 bits) and failures (high 32 bits), swapped out on each tick:
     // one atomic add per call. An interval of more than 2³² calls would wrap.
@@ -43,6 +45,9 @@ pub struct DetectorEndpoint {
     local: AtomicU64,
     condemned: AtomicU8,
     condemned_at: AtomicU64,
+    // Whether the last failure was a timeout: only a streak of slow failures needs the layer to
+    // send calls on purpose (see `calls_wanted`).
+    timing_out: AtomicBool,
     // The statistical verdict behind a statistical condemnation (f64 bits), for the reason.
     verdict_value: AtomicU64,
     verdict_threshold: AtomicU64,
@@ -82,6 +87,11 @@ impl DetectorEndpoint {
                 0
             },
         ];
+        let enforcing = [
+            config.consecutive_5xx.enforcement > 0,
+            config.consecutive_gateway_failure.enforcement > 0,
+            config.consecutive_local_origin_failure.enforcement > 0,
+        ];
         let gate = (config.dialect == Dialect::Linkerd).then(|| Gate {
             state: AtomicU8::new(CLOSED),
             waker: AtomicWaker::new(),
@@ -89,11 +99,13 @@ impl DetectorEndpoint {
         DetectorEndpoint {
             split: config.split_external_local_origin_errors,
             thresholds,
+            enforcing,
             streaks: Default::default(),
             external: AtomicU64::new(0),
             local: AtomicU64::new(0),
             condemned: AtomicU8::new(0),
             condemned_at: AtomicU64::new(0),
+            timing_out: AtomicBool::new(false),
             verdict_value: AtomicU64::new(0),
             verdict_threshold: AtomicU64::new(0),
             ejections: AtomicU32::new(0),
@@ -185,6 +197,12 @@ impl EndpointPolicy for DetectorEndpoint {
         };
         // Raised before any response: the connection was refused or reset, or no answer came.
         let local = matches!(kind, Some(FailureKind::Transport | FailureKind::Timeout));
+        if kind.is_some() {
+            let timed_out = kind == Some(FailureKind::Timeout);
+            if self.timing_out.load(Ordering::Relaxed) != timed_out {
+                self.timing_out.store(timed_out, Ordering::Relaxed);
+            }
+        }
         if self.split {
             self.local.fetch_add(tally_of(local), Ordering::Relaxed);
             if local {
@@ -291,10 +309,15 @@ impl EndpointPolicy for DetectorEndpoint {
     }
 
     fn calls_wanted(&self, _now: Nanos) -> u64 {
-        // A streak under way needs exactly the rest of its calls to be judged (a black hole that
-        // a latency-driven balancer would otherwise starve).
+        // A streak of timeouts needs exactly the rest of its calls to be judged: a latency-driven
+        // balancer would otherwise starve the black hole it comes from. A streak of fast failures
+        // needs no help (the balancer keeps sending them), and asking would only pull more calls
+        // to an endpoint failing some of them.
+        if !self.timing_out.load(Ordering::Relaxed) {
+            return 0;
+        }
         (0..3)
-            .filter(|&index| self.thresholds[index] > 0)
+            .filter(|&index| self.thresholds[index] > 0 && self.enforcing[index])
             .map(|index| {
                 let streak = self.streaks[index].load(Ordering::Relaxed);
                 if streak == 0 {

@@ -313,7 +313,12 @@ impl FleetPolicy for DetectorPolicy {
             }
         }
         let interval = duration_to_nanos(config.interval);
-        for member in fleet.iter().filter(|m| m.available) {
+        // An endpoint about to be ejected (condemned now) is not one in rotation: both systems
+        // eject before they decay.
+        for member in fleet
+            .iter()
+            .filter(|m| m.available && !m.state.is_condemned())
+        {
             let state = member.state;
             let decays = match config.dialect {
                 // From one full interval after it came back.

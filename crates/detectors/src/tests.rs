@@ -151,13 +151,18 @@ fn enforcement_zero_counts_but_never_ejects() {
 }
 
 #[test]
-fn a_streak_under_way_wants_exactly_its_remaining_calls() {
+fn a_streak_of_timeouts_wants_exactly_its_remaining_calls() {
     let endpoint = policy(DetectorConfig::envoy()).endpoint();
     assert_eq!(endpoint.calls_wanted(SECOND), 0);
-    signals(&endpoint, &[E500, E500]);
+    signals(&endpoint, &[TIMEOUT, TIMEOUT]);
     assert_eq!(endpoint.calls_wanted(SECOND), 3);
     signals(&endpoint, &[OK]);
     assert_eq!(endpoint.calls_wanted(SECOND), 0);
+    // Fast failures keep coming without help; asking for more would only feed a gray failure.
+    signals(&endpoint, &[E500, E500]);
+    assert_eq!(endpoint.calls_wanted(SECOND), 0);
+    signals(&endpoint, &[TIMEOUT]);
+    assert_eq!(endpoint.calls_wanted(SECOND), 2);
 }
 
 #[test]
