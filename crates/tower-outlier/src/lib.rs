@@ -118,8 +118,7 @@ pub use tower_outlier_slow_call as slow_call;
 pub use tower_outlier_weight as weight;
 
 /// The detectors of Envoy, gRPC (A50) and linkerd2-proxy:
-/// [`DetectorPolicy`](detectors::DetectorPolicy) with the presets of
-/// [`DetectorConfig`](detectors::DetectorConfig).
+/// [`DetectorPolicy`] with the presets of [`DetectorConfig`].
 #[cfg(feature = "detectors")]
 #[cfg_attr(docsrs, doc(cfg(feature = "detectors")))]
 pub use tower_outlier_detectors as detectors;
