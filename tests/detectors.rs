@@ -70,7 +70,8 @@ async fn envoys_ten_percent_ejects_nothing_among_five_unless_one_host_is_always_
         h.is_live(0),
         "(0 + 1) / 5 = 20 % > 10 %: Envoy's current rule refuses"
     );
-    assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 1);
+    assert_eq!(policy.stats().overflow(Detector::Consecutive5xx), 1);
+    assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 0);
 
     let (layer, _) = detector_layer(DetectorConfig::envoy().always_eject_one_host(true));
     let mut h = Harness::new(&layer, 5);
@@ -128,7 +129,7 @@ async fn envoy_ejection_time_is_capped_at_max_ejection_time() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn grpc_success_rate_ejects_on_the_tick_and_readmits_strictly_after() {
+async fn grpc_success_rate_ejects_on_the_tick_and_the_multiplier_grows_and_decays() {
     let (layer, policy) = detector_layer(DetectorConfig::grpc());
     let mut h = Harness::new(&layer, 5);
     healthy(&mut h, 1..5, 100).await;
@@ -141,31 +142,28 @@ async fn grpc_success_rate_ejects_on_the_tick_and_readmits_strictly_after() {
     );
     assert_eq!(reason(&layer, 0), ("grpc", "success rate", 50.0));
     assert_eq!(policy.stats().detected(Detector::SuccessRate), 1);
-    // 30 s after the tick of 10 s is the tick of 40 s; gRPC re-admits only once `now` is past
-    // the end, on the tick of 50 s.
-    assert_eq!(next_check(&layer, 0), Some(40 * SECOND));
+    // Re-admitted on the first tick at or after the end: 40 s.
+    assert_eq!(next_check(&layer, 0), Some(30 * SECOND));
     h.advance(30 * SECOND).await;
-    assert!(!h.is_live(0));
-    h.advance(10 * SECOND).await;
     assert!(h.is_live(0));
     // An endpoint condemned on a tick is ejected before the multipliers decay: this second
-    // ejection is 2 × 30 s (ending at 120 s; re-admitted on the tick after, at 130 s).
+    // ejection, at the tick of 50 s, is 2 × 30 s.
     healthy(&mut h, 1..5, 100).await;
     h.calls(0, 50, 50).await;
     h.advance(10 * SECOND).await;
     assert!(!h.is_live(0));
-    assert_eq!(next_check(&layer, 0), Some(70 * SECOND));
-    h.advance(70 * SECOND).await;
+    assert_eq!(next_check(&layer, 0), Some(60 * SECOND));
+    h.advance(60 * SECOND).await;
     assert!(h.is_live(0));
-    // Two ticks in rotation take its multiplier from 2 to 0 (Envoy would wait a full interval
-    // first), so ejecting it again takes one base time.
+    // Two ticks in rotation take its multiplier from 2 to 0, so ejecting it again takes one
+    // base time.
     h.advance(10 * SECOND).await;
     h.advance(10 * SECOND).await;
     healthy(&mut h, 1..5, 100).await;
     h.calls(0, 50, 50).await;
     h.advance(10 * SECOND).await;
     assert!(!h.is_live(0));
-    assert_eq!(next_check(&layer, 0), Some(40 * SECOND));
+    assert_eq!(next_check(&layer, 0), Some(30 * SECOND));
 }
 
 #[tokio::test(start_paused = true)]
@@ -289,4 +287,30 @@ async fn linkerd_backs_off_exponentially_and_probes_with_one_real_request() {
     // The probe passed: the next trip starts at one second again.
     h.calls(0, 7, 0).await;
     assert_eq!(next_check(&layer, 0), Some(SECOND));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_detection_lapses_and_the_multiplier_still_decays() {
+    let (layer, policy) = detector_layer(DetectorConfig::envoy());
+    // Ten endpoints: Envoy's 10 % allows one ejection at a time.
+    let mut h = Harness::new(&layer, 10);
+    h.advance(10 * SECOND).await;
+    h.calls(0, 5, 0).await;
+    assert!(!h.is_live(0));
+    h.advance(30 * SECOND).await;
+    assert!(h.is_live(0));
+    // Endpoint 1 takes the one slot; endpoint 0's next detection is refused.
+    h.calls(1, 5, 0).await;
+    h.calls(0, 5, 0).await;
+    assert!(!h.is_live(1) && h.is_live(0));
+    assert_eq!(policy.stats().overflow(Detector::Consecutive5xx), 1);
+    // When the slot frees, at 70 s, the detection is older than an interval: it has lapsed.
+    for _ in 0..20 {
+        h.advance(10 * SECOND).await;
+    }
+    assert!(h.is_live(0) && h.is_live(1));
+    // Healthy all that time, endpoint 0's multiplier is back to zero: one base time again.
+    h.calls(0, 5, 0).await;
+    assert_eq!(next_check(&layer, 0), Some(30 * SECOND));
+    assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 3);
 }

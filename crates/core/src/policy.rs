@@ -178,6 +178,13 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
         None
     }
 
+    /// The layer judged the endpoint an outlier (by this policy or another) but kept it in
+    /// rotation: the budget was spent, or it is the last endpoint. A state holding calls back
+    /// until the layer acts releases them here. Cold path; the default does nothing.
+    fn ejection_refused(&self, now: Nanos) {
+        let _ = now;
+    }
+
     /// The capability to gate the endpoint's readiness, for a policy that admits its own probe
     /// through real traffic (a half-open breaker lets exactly one call through). `None`, the
     /// default: the policy never holds a call back. Asked once, when the endpoint is created.

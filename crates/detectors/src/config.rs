@@ -13,7 +13,7 @@ use tower_outlier_core::{check_nonzero_duration, Budget, BudgetFloor, ConfigErro
 /// | ejection time | base × multiplier, capped at `max_ejection_time`, plus jitter | base × multiplier, capped at `max(base, max_ejection_time)` | exponential back-off from `base` to `max`, with jitter |
 /// | the multiplier grows | on each ejection, while `base × m < max + base` | on each ejection | — (each trip restarts at `base`) |
 /// | the multiplier decays | by one per interval from one full interval after re-admission | by one on every interval the endpoint is not ejected | — |
-/// | re-admission | on the first interval tick at or after the ejection time | on the first tick strictly after it | after the back-off, for one real request (the probe) |
+/// | re-admission | on the first interval tick at or after the ejection time | the same (grpc-go re-arms its timer after each run, so a tick always falls just after the time) | after the back-off, for one real request (the probe) |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Dialect {
@@ -232,7 +232,12 @@ impl DetectorConfig {
             _ if self.always_eject_one_host => BudgetFloor::One,
             _ => BudgetFloor::Zero,
         };
-        let ratio = f64::from(self.max_ejection_percent.min(100)) / 100.0;
+        let mut ratio = f64::from(self.max_ejection_percent.min(100)) / 100.0;
+        if floor == BudgetFloor::One && ratio == 0.0 {
+            // Envoy ejects the first host even at 0 % with `always_eject_one_host`; the floor of
+            // one applies to a ratio above zero.
+            ratio = f64::MIN_POSITIVE;
+        }
         Budget::const_new(ratio, floor).expect("a percentage of at most 100 is a valid ratio")
     }
 
@@ -266,6 +271,9 @@ impl DetectorConfig {
         self.failure_percentage
     }
 }
+
+/// The longest duration protobuf (so Envoy's and gRPC's configurations) can express.
+const MAX_DURATION: Duration = Duration::new(315_576_000_000, 999_999_999);
 
 const OFF: Consecutive = Consecutive {
     threshold: 0,
@@ -526,6 +534,23 @@ impl DetectorBuilder {
     pub fn build(self) -> Result<DetectorConfig, ConfigError> {
         check_nonzero_duration("interval", self.interval)?;
         check_nonzero_duration("base_ejection_time", self.base_ejection_time)?;
+        for (field, value) in [
+            ("interval", Some(self.interval)),
+            ("base_ejection_time", Some(self.base_ejection_time)),
+            ("max_ejection_time", self.max_ejection_time),
+            (
+                "max_ejection_time_jitter",
+                Some(self.max_ejection_time_jitter),
+            ),
+        ] {
+            if value.is_some_and(|value| value > MAX_DURATION) {
+                return Err(ConfigError::new(
+                    field,
+                    format!("{value:?}", value = value.unwrap_or_default()),
+                    "at most 315576000000.999999999s (protobuf's largest duration)",
+                ));
+            }
+        }
         let max_ejection_time = match (self.max_ejection_time, self.dialect) {
             (None, _) => self.base_ejection_time.max(Duration::from_secs(300)),
             (Some(max), Dialect::Envoy | Dialect::Linkerd) if max < self.base_ejection_time => {

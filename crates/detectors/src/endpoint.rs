@@ -29,6 +29,12 @@ const CLOSED: u8 = 0;
 const OPEN: u8 = 1;
 const HALF_OPEN: u8 = 2;
 const PROBING: u8 = 3;
+// The probe failed: every call is held until the layer ejects the endpoint or refuses to.
+const SHUT: u8 = 4;
+
+// The most calls a streak asks the balancer for at once: enough for the presets' thresholds (5,
+// 7) in one round, and a bound on what a large threshold could pull into a black hole.
+const MOST_CALLS_WANTED: u64 = 8;
 
 /// One endpoint's state under a [`DetectorPolicy`](crate::DetectorPolicy).
 pub struct DetectorEndpoint {
@@ -40,11 +46,22 @@ pub struct DetectorEndpoint {
     enforcing: [bool; 3],
     streaks: [AtomicU32; 3],
     // This interval's calls (low 32 bits) and failures (high 32 bits), swapped out on each tick:
-    // one atomic add per call. An interval of more than 2³² calls would wrap.
+    // one atomic add per call. More than 2³² − 1 calls in one interval would carry into the
+    // failure count.
     external: AtomicU64,
     local: AtomicU64,
     condemned: AtomicU8,
+    // When the consecutive or probe condemnation was made (statistical ones last one tick).
     condemned_at: AtomicU64,
+    // A condemnation whose refusal by the layer has not been counted yet.
+    overflow_pending: AtomicBool,
+    // Out of rotation: set when ejected, cleared when re-admitted. Calls still in flight then
+    // complete a streak without detecting anything (Envoy skips ejected hosts).
+    out: AtomicBool,
+    // The tick a multiplier decay was held back at (the endpoint was condemned then), and the
+    // time of the last ejection: the decay is owed if no ejection came at that tick.
+    deferred_decay: AtomicU64,
+    ejected_at: AtomicU64,
     // Whether the last failure was a timeout: only a streak of slow failures needs the layer to
     // send calls on purpose (see `calls_wanted`).
     timing_out: AtomicBool,
@@ -105,6 +122,10 @@ impl DetectorEndpoint {
             local: AtomicU64::new(0),
             condemned: AtomicU8::new(0),
             condemned_at: AtomicU64::new(0),
+            overflow_pending: AtomicBool::new(false),
+            out: AtomicBool::new(false),
+            deferred_decay: AtomicU64::new(NONE),
+            ejected_at: AtomicU64::new(NONE),
             timing_out: AtomicBool::new(false),
             verdict_value: AtomicU64::new(0),
             verdict_threshold: AtomicU64::new(0),
@@ -128,6 +149,9 @@ impl DetectorEndpoint {
             return Signal::None;
         }
         self.streaks[index].store(0, Ordering::Relaxed);
+        if self.out.load(Ordering::Relaxed) {
+            return Signal::None;
+        }
         let detector = Detector::CONSECUTIVE[index];
         if self.shared.detected(detector) {
             self.condemn(1 << index, now);
@@ -146,8 +170,27 @@ impl DetectorEndpoint {
     }
 
     fn condemn(&self, bits: u8, now: Nanos) {
-        self.condemned_at.store(now, Ordering::Relaxed);
+        if bits & STATISTICAL == 0 {
+            self.condemned_at.store(now, Ordering::Relaxed);
+        }
+        self.overflow_pending.store(true, Ordering::Relaxed);
         self.condemned.fetch_or(bits, Ordering::AcqRel);
+    }
+
+    /// The condemnations that still stand at `now`: statistical ones until the next tick,
+    /// consecutive and probe ones for one interval (an ejection the layer refused is retried
+    /// when room appears within that time; after it, only fresh evidence counts).
+    fn standing(&self, now: Nanos) -> u8 {
+        let bits = self.condemned.load(Ordering::Acquire);
+        if bits & !STATISTICAL == 0 {
+            return bits;
+        }
+        let age = now.saturating_sub(self.condemned_at.load(Ordering::Relaxed));
+        if age <= duration_to_nanos(self.shared.config.interval) {
+            bits
+        } else {
+            bits & STATISTICAL
+        }
     }
 
     /// Condemns the endpoint for a statistical detector's verdict (cold path).
@@ -164,13 +207,40 @@ impl DetectorEndpoint {
         self.condemn(detector.bit(), now);
     }
 
-    /// Forgets last interval's statistical verdicts (each interval judges afresh).
-    pub(crate) fn clear_statistical(&self) {
-        self.condemned.fetch_and(!STATISTICAL, Ordering::AcqRel);
+    /// Forgets last interval's statistical verdicts (each interval judges afresh) and the other
+    /// condemnations that no longer stand.
+    pub(crate) fn clear_stale(&self, now: Nanos) {
+        let standing = self.standing(now) & !STATISTICAL;
+        self.condemned.fetch_and(standing, Ordering::AcqRel);
     }
 
-    pub(crate) fn is_condemned(&self) -> bool {
-        self.condemned.load(Ordering::Acquire) != 0
+    /// Whether a condemnation stands at `now`: the layer is to judge the endpoint.
+    pub(crate) fn is_condemned(&self, now: Nanos) -> bool {
+        self.standing(now) != 0
+    }
+
+    /// One interval tick for an endpoint in rotation: decays its ejection multiplier if `decays`,
+    /// unless it stands condemned (both systems eject before they decay; if the layer refuses
+    /// the ejection, the decay is owed and paid at the next tick).
+    pub(crate) fn tick(&self, decays: bool, now: Nanos) {
+        let deferred = self.deferred_decay.swap(NONE, Ordering::Relaxed);
+        if deferred != NONE && self.ejected_at.load(Ordering::Relaxed) != deferred {
+            self.decay();
+        }
+        if !decays {
+            return;
+        }
+        if self.is_condemned(now) {
+            self.deferred_decay.store(now, Ordering::Relaxed);
+        } else {
+            self.decay();
+        }
+    }
+
+    fn decay(&self) {
+        let _ = self
+            .ejections
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_sub(1));
     }
 
     /// This interval's tallies (external, local), and a fresh start for the next.
@@ -235,18 +305,13 @@ impl EndpointPolicy for DetectorEndpoint {
     }
 
     fn judge(&self, now: Nanos) -> Judgement {
-        let bits = self.condemned.load(Ordering::Acquire);
+        let bits = self.standing(now);
         if bits == 0 {
             return Judgement::Healthy;
         }
-        let config = &self.shared.config;
-        // A detection the layer could not act on (its budget was spent) stands for one interval,
-        // as an ejection retried when room appears; after that only fresh evidence counts.
-        let age = now.saturating_sub(self.condemned_at.load(Ordering::Relaxed));
-        let fresh = age <= duration_to_nanos(config.interval);
         let counts = self.counts(now);
         let policy = self.shared.name;
-        if bits & FAILED_PROBE != 0 && fresh {
+        if bits & FAILED_PROBE != 0 {
             return Judgement::Outlier(Reason {
                 policy,
                 measure: "failed probe",
@@ -255,7 +320,7 @@ impl EndpointPolicy for DetectorEndpoint {
                 counts,
             });
         }
-        if bits & CONSECUTIVE != 0 && fresh {
+        if bits & CONSECUTIVE != 0 {
             let index = (bits & CONSECUTIVE).trailing_zeros() as usize;
             let threshold = f64::from(self.thresholds[index]);
             return Judgement::Outlier(Reason {
@@ -266,17 +331,14 @@ impl EndpointPolicy for DetectorEndpoint {
                 counts,
             });
         }
-        if bits & STATISTICAL != 0 {
-            let detector = Detector::from_bit(bits & STATISTICAL);
-            return Judgement::Outlier(Reason {
-                policy,
-                measure: detector.measure(),
-                value: f64::from_bits(self.verdict_value.load(Ordering::Relaxed)),
-                threshold: f64::from_bits(self.verdict_threshold.load(Ordering::Relaxed)),
-                counts,
-            });
-        }
-        Judgement::Healthy
+        let detector = Detector::from_bit(bits & STATISTICAL);
+        Judgement::Outlier(Reason {
+            policy,
+            measure: detector.measure(),
+            value: f64::from_bits(self.verdict_value.load(Ordering::Relaxed)),
+            threshold: f64::from_bits(self.verdict_threshold.load(Ordering::Relaxed)),
+            counts,
+        })
     }
 
     fn counts(&self, _now: Nanos) -> WindowCounts {
@@ -300,9 +362,10 @@ impl EndpointPolicy for DetectorEndpoint {
             streak.store(0, Ordering::Relaxed);
         }
         self.condemned.store(0, Ordering::Release);
+        self.out.store(false, Ordering::Relaxed);
         if let Some(gate) = &self.gate {
             // Back in rotation after the back-off: one real request is the probe.
-            if gate.state.load(Ordering::Acquire) == OPEN {
+            if matches!(gate.state.load(Ordering::Acquire), OPEN | SHUT) {
                 self.wake_gate(gate, HALF_OPEN);
             }
         }
@@ -328,6 +391,7 @@ impl EndpointPolicy for DetectorEndpoint {
             })
             .max()
             .unwrap_or(0)
+            .min(MOST_CALLS_WANTED)
     }
 
     fn check_at(&self, now: Nanos) -> Option<Nanos> {
@@ -344,12 +408,34 @@ impl EndpointPolicy for DetectorEndpoint {
         );
         self.ejections.store(ejections, Ordering::Relaxed);
         self.ejected_until.store(end, Ordering::Relaxed);
-        // The detection has been acted on.
+        self.ejected_at.store(now, Ordering::Relaxed);
+        self.out.store(true, Ordering::Relaxed);
+        // The detection has been acted on: count it under the detector that made it.
+        let bits = self.standing(now);
+        if let Some(detector) = Detector::ejecting(bits) {
+            self.shared.ejected(detector);
+        }
+        self.overflow_pending.store(false, Ordering::Relaxed);
         self.condemned.store(0, Ordering::Release);
         if let Some(gate) = &self.gate {
-            gate.state.store(OPEN, Ordering::Release);
+            self.wake_gate(gate, OPEN);
         }
         Some(end)
+    }
+
+    fn ejection_refused(&self, now: Nanos) {
+        let bits = self.standing(now);
+        if self.overflow_pending.swap(false, Ordering::Relaxed) {
+            if let Some(detector) = Detector::ejecting(bits) {
+                self.shared.overflowed(detector);
+            }
+        }
+        if let Some(gate) = &self.gate {
+            // Kept in rotation: it serves again.
+            if gate.state.load(Ordering::Acquire) == SHUT {
+                self.wake_gate(gate, CLOSED);
+            }
+        }
     }
 
     fn gate(&self) -> Option<&dyn ProbeGate> {
@@ -360,7 +446,7 @@ impl EndpointPolicy for DetectorEndpoint {
 /// linkerd's probation: after the back-off the endpoint admits exactly one call, the probe, and
 /// holds the others back until it decides.
 impl ProbeGate for DetectorEndpoint {
-    fn poll_admit(&self, armed: bool, _clock: &Clock, cx: &mut Context<'_>) -> Poll<Admit> {
+    fn poll_admit(&self, armed: bool, clock: &Clock, cx: &mut Context<'_>) -> Poll<Admit> {
         if armed {
             return Poll::Ready(Admit::Probe);
         }
@@ -378,10 +464,20 @@ impl ProbeGate for DetectorEndpoint {
                         return Poll::Ready(Admit::Probe);
                     }
                 }
-                PROBING => {
+                held @ (PROBING | SHUT) => {
+                    if held == SHUT && self.standing(clock.now()) == 0 {
+                        // The layer never answered (its condemnation lapsed): serve again.
+                        let _ = gate.state.compare_exchange(
+                            SHUT,
+                            CLOSED,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        );
+                        continue;
+                    }
                     gate.waker.register(cx.waker());
-                    // The probe may have decided between the load and the registration.
-                    if gate.state.load(Ordering::Acquire) == PROBING {
+                    // The state may have changed between the load and the registration.
+                    if gate.state.load(Ordering::Acquire) == held {
                         return Poll::Pending;
                     }
                 }
@@ -396,9 +492,10 @@ impl ProbeGate for DetectorEndpoint {
             return self.record(observation, now);
         };
         if observation.outcome.is_failure() {
-            // Serves as usual if the layer refuses to eject it again.
+            // Calls wait until the layer ejects the endpoint again or refuses to (then it
+            // serves as usual): none may slip through to an endpoint that just failed its probe.
             self.condemn(FAILED_PROBE, now);
-            self.wake_gate(gate, CLOSED);
+            gate.state.store(SHUT, Ordering::Release);
             Signal::Evaluate
         } else {
             // The trip is over: the next one starts at the shortest back-off.

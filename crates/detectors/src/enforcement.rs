@@ -54,8 +54,10 @@ impl Dice {
 /// * Envoy: the multiplier grows while `base × m < max + base`; the endpoint comes back on the
 ///   first interval tick at or after `now + min(base × m, max) + jitter`, the jitter a whole
 ///   number of milliseconds up to `max_ejection_time_jitter`.
-/// * gRPC: the multiplier grows on every ejection; the endpoint comes back on the first tick
-///   strictly after `now + min(base × m, max(base, max))`.
+/// * gRPC: the multiplier grows on every ejection; the endpoint comes back on the first tick at
+///   or after `now + min(base × m, max(base, max))`. (grpc-go un-ejects once the time is past
+///   the end; its timer is re-armed after each run, so its ticks fall just after the multiples of
+///   the interval and the first one at or after the end already is.)
 /// * linkerd: `ejections` counts the failed probes of this trip; the back-off is
 ///   `min(base × 2^n, max)`, lengthened by up to `jitter` of itself but never beyond `max`.
 ///
@@ -75,21 +77,25 @@ pub(crate) fn ejection_end(
         Dialect::Envoy => {
             let grows = base.saturating_mul(ejections) < max.saturating_add(base);
             let multiplier = if grows { ejections + 1 } else { ejections };
-            let jitter_ms = config.max_ejection_time_jitter.as_millis() as u64;
-            let jitter = if jitter_ms == 0 {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(dice.next() % (jitter_ms + 1))
+            let jitter_ms =
+                u64::try_from(config.max_ejection_time_jitter.as_millis()).unwrap_or(u64::MAX);
+            let jitter = match jitter_ms.checked_add(1) {
+                Some(1) => Duration::ZERO,
+                Some(bound) => Duration::from_millis(dice.next() % bound),
+                None => Duration::from_millis(dice.next()),
             };
-            let length = base.saturating_mul(multiplier).min(max) + jitter;
+            let length = base
+                .saturating_mul(multiplier)
+                .min(max)
+                .saturating_add(jitter);
             let due = now.saturating_add(duration_to_nanos(length));
-            (align(due, last_tick, interval, false), multiplier)
+            (align(due, last_tick, interval), multiplier)
         }
         Dialect::Grpc => {
             let multiplier = ejections.saturating_add(1);
             let length = base.saturating_mul(multiplier).min(max.max(base));
             let due = now.saturating_add(duration_to_nanos(length));
-            (align(due, last_tick, interval, true), multiplier)
+            (align(due, last_tick, interval), multiplier)
         }
         Dialect::Linkerd => {
             let doubled = 2u32
@@ -99,27 +105,21 @@ pub(crate) fn ejection_end(
             let extra = backoff
                 .mul_f64(config.backoff_jitter * dice.unit())
                 .min(max.saturating_sub(backoff));
-            let due = now.saturating_add(duration_to_nanos(backoff + extra));
+            let due = now.saturating_add(duration_to_nanos(backoff.saturating_add(extra)));
             (due, ejections.saturating_add(1))
         }
     }
 }
 
-/// The first tick of the series `last_tick + k × interval` at or after `due` (`strictly` after
-/// it, for gRPC).
-fn align(due: Nanos, last_tick: Option<Nanos>, interval: Nanos, strictly: bool) -> Nanos {
+/// The first tick of the series `last_tick + k × interval` at or after `due`.
+fn align(due: Nanos, last_tick: Option<Nanos>, interval: Nanos) -> Nanos {
     let Some(tick) = last_tick else {
         return due;
     };
     if due < tick {
         return due;
     }
-    let since = due - tick;
-    let ticks = if strictly {
-        since / interval + 1
-    } else {
-        since.div_ceil(interval)
-    };
+    let ticks = (due - tick).div_ceil(interval);
     tick.saturating_add(ticks.saturating_mul(interval))
 }
 
@@ -181,14 +181,30 @@ mod tests {
     }
 
     #[test]
-    fn grpc_comes_back_strictly_after_and_grows_without_the_envoy_stop() {
+    fn grpc_grows_without_the_envoy_stop() {
         let config = DetectorConfig::grpc().build().unwrap();
         let dice = Dice::new(1);
-        // Ejected on a tick: 30 s later is a tick, but gRPC needs `now > end`: 40 s.
         let (end, m) = ejection_end(&config, 0, 0, Some(0), &dice);
-        assert_eq!((end, m), (40 * S, 1));
+        assert_eq!((end, m), (30 * S, 1));
         let (end, m) = ejection_end(&config, 20, 0, Some(0), &dice);
-        assert_eq!((end, m), (310 * S, 21));
+        assert_eq!((end, m), (300 * S, 21));
+    }
+
+    #[test]
+    fn huge_durations_saturate_instead_of_panicking() {
+        let config = DetectorConfig::envoy()
+            .base_ejection_time(Duration::from_secs(315_576_000_000))
+            .max_ejection_time_jitter(Duration::from_secs(315_576_000_000))
+            .build()
+            .unwrap();
+        let dice = Dice::new(1);
+        let (end, _) = ejection_end(&config, u32::MAX, Nanos::MAX - 5, Some(0), &dice);
+        assert_eq!(end, Nanos::MAX);
+        let linkerd = DetectorConfig::linkerd()
+            .max_ejection_time(Duration::from_secs(315_576_000_000))
+            .build()
+            .unwrap();
+        assert!(ejection_end(&linkerd, 200, 0, None, &dice).0 > 0);
     }
 
     #[test]

@@ -68,6 +68,13 @@ impl Detector {
         Detector::ALL[(bits.trailing_zeros() as usize).min(Detector::ALL.len() - 1)]
     }
 
+    /// The detector whose condemnation an ejection acts on (the one `judge` reports), if a
+    /// detector's: a failed linkerd probe is none.
+    pub(crate) fn ejecting(bits: u8) -> Option<Detector> {
+        let detectors = bits & 0b0111_1111;
+        (detectors != 0 && bits & 0b1000_0000 == 0).then(|| Detector::from_bit(detectors))
+    }
+
     /// What the detector measures, in words (the `measure` of its ejections' reasons).
     pub fn measure(self) -> &'static str {
         match self {
@@ -82,13 +89,17 @@ impl Detector {
     }
 }
 
-/// How often each detector found an outlier, and how often its enforcement percentage let it ask
-/// for the ejection (the layer may still refuse: budget, last endpoint). Envoy's
-/// `ejections_detected_*` and `ejections_enforced_*`.
+/// What each detector found and what became of it, as Envoy counts it: `detected` (Envoy's
+/// `ejections_detected_*`), `enforced` (ejections made, `ejections_enforced_*`), `unenforced`
+/// (detections its enforcement percentage let go) and `overflow` (ejections the layer refused:
+/// the budget or the last endpoint; `ejections_overflow`, here per detector). A refused ejection
+/// may still be made later, within one interval, when room appears.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DetectorStats {
     detected: [u64; 7],
     enforced: [u64; 7],
+    unenforced: [u64; 7],
+    overflow: [u64; 7],
 }
 
 impl DetectorStats {
@@ -97,9 +108,19 @@ impl DetectorStats {
         self.detected[detector.index()]
     }
 
-    /// Of those, the ones its enforcement percentage let through.
+    /// Ejections `detector`'s findings made.
     pub fn enforced(&self, detector: Detector) -> u64 {
         self.enforced[detector.index()]
+    }
+
+    /// Findings its enforcement percentage let go.
+    pub fn unenforced(&self, detector: Detector) -> u64 {
+        self.unenforced[detector.index()]
+    }
+
+    /// Ejections the layer refused (the budget, or the last endpoint).
+    pub fn overflow(&self, detector: Detector) -> u64 {
+        self.overflow[detector.index()]
     }
 }
 
@@ -109,6 +130,8 @@ pub(crate) struct Shared {
     pub(crate) dice: Dice,
     detected: [AtomicU64; 7],
     enforced: [AtomicU64; 7],
+    unenforced: [AtomicU64; 7],
+    overflow: [AtomicU64; 7],
 }
 
 impl Shared {
@@ -135,10 +158,18 @@ impl Shared {
     pub(crate) fn detected(&self, detector: Detector) -> bool {
         self.detected[detector.index()].fetch_add(1, Ordering::Relaxed);
         let enforce = self.dice.enforce(self.enforcement(detector));
-        if enforce {
-            self.enforced[detector.index()].fetch_add(1, Ordering::Relaxed);
+        if !enforce {
+            self.unenforced[detector.index()].fetch_add(1, Ordering::Relaxed);
         }
         enforce
+    }
+
+    pub(crate) fn ejected(&self, detector: Detector) {
+        self.enforced[detector.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn overflowed(&self, detector: Detector) {
+        self.overflow[detector.index()].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -187,6 +218,8 @@ impl DetectorPolicy {
                 dice: Dice::new(seed),
                 detected: Default::default(),
                 enforced: Default::default(),
+                unenforced: Default::default(),
+                overflow: Default::default(),
             }),
         }
     }
@@ -203,6 +236,8 @@ impl DetectorPolicy {
         DetectorStats {
             detected: load(&self.shared.detected),
             enforced: load(&self.shared.enforced),
+            unenforced: load(&self.shared.unenforced),
+            overflow: load(&self.shared.overflow),
         }
     }
 
@@ -265,7 +300,7 @@ impl FleetPolicy for DetectorPolicy {
         let mut local: Vec<Option<Tally>> = Vec::with_capacity(fleet.len());
         for member in fleet {
             member.state.last_tick.store(now, Ordering::Relaxed);
-            member.state.clear_statistical();
+            member.state.clear_stale(now);
             let (outside, inside) = member.state.take_tallies();
             // Ejected endpoints do not take part (and have no traffic to count anyway).
             external.push(member.available.then_some(outside));
@@ -313,12 +348,7 @@ impl FleetPolicy for DetectorPolicy {
             }
         }
         let interval = duration_to_nanos(config.interval);
-        // An endpoint about to be ejected (condemned now) is not one in rotation: both systems
-        // eject before they decay.
-        for member in fleet
-            .iter()
-            .filter(|m| m.available && !m.state.is_condemned())
-        {
+        for member in fleet.iter().filter(|m| m.available) {
             let state = member.state;
             let decays = match config.dialect {
                 // From one full interval after it came back.
@@ -328,14 +358,10 @@ impl FleetPolicy for DetectorPolicy {
                 }
                 _ => true,
             };
-            if decays {
-                let _ = state
-                    .ejections
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_sub(1));
-            }
+            state.tick(decays, now);
         }
         for member in fleet {
-            if member.state.is_condemned() {
+            if member.state.is_condemned(now) {
                 member.record.request_evaluation();
             }
         }

@@ -61,7 +61,14 @@ fn consecutive_5xx_fires_at_exactly_the_fifth_and_starts_over() {
     // Envoy resets the streak once it fired: the next detection needs five more.
     assert_eq!(signals(&endpoint, &[E500; 10]), vec![4, 9]);
     assert_eq!(policy.stats().detected(Detector::Consecutive5xx), 3);
-    assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 3);
+    assert_eq!(policy.stats().unenforced(Detector::Consecutive5xx), 0);
+    // Enforced counts ejections, which only a layer makes.
+    assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 0);
+    endpoint.check_at(2 * SECOND);
+    assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 1);
+    // Out of rotation, calls still in flight complete a streak without a detection.
+    assert!(signals(&endpoint, &[E500; 5]).is_empty());
+    assert_eq!(policy.stats().detected(Detector::Consecutive5xx), 3);
 }
 
 #[test]
@@ -147,7 +154,7 @@ fn enforcement_zero_counts_but_never_ejects() {
     assert!(signals(&endpoint, &[E500; 15]).is_empty());
     assert_eq!(is_outlier(&endpoint), None);
     assert_eq!(policy.stats().detected(Detector::Consecutive5xx), 3);
-    assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 0);
+    assert_eq!(policy.stats().unenforced(Detector::Consecutive5xx), 3);
 }
 
 #[test]
@@ -248,4 +255,25 @@ fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
     // The next trip starts at the shortest back-off again.
     signals(&endpoint, &[REFUSED; 7]);
     assert_eq!(endpoint.check_at(20 * SECOND), Some(21 * SECOND));
+}
+
+#[test]
+fn after_a_failed_probe_calls_wait_for_the_layer() {
+    let policy = policy(DetectorConfig::linkerd().backoff_jitter(0.0));
+    let endpoint = policy.endpoint();
+    signals(&endpoint, &[REFUSED; 7]);
+    endpoint.check_at(10 * SECOND);
+    endpoint.reset();
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
+    let gate = endpoint.gate().unwrap();
+    let failed = Observation {
+        outcome: REFUSED,
+        latency: Duration::ZERO,
+    };
+    assert_eq!(gate.record_probe(&failed, 11 * SECOND), Signal::Evaluate);
+    // No call may reach an endpoint that just failed its probe before the layer decides.
+    assert_eq!(admit(&endpoint, false), Poll::Pending);
+    // The layer kept it in rotation (the last endpoint, say): it serves again.
+    endpoint.ejection_refused(11 * SECOND);
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Call));
 }

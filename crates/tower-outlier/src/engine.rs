@@ -458,6 +458,10 @@ where
             None
         };
         if let Some(why) = refusal {
+            let recorded_now = record.clock().now();
+            for state in record.policies().iter() {
+                state.ejection_refused(recorded_now);
+            }
             if !entry.refused {
                 tracing::info!(
                     target: "tower_outlier",

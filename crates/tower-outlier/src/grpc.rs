@@ -136,11 +136,13 @@ impl Code {
         1 << self.value()
     }
 
-    /// The failure kind a code counted as a failure stands for.
+    /// The failure kind a code counted as a failure stands for. A DEADLINE_EXCEEDED status is
+    /// an answer (a server or proxy gave up), so it is a gateway failure, as Envoy maps it to
+    /// 504; a deadline the client enforces itself fails the call with an error, a timeout.
     pub fn failure_kind(self) -> FailureKind {
         match self {
             Code::Unavailable | Code::ResourceExhausted => FailureKind::Overload,
-            Code::DeadlineExceeded => FailureKind::Timeout,
+            Code::DeadlineExceeded => FailureKind::Gateway,
             Code::Internal | Code::Unknown | Code::DataLoss => FailureKind::ServerError,
             _ => FailureKind::Business,
         }

@@ -146,11 +146,16 @@
 //! * **Consecutive failures**, judged on each call. A detector fires at **exactly** its N-th
 //!   failure in a row, and its streak then starts over, so N more failures fire it again; a
 //!   success ends the streak. Consecutive 5xx counts every failure; consecutive gateway failures
-//!   count 502, 503, 504 (gateway failures and overload), and refused connections and timeouts.
+//!   count gateway failures (502, 504, gRPC DEADLINE_EXCEEDED) and overload (503, gRPC
+//!   UNAVAILABLE, and 429 or RESOURCE_EXHAUSTED where the classifier counts them, which Envoy
+//!   would not: it maps them to 429, not a 5xx), and refused connections and timeouts.
 //!   With `split_external_local_origin_errors`, transport errors and timeouts (raised before any
 //!   response) count only in the consecutive local-origin detector, and any response ends that
 //!   streak. A firing counts as detected; its enforcement percentage decides (seeded dice)
 //!   whether it asks for the ejection. A request the budget refuses stands for one interval.
+//!   Calls still in flight when an endpoint is ejected complete streaks without detections. A
+//!   streak of timeouts asks the balancer for the rest of its calls (rule 7; at most 8 at once);
+//!   a streak of fast failures does not need to.
 //! * **Success rate** and **failure percentage**, judged on every interval over the calls of the
 //!   interval just ended, among the endpoints in rotation that had at least the request volume,
 //!   when there are at least the minimum hosts. Success rate: below `mean − factor/1000 ×
@@ -163,10 +168,13 @@
 //!   each interval tick from one full interval after the endpoint came back; it comes back on the
 //!   first tick at or after that time. gRPC: `min(base × m, max(base, max))`, `m` growing on each
 //!   ejection and dropping by one on every tick the endpoint is in rotation; it comes back on the
-//!   first tick strictly after. Before the first tick, exactly at the time. linkerd: the back-off
+//!   first tick at or after that time too. An endpoint condemned at a tick is ejected before the
+//!   multipliers decay (if the ejection is refused, the decay is paid at the next tick). Before
+//!   the first tick, exactly at the time. linkerd: the back-off
 //!   `min(base × 2ⁿ, max)` after n failed probes, lengthened by up to `jitter` of itself (never
 //!   beyond max); it comes back for one real request, the probe, with every other call held
-//!   (`Pending`) until the probe answers. A successful probe ends the trip (the next starts at
+//!   (`Pending`) until the probe answers, and after a failed probe until the layer ejects it
+//!   again or keeps it in. A successful probe ends the trip (the next starts at
 //!   `base`); a failed one ejects it for the next back-off.
 //! * All of it inside the layer's one budget and never-the-last rule (section 3): Envoy's
 //!   panic threshold and linkerd's fail-fast are not reproduced; the last endpoint stays in.
