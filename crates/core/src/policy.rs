@@ -20,12 +20,32 @@ use crate::record::EndpointRecord;
 use crate::window::WindowCounts;
 
 /// A policy's configuration, shared by all endpoints of a layer.
-pub trait Policy: fmt::Debug + Send + Sync + 'static {
+pub trait Policy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// A short name for logs and snapshots, such as `"error-rate"`.
     fn name(&self) -> &'static str;
 
     /// Fresh per-endpoint state for a newly discovered endpoint.
     fn new_endpoint(&self) -> Box<dyn EndpointPolicy>;
+
+    /// The state of an endpoint that already had `previous` under the configuration this one
+    /// replaces (a reconfiguration of a running layer): whatever of its history the new rules can
+    /// use. `previous` came from a policy of the same [`name`](Self::name). The default starts
+    /// afresh. A state that gates readiness must not carry over a probe in flight: its answer
+    /// goes to `previous`.
+    fn new_endpoint_from(
+        &self,
+        previous: &dyn EndpointPolicy,
+        now: Nanos,
+    ) -> Box<dyn EndpointPolicy> {
+        let _ = (previous, now);
+        self.new_endpoint()
+    }
+
+    /// Whether the policy judges at all. A reconfiguration that turns a policy off re-admits the
+    /// endpoints it had ejected. Default: on.
+    fn enabled(&self) -> bool {
+        true
+    }
 
     /// When an endpoint this policy ejected is checked for recovery.
     fn recovery(&self) -> RecoverySchedule;

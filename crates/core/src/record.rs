@@ -160,6 +160,38 @@ impl EndpointRecord {
         }
     }
 
+    /// The record of the same endpoint under `policies`, which replace the ones this record was
+    /// made for (same number, same order, same names): each state made by
+    /// [`Policy::new_endpoint_from`](crate::Policy::new_endpoint_from) from this record's, with
+    /// the latency estimate, the weight and the last outcome carried over. Cold path.
+    pub fn successor(&self, policies: &[Arc<dyn crate::Policy>]) -> EndpointRecord {
+        let now = self.clock.now();
+        let states: Box<[Box<dyn EndpointPolicy>]> = policies
+            .iter()
+            .enumerate()
+            .map(|(index, policy)| match self.policies.get(index) {
+                Some(previous) => policy.new_endpoint_from(&**previous, now),
+                None => policy.new_endpoint(),
+            })
+            .collect();
+        let next = EndpointRecord::new(self.clock.clone(), states, self.notifier.clone());
+        next.latency.rtt_nanos.store(
+            self.latency.rtt_nanos.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.latency.last_sample.store(
+            self.latency.last_sample.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.latency.last_outcome.store(
+            self.latency.last_outcome.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.weight
+            .store(self.weight.load(Ordering::Relaxed), Ordering::Relaxed);
+        next
+    }
+
     /// The clock timestamps come from.
     #[inline]
     pub fn clock(&self) -> &Clock {

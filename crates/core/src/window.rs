@@ -228,6 +228,36 @@ impl Window {
         counts
     }
 
+    /// Takes over what `previous` holds at `now`, when a configuration change replaces one window
+    /// by another (cold path): bucket by bucket when both have the same shape, otherwise all of
+    /// `previous`'s counts in the current bucket (they age out of the new window as one slice).
+    pub fn absorb(&self, previous: &Window, now: Nanos) {
+        if previous.bucket_nanos == self.bucket_nanos
+            && previous.buckets.len() == self.buckets.len()
+        {
+            for (mine, theirs) in self.buckets.iter().zip(previous.buckets.iter()) {
+                mine.epoch
+                    .store(theirs.epoch.load(Ordering::Acquire), Ordering::Release);
+                for (to, from) in [
+                    (&mine.calls, &theirs.calls),
+                    (&mine.failures, &theirs.failures),
+                    (&mine.slow, &theirs.slow),
+                ] {
+                    to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+            }
+            return;
+        }
+        let counts = previous.counts(now);
+        let epoch = self.epoch_of(now);
+        let bucket = &self.buckets[(epoch % self.buckets.len() as u64) as usize];
+        self.clear();
+        bucket.epoch.store(epoch, Ordering::Release);
+        bucket.calls.store(counts.calls, Ordering::Relaxed);
+        bucket.failures.store(counts.failures, Ordering::Relaxed);
+        bucket.slow.store(counts.slow, Ordering::Relaxed);
+    }
+
     /// Forgets every recorded call.
     ///
     /// Used when an endpoint returns from ejection and must be judged only on what happens after.
@@ -338,5 +368,31 @@ mod tests {
         let c = w.counts(1000 * MS);
         assert_eq!(c.calls, 40_000);
         assert_eq!(c.failures, 10_000);
+    }
+
+    #[test]
+    fn absorb_keeps_the_counts_across_shapes() {
+        let second = 1_000_000_000;
+        let old = Window::new(Duration::from_secs(10), 10).unwrap();
+        for i in 0..6 {
+            old.record(i * second, i % 2 == 0, false);
+        }
+        let same = Window::new(Duration::from_secs(10), 10).unwrap();
+        same.absorb(&old, 6 * second);
+        assert_eq!(same.counts(6 * second), old.counts(6 * second));
+        assert_eq!(
+            same.counts(12 * second),
+            old.counts(12 * second),
+            "the slices keep their age"
+        );
+        let longer = Window::new(Duration::from_secs(30), 3).unwrap();
+        longer.absorb(&old, 6 * second);
+        assert_eq!(longer.counts(6 * second).calls, 6);
+        assert_eq!(longer.counts(6 * second).failures, 3);
+        assert_eq!(
+            longer.counts(40 * second).calls,
+            0,
+            "they age out as one slice"
+        );
     }
 }

@@ -251,6 +251,43 @@ impl DetectorEndpoint {
         )
     }
 
+    /// Takes over `previous`'s streaks, tallies, ejection counter and tick (a reconfiguration of
+    /// a running layer). Its standing condemnations are not carried: the new rules judge anew.
+    /// A probe in flight answers to `previous`, so its gate is taken over ready for a new probe.
+    pub(crate) fn take_over(&self, previous: &DetectorEndpoint) {
+        for (to, from) in self.streaks.iter().zip(previous.streaks.iter()) {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        for (to, from) in [
+            (&self.external, &previous.external),
+            (&self.local, &previous.local),
+            (&self.ejected_until, &previous.ejected_until),
+            (&self.ejected_at, &previous.ejected_at),
+            (&self.last_tick, &previous.last_tick),
+            (&self.deferred_decay, &previous.deferred_decay),
+        ] {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.ejections.store(
+            previous.ejections.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        for (to, from) in [
+            (&self.out, &previous.out),
+            (&self.timing_out, &previous.timing_out),
+        ] {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        if let (Some(gate), Some(old)) = (&self.gate, &previous.gate) {
+            let state = match old.state.load(Ordering::Acquire) {
+                PROBING => HALF_OPEN,
+                SHUT => CLOSED,
+                state => state,
+            };
+            gate.state.store(state, Ordering::Release);
+        }
+    }
+
     fn wake_gate(&self, gate: &Gate, state: u8) {
         gate.state.store(state, Ordering::Release);
         gate.waker.wake();
@@ -404,7 +441,7 @@ impl EndpointPolicy for DetectorEndpoint {
             self.ejections.load(Ordering::Relaxed),
             now,
             last_tick,
-            &self.shared.dice,
+            self.shared.dice(),
         );
         self.ejections.store(ejections, Ordering::Relaxed);
         self.ejected_until.store(end, Ordering::Relaxed);

@@ -127,7 +127,12 @@ impl DetectorStats {
 pub(crate) struct Shared {
     pub(crate) config: DetectorConfig,
     pub(crate) name: &'static str,
-    pub(crate) dice: Dice,
+    // Kept across reconfigurations: the dice go on, the counters keep counting.
+    runtime: Arc<Runtime>,
+}
+
+struct Runtime {
+    dice: Dice,
     detected: [AtomicU64; 7],
     enforced: [AtomicU64; 7],
     unenforced: [AtomicU64; 7],
@@ -156,20 +161,25 @@ impl Shared {
 
     /// Counts a detection and rolls its enforcement: whether to ask for the ejection.
     pub(crate) fn detected(&self, detector: Detector) -> bool {
-        self.detected[detector.index()].fetch_add(1, Ordering::Relaxed);
-        let enforce = self.dice.enforce(self.enforcement(detector));
+        let runtime = &self.runtime;
+        runtime.detected[detector.index()].fetch_add(1, Ordering::Relaxed);
+        let enforce = runtime.dice.enforce(self.enforcement(detector));
         if !enforce {
-            self.unenforced[detector.index()].fetch_add(1, Ordering::Relaxed);
+            runtime.unenforced[detector.index()].fetch_add(1, Ordering::Relaxed);
         }
         enforce
     }
 
     pub(crate) fn ejected(&self, detector: Detector) {
-        self.enforced[detector.index()].fetch_add(1, Ordering::Relaxed);
+        self.runtime.enforced[detector.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn overflowed(&self, detector: Detector) {
-        self.overflow[detector.index()].fetch_add(1, Ordering::Relaxed);
+        self.runtime.overflow[detector.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn dice(&self) -> &Dice {
+        &self.runtime.dice
     }
 }
 
@@ -206,6 +216,23 @@ impl DetectorPolicy {
     /// The policy for `config`, its enforcement percentages and jitter drawn from `seed`: two
     /// policies with the same seed fed the same calls decide the same way.
     pub fn seeded(config: DetectorConfig, seed: u64) -> Self {
+        let runtime = Arc::new(Runtime {
+            dice: Dice::new(seed),
+            detected: Default::default(),
+            enforced: Default::default(),
+            unenforced: Default::default(),
+            overflow: Default::default(),
+        });
+        Self::with_runtime(config, runtime)
+    }
+
+    /// The same policy under `config`: its dice and its [`stats`](Self::stats) go on (what a
+    /// reconfiguration of a running layer uses).
+    pub fn with_config(&self, config: DetectorConfig) -> Self {
+        Self::with_runtime(config, self.shared.runtime.clone())
+    }
+
+    fn with_runtime(config: DetectorConfig, runtime: Arc<Runtime>) -> Self {
         let name = match config.dialect {
             Dialect::Envoy => "envoy",
             Dialect::Grpc => "grpc",
@@ -215,11 +242,7 @@ impl DetectorPolicy {
             shared: Arc::new(Shared {
                 config,
                 name,
-                dice: Dice::new(seed),
-                detected: Default::default(),
-                enforced: Default::default(),
-                unenforced: Default::default(),
-                overflow: Default::default(),
+                runtime,
             }),
         }
     }
@@ -229,15 +252,17 @@ impl DetectorPolicy {
         &self.shared.config
     }
 
-    /// What the detectors found so far, over every endpoint of every layer using this policy.
+    /// What the detectors found so far, over every endpoint of every layer using this policy
+    /// (and the policies made from it by [`with_config`](Self::with_config)).
     pub fn stats(&self) -> DetectorStats {
         let load =
             |counters: &[AtomicU64; 7]| counters.each_ref().map(|c| c.load(Ordering::Relaxed));
+        let runtime = &self.shared.runtime;
         DetectorStats {
-            detected: load(&self.shared.detected),
-            enforced: load(&self.shared.enforced),
-            unenforced: load(&self.shared.unenforced),
-            overflow: load(&self.shared.overflow),
+            detected: load(&runtime.detected),
+            enforced: load(&runtime.enforced),
+            unenforced: load(&runtime.unenforced),
+            overflow: load(&runtime.overflow),
         }
     }
 
@@ -263,6 +288,20 @@ impl Policy for DetectorPolicy {
 
     fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
         Box::new(self.endpoint())
+    }
+
+    /// Keeps each endpoint's streaks, interval counts and ejection multiplier under the new
+    /// thresholds.
+    fn new_endpoint_from(
+        &self,
+        previous: &dyn EndpointPolicy,
+        _now: Nanos,
+    ) -> Box<dyn EndpointPolicy> {
+        let next = self.endpoint();
+        if let Some(previous) = previous.as_any().downcast_ref::<DetectorEndpoint>() {
+            next.take_over(previous);
+        }
+        Box::new(next)
     }
 
     fn recovery(&self) -> RecoverySchedule {

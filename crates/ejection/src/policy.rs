@@ -60,6 +60,24 @@ impl Policy for ErrorRatePolicy {
         Box::new(self.endpoint())
     }
 
+    /// Keeps the endpoint's window: its calls count under the new threshold and minimum at once
+    /// (a new window size takes them over as they are; see [`Window::absorb`]).
+    fn new_endpoint_from(
+        &self,
+        previous: &dyn EndpointPolicy,
+        now: Nanos,
+    ) -> Box<dyn EndpointPolicy> {
+        let next = self.endpoint();
+        if let Some(previous) = previous.as_any().downcast_ref::<ErrorRateEndpoint>() {
+            next.window.absorb(&previous.window, now);
+        }
+        Box::new(next)
+    }
+
+    fn enabled(&self) -> bool {
+        self.config.enabled
+    }
+
     fn recovery(&self) -> RecoverySchedule {
         self.config.recovery
     }

@@ -150,6 +150,37 @@ impl Breaker {
         }
     }
 
+    /// Whether this breaker was made for `config`'s rule (the same strategy, thresholds, interval
+    /// and open duration).
+    pub fn follows(&self, config: &BreakerConfig) -> bool {
+        self.strategy == config.strategy
+            && self.min_requests == config.min_requests
+            && self.open_nanos == duration_to_nanos(config.open_duration)
+            && self.window.span() == config.interval.span()
+            && self.window.buckets() == config.interval.window().buckets()
+    }
+
+    /// Takes over `previous`'s state and interval counts (a rule reloaded unchanged keeps its
+    /// breaker, as Sentinel does). A probe in flight answers to `previous`, so a half-open
+    /// breaker is taken over as open and due: the next call is a new probe.
+    pub fn take_over(&self, previous: &Breaker, now: Nanos) {
+        let state = previous.state.load(Ordering::Acquire);
+        let (state, open_until) = if state == HALF_OPEN {
+            (OPEN, now)
+        } else {
+            (state, previous.open_until.load(Ordering::Relaxed))
+        };
+        self.open_until.store(open_until, Ordering::Relaxed);
+        self.last_trigger.store(
+            previous.last_trigger.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        self.window.absorb(&previous.window, now);
+        self.suspect
+            .store(previous.suspect.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.state.store(state, Ordering::Release);
+    }
+
     /// The current state.
     pub fn state(&self) -> State {
         state_of(self.state.load(Ordering::Acquire))

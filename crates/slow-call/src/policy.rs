@@ -62,6 +62,15 @@ impl SlowCallPolicy {
         self
     }
 
+    /// The same policy (its state-change callbacks) with the rule `config` (what a
+    /// reconfiguration of a running layer uses).
+    pub fn with_config(&self, config: BreakerConfig) -> Self {
+        SlowCallPolicy {
+            config,
+            observers: self.observers.clone(),
+        }
+    }
+
     /// The configuration.
     pub fn config(&self) -> &BreakerConfig {
         &self.config
@@ -86,6 +95,24 @@ impl Policy for SlowCallPolicy {
         Box::new(BreakerEndpoint {
             breaker: Breaker::with_observers(self.config.clone(), self.observers.clone().into()),
         })
+    }
+
+    /// Sentinel's reload: an endpoint whose breaker follows the same rule keeps it, state and
+    /// counts; a changed rule starts a fresh breaker, closed.
+    fn new_endpoint_from(
+        &self,
+        previous: &dyn EndpointPolicy,
+        now: Nanos,
+    ) -> Box<dyn EndpointPolicy> {
+        let next = BreakerEndpoint {
+            breaker: Breaker::with_observers(self.config.clone(), self.observers.clone().into()),
+        };
+        if let Some(previous) = previous.as_any().downcast_ref::<BreakerEndpoint>() {
+            if previous.breaker.follows(&self.config) {
+                next.breaker.take_over(&previous.breaker, now);
+            }
+        }
+        Box::new(next)
     }
 
     fn recovery(&self) -> RecoverySchedule {

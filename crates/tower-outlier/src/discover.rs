@@ -178,6 +178,8 @@ fn poll_events<K, S, C, P>(
         // Register before taking the mark, so a record that signals in between still wakes us.
         engine.notifier().register(cx.waker());
         if engine.notifier().take() {
+            // New rules wake the adaptor through the same notifier.
+            engine.reconfigure(Instant::now());
             engine.signalled(Instant::now());
         }
         let mut progressed = false;

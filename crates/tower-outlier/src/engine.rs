@@ -23,13 +23,46 @@ use tower_outlier_core::{
 
 use crate::deadlines::Deadlines;
 use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
+use crate::layer::DEFAULT_BUDGET;
 use crate::monitor::{EndpointStatus, Registry, Tracked};
 use crate::probe::ProbeFuture;
+use crate::reconfigure::RulesCell;
 
 pub(crate) struct Settings {
     pub(crate) policies: Arc<[Arc<dyn Policy>]>,
     pub(crate) budget: Budget,
+    // The budget the layer was given, if any: otherwise each version of the rules brings its own.
+    pub(crate) explicit_budget: Option<Budget>,
     pub(crate) clock: Clock,
+    pub(crate) rules: Arc<RulesCell>,
+    // The version of the rules these settings hold.
+    pub(crate) version: u64,
+}
+
+impl Settings {
+    /// The settings for the newest rules of `cell`.
+    pub(crate) fn new(
+        cell: &Arc<RulesCell>,
+        explicit_budget: Option<Budget>,
+        clock: Clock,
+    ) -> Self {
+        let rules = cell.current();
+        let budget = explicit_budget.unwrap_or_else(|| {
+            rules
+                .policies
+                .iter()
+                .find_map(|p| p.budget())
+                .unwrap_or(DEFAULT_BUDGET)
+        });
+        Settings {
+            policies: rules.policies.clone(),
+            budget,
+            explicit_budget,
+            clock,
+            rules: cell.clone(),
+            version: rules.version,
+        }
+    }
 }
 
 /// A probe the adaptor is to run: `probe` against the ejected endpoint, failed if it takes longer
@@ -69,6 +102,45 @@ fn later(at: Instant, delay: Duration) -> Instant {
     at.checked_add(delay.min(FAR))
         .or_else(|| at.checked_add(Duration::from_secs(3600)))
         .unwrap_or(at)
+}
+
+/// The longest trial period of `policies`, at least a millisecond: a zero trial would extend
+/// itself without end in one poll.
+fn trial_period(policies: &[Arc<dyn Policy>]) -> Duration {
+    policies
+        .iter()
+        .map(|p| p.trial_period())
+        .max()
+        .unwrap_or(Duration::from_secs(10))
+        .max(Duration::from_millis(1))
+}
+
+/// The fleet evaluations of `policies`: a policy whose interval is unchanged from `previous`
+/// keeps its next evaluation, any other starts a full interval after `now`.
+fn fleet_schedules(
+    policies: &[Arc<dyn Policy>],
+    now: Instant,
+    previous: &[FleetSchedule],
+) -> Vec<FleetSchedule> {
+    policies
+        .iter()
+        .enumerate()
+        .filter_map(|(policy, p)| {
+            let every = p.fleet()?.interval();
+            if every.is_zero() {
+                return None;
+            }
+            let next = previous
+                .iter()
+                .find(|s| s.policy == policy && s.every == every)
+                .map_or_else(|| later(now, every), |s| s.next);
+            Some(FleetSchedule {
+                policy,
+                every,
+                next,
+            })
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy)]
@@ -154,6 +226,7 @@ enum Readmission {
     PassiveTrial,
     BudgetShrank,
     LastEndpoint,
+    PolicyOff,
 }
 
 impl fmt::Display for Readmission {
@@ -163,6 +236,7 @@ impl fmt::Display for Readmission {
             Readmission::PassiveTrial => "passive trial",
             Readmission::BudgetShrank => "ejection budget shrank",
             Readmission::LastEndpoint => "no other endpoint available",
+            Readmission::PolicyOff => "the policy that ejected it was turned off",
         })
     }
 }
@@ -175,36 +249,19 @@ impl<K, S, C> Engine<K, S, C> {
         registry: Arc<Registry>,
         start: Instant,
     ) -> Self {
-        // At least a millisecond: a zero trial would extend itself without end in one poll.
-        let trial = settings
-            .policies
-            .iter()
-            .map(|p| p.trial_period())
-            .max()
-            .unwrap_or(Duration::from_secs(10))
-            .max(Duration::from_millis(1));
-        let fleet = settings
-            .policies
-            .iter()
-            .enumerate()
-            .filter_map(|(policy, p)| {
-                let every = p.fleet()?.interval();
-                if every.is_zero() {
-                    return None;
-                }
-                Some(FleetSchedule {
-                    policy,
-                    every,
-                    next: later(start, every),
-                })
-            })
-            .collect();
+        let notifier = Arc::new(Notifier::new());
+        settings.rules.subscribe(&notifier);
+        if settings.rules.version() != settings.version {
+            // Published between reading the rules and subscribing: apply on the first poll.
+            notifier.notify();
+        }
         Engine {
             names: settings.policies.iter().map(|p| p.name()).collect(),
+            trial: trial_period(&settings.policies),
+            fleet: fleet_schedules(&settings.policies, start, &[]),
             settings,
-            trial,
             classifier,
-            notifier: Arc::new(Notifier::new()),
+            notifier,
             registry,
             entries: HashMap::new(),
             keys: HashMap::new(),
@@ -214,7 +271,6 @@ impl<K, S, C> Engine<K, S, C> {
             queue: VecDeque::new(),
             probes: VecDeque::new(),
             cancelled: Vec::new(),
-            fleet,
         }
     }
 
@@ -540,6 +596,7 @@ impl<K, S, C> Drop for Engine<K, S, C> {
     }
 }
 
+mod reconfigure;
 mod recovery;
 #[cfg(test)]
 mod tests;

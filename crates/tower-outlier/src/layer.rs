@@ -13,6 +13,7 @@ use crate::endpoint::{OutlierEndpoint, Shared};
 use crate::engine::Settings;
 use crate::monitor::Monitor;
 use crate::probe::PassiveTrial;
+use crate::reconfigure::{RulesCell, RulesHandle};
 
 /// Client-side outlier detection for a `tower::discover` stream.
 ///
@@ -49,7 +50,7 @@ use crate::probe::PassiveTrial;
 /// # Ok(()) }
 /// ```
 pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
-    policies: Vec<Arc<dyn Policy>>,
+    rules: Arc<RulesCell>,
     budget: Option<Budget>,
     clock: Clock,
     classifier: C,
@@ -61,10 +62,11 @@ impl OutlierDetectionLayer {
     /// A layer running `policy`, classifying with [`NetworkErrors`] and recovering by passive
     /// trial. The ejection budget is the policy's.
     pub fn new(policy: impl Policy) -> Self {
-        let policies: Vec<Arc<dyn Policy>> = vec![Arc::new(policy)];
+        let monitor = Monitor::new();
+        let rules = RulesCell::new(vec![Arc::new(policy)], monitor.registry().clone());
         OutlierDetectionLayer {
-            monitor: Monitor::new(),
-            policies,
+            monitor,
+            rules,
             budget: None,
             clock: Clock::auto(),
             classifier: NetworkErrors,
@@ -79,8 +81,8 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     ///
     /// A [`monitor`](Self::monitor) taken before or after shows the same endpoints, each with
     /// the windows of all the policies of the layer that built its adaptor.
-    pub fn with_policy(mut self, policy: impl Policy) -> Self {
-        self.policies.push(Arc::new(policy));
+    pub fn with_policy(self, policy: impl Policy) -> Self {
+        self.rules.push(Arc::new(policy));
         self
     }
 
@@ -102,7 +104,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     /// Sets the classifier deciding which results count as failures.
     pub fn classifier<C2>(self, classifier: C2) -> OutlierDetectionLayer<C2, P> {
         OutlierDetectionLayer {
-            policies: self.policies,
+            rules: self.rules,
             budget: self.budget,
             clock: self.clock,
             classifier,
@@ -115,7 +117,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     /// passive trial).
     pub fn probe<P2>(self, probe: P2) -> OutlierDetectionLayer<C, P2> {
         OutlierDetectionLayer {
-            policies: self.policies,
+            rules: self.rules,
             budget: self.budget,
             clock: self.clock,
             classifier: self.classifier,
@@ -129,18 +131,14 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         self.monitor.clone()
     }
 
+    /// A handle for changing the layer's policies while it runs: every adaptor it built, or
+    /// will build, applies what the handle publishes. Take it once the policies are added.
+    pub fn rules(&self) -> RulesHandle {
+        RulesHandle::new(self.rules.clone())
+    }
+
     fn settings(&self) -> Settings {
-        let budget = self.budget.unwrap_or_else(|| {
-            self.policies
-                .iter()
-                .find_map(|p| p.budget())
-                .unwrap_or(DEFAULT_BUDGET)
-        });
-        Settings {
-            policies: self.policies.iter().cloned().collect(),
-            budget,
-            clock: self.clock.clone(),
-        }
+        Settings::new(&self.rules, self.budget, self.clock.clone())
     }
 
     /// Wraps one service as an endpoint tracked by no adaptor: its calls are recorded and it
@@ -155,14 +153,19 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         notifier.set_room_to_eject(false);
         let record = EndpointRecord::new(
             self.clock.clone(),
-            self.policies.iter().map(|p| p.new_endpoint()).collect(),
+            self.rules
+                .current()
+                .policies
+                .iter()
+                .map(|p| p.new_endpoint())
+                .collect(),
             Arc::new(notifier),
         );
         OutlierEndpoint::new(service, Shared::new(record, self.classifier.clone()))
     }
 }
 
-const DEFAULT_BUDGET: Budget = match Budget::const_new(0.2, BudgetFloor::One) {
+pub(crate) const DEFAULT_BUDGET: Budget = match Budget::const_new(0.2, BudgetFloor::One) {
     Some(b) => b,
     None => unreachable!(),
 };
@@ -189,7 +192,7 @@ where
 impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
     fn clone(&self) -> Self {
         OutlierDetectionLayer {
-            policies: self.policies.clone(),
+            rules: self.rules.clone(),
             budget: self.budget,
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),
@@ -202,7 +205,7 @@ impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
 impl<C: fmt::Debug, P: fmt::Debug> fmt::Debug for OutlierDetectionLayer<C, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutlierDetectionLayer")
-            .field("policies", &self.policies)
+            .field("policies", &self.rules.current().policies)
             .field("budget", &self.budget)
             .field("clock", &self.clock)
             .field("classifier", &self.classifier)

@@ -57,6 +57,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod deadlines;
+pub mod dialect;
 mod discover;
 mod endpoint;
 mod engine;
@@ -66,6 +67,7 @@ mod layer;
 mod monitor;
 pub mod policy;
 pub mod probe;
+mod reconfigure;
 mod response;
 pub mod rules;
 #[cfg(feature = "tower-http")]
@@ -93,6 +95,7 @@ pub use discover::OutlierDetectionDiscover;
 pub use endpoint::{Cost, OutlierEndpoint};
 pub use layer::OutlierDetectionLayer;
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, PolicyWindow, Snapshot};
+pub use reconfigure::{Dialect, ReconfigureError, RulesHandle};
 pub use tower_outlier_core::{
     Budget, BudgetFloor, Clock, ConfigError, Reason, RecoverySchedule, WindowCounts,
 };

@@ -72,6 +72,11 @@ pub struct EndpointSnapshot {
 pub struct Snapshot {
     /// One entry per endpoint the upstream currently holds.
     pub endpoints: Vec<EndpointSnapshot>,
+    /// The version of the rules published last (0 as built; see
+    /// [`RulesHandle`](crate::RulesHandle)). Each adaptor applies it on its next poll.
+    pub rules_version: u64,
+    /// Why the last reconfiguration was refused, if it was (cleared by the next accepted one).
+    pub rules_error: Option<String>,
 }
 
 impl Snapshot {
@@ -129,6 +134,7 @@ pub struct Monitor {
 pub(crate) struct Registry {
     next_id: AtomicU64,
     entries: Lock<HashMap<u64, Tracked>>,
+    rules: Lock<(u64, Option<String>)>,
 }
 
 pub(crate) struct Tracked {
@@ -148,6 +154,7 @@ impl Monitor {
             registry: Arc::new(Registry {
                 next_id: AtomicU64::new(0),
                 entries: Lock::new(HashMap::new()),
+                rules: Lock::new((0, None)),
             }),
         }
     }
@@ -191,7 +198,13 @@ impl Monitor {
             })
             .collect();
         endpoints.sort_by(|a, b| a.key.cmp(&b.key));
-        Snapshot { endpoints }
+        drop(entries);
+        let (rules_version, rules_error) = self.registry.rules.lock().clone();
+        Snapshot {
+            endpoints,
+            rules_version,
+            rules_error,
+        }
     }
 
     /// How many endpoints the layer tracks (every adaptor it built, all keys the upstreams hold).
@@ -213,6 +226,10 @@ impl Registry {
 
     pub(crate) fn remove(&self, id: u64) {
         self.lock().remove(&id);
+    }
+
+    pub(crate) fn set_rules(&self, version: u64, error: Option<String>) {
+        *self.rules.lock() = (version, error);
     }
 
     pub(crate) fn update(&self, id: u64, f: impl FnOnce(&mut Tracked)) {

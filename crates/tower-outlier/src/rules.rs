@@ -178,3 +178,38 @@
 //!   `base`); a failed one ejects it for the next back-off.
 //! * All of it inside the layer's one budget and never-the-last rule (section 3): Envoy's
 //!   panic threshold and linkerd's fail-fast are not reproduced; the last endpoint stays in.
+//!
+//! # 11. Rules that change while the layer runs
+//!
+//! A [`RulesHandle`](crate::RulesHandle) replaces a policy of the layer by one of the same kind,
+//! typed or read from a document ([`dialect`](crate::dialect)). An invalid document, or a policy
+//! of another kind, is refused with its error (logged, and in the monitor's `rules_error`); the
+//! rules in force stay. An accepted one is published at once under the next version and applied
+//! by each adaptor on its own task the next time the balancer polls it (behind `Buffer`: the next
+//! request), without pausing traffic. Setting by setting:
+//!
+//! * **Every endpoint** moves to a new record made from its old one: its latency estimate, weight
+//!   and last outcome, and what each policy keeps below. Endpoints in the balancer's set are
+//!   re-inserted with it; calls in flight at the change finish on the old record and are not
+//!   counted. Then every endpoint in the set is judged by the new rules: one that a lower
+//!   threshold now condemns is ejected at once, on the calls its window already holds.
+//! * **Ejected endpoints** stay out until the check scheduled at their ejection, whatever the
+//!   new rules; the new recovery schedule, trial period and probe timing apply from their next
+//!   check. Trials under way end when they were to.
+//! * **A policy turned off** (HSF `qosEnabled: false`) re-admits, on trial, the endpoints it had
+//!   ejected.
+//! * **The budget** (when the layer was not given one) follows the new rules at once: a smaller
+//!   one re-admits on trial the ejected endpoints due soonest until it holds; a larger one lets
+//!   refused ejections through.
+//! * **Error-rate ejection** keeps each window. Same window shape: bucket for bucket; a new
+//!   window size: the old window's counts become one slice of the new window, aging out together.
+//! * **Slow-call breakers**, as Sentinel reloads its rules: an endpoint whose breaker follows an
+//!   unchanged rule keeps it, open or closed, with its counts and its callbacks; a changed rule
+//!   starts a fresh, closed breaker. A probe in flight answers to the old breaker, so a half-open
+//!   breaker is taken over as open and due.
+//! * **Weights** keep each endpoint's counts since the last evaluation, its weight and whether it
+//!   is degraded; the next evaluation judges them by the new rules.
+//! * **Envoy, gRPC and linkerd detectors** keep streaks, interval counts, ejection multipliers
+//!   and their counters (`DetectorStats`); standing detections are judged anew.
+//! * **Intervals** (fleet evaluations, detector ticks): unchanged, the next evaluation stays
+//!   when it was; changed, it comes one new interval after the change.

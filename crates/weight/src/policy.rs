@@ -186,6 +186,28 @@ impl Policy for WeightPolicy {
         Box::new(self.endpoint())
     }
 
+    /// Keeps the endpoint's counts since the last evaluation, its weight and whether it is
+    /// degraded: the next evaluation judges them under the new rules.
+    fn new_endpoint_from(
+        &self,
+        previous: &dyn EndpointPolicy,
+        _now: Nanos,
+    ) -> Box<dyn EndpointPolicy> {
+        let next = self.endpoint();
+        if let Some(previous) = previous.as_any().downcast_ref::<WeightEndpoint>() {
+            for (to, from) in [
+                (&next.calls, &previous.calls),
+                (&next.exceptions, &previous.exceptions),
+                (&next.weight, &previous.weight),
+            ] {
+                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            next.degraded
+                .store(previous.degraded.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        Box::new(next)
+    }
+
     fn recovery(&self) -> RecoverySchedule {
         // Never used: this policy never ejects.
         RecoverySchedule::fixed(self.config.time_window)

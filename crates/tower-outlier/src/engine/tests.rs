@@ -107,6 +107,16 @@ struct Svc(u32);
 
 type TestEngine = Engine<u32, Svc, NetworkErrors>;
 
+/// Settings running `policy` alone with `budget`, on tokio's clock.
+fn settings(
+    policy: Arc<dyn Policy>,
+    budget: Budget,
+    registry: &Arc<crate::monitor::Registry>,
+) -> Settings {
+    let cell = crate::reconfigure::RulesCell::new(vec![policy], registry.clone());
+    Settings::new(&cell, Some(budget), Clock::tokio())
+}
+
 /// The engine, the switches of its endpoints (in insertion order), and the balancer's view.
 struct Bench {
     engine: TestEngine,
@@ -119,12 +129,12 @@ impl Bench {
     /// `n` endpoints, keys 0..n, with a budget of `max_ratio` of them (at least one).
     fn new(n: u32, max_ratio: f64) -> Self {
         let switches = Arc::new(Switches::default());
-        let settings = Settings {
-            policies: vec![Arc::new(SwitchPolicy(switches.clone())) as Arc<dyn Policy>].into(),
-            budget: Budget::new(max_ratio, BudgetFloor::One).unwrap(),
-            clock: Clock::tokio(),
-        };
         let registry = Monitor::new().registry().clone();
+        let settings = settings(
+            Arc::new(SwitchPolicy(switches.clone())),
+            Budget::new(max_ratio, BudgetFloor::One).unwrap(),
+            &registry,
+        );
         let start = Instant::now();
         let engine = Engine::new(Arc::new(settings), NetworkErrors, registry, start);
         let mut bench = Bench {
@@ -521,13 +531,13 @@ impl tower_outlier_core::FleetPolicy for CensusPolicy {
 #[test]
 fn fleet_evaluations_run_on_their_interval_from_when_they_ran() {
     let census = Arc::new(Census::default());
-    let settings = Settings {
-        policies: vec![Arc::new(CensusPolicy(census.clone())) as Arc<dyn Policy>].into(),
-        budget: Budget::new(0.5, BudgetFloor::One).unwrap(),
-        clock: Clock::tokio(),
-    };
     let start = Instant::now();
     let registry = Monitor::new().registry().clone();
+    let settings = settings(
+        Arc::new(CensusPolicy(census.clone())),
+        Budget::new(0.5, BudgetFloor::One).unwrap(),
+        &registry,
+    );
     let mut engine: TestEngine = Engine::new(Arc::new(settings), NetworkErrors, registry, start);
     for key in 0..3 {
         engine.insert(key, Svc(key), start);

@@ -1,0 +1,205 @@
+//! The configuration documents a running layer can be given, one [`crate::Dialect`] per system this
+//! library follows: HSF's configuration-center JSON, Sentinel's degrade rules, SOFARPC's
+//! properties, Envoy's `outlier_detection` and gRPC's `outlier_detection_experimental`. Each
+//! replaces the layer's policy of its kind through [`RulesHandle::apply`](crate::RulesHandle::apply),
+//! directly or from a source ([`RulesHandle::follow`](crate::RulesHandle::follow),
+//! `watch_file` with the `file-source` feature).
+//!
+#![cfg_attr(feature = "hsf", doc = "```")]
+#![cfg_attr(not(feature = "hsf"), doc = "```ignore")]
+//! use tower_outlier::dialect::Hsf;
+//! use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+//!
+//! let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
+//! let rules = layer.rules();
+//! let hsf = Hsf::service("com.example.Orders:1.0.0");
+//! rules.apply(&hsf, r#"{"DEFAULT": {"qosEnabled": true, "errorRateThreshold": 0.2}}"#)?;
+//! // An invalid document is refused with its error; the rules in force stay.
+//! assert!(rules.apply(&hsf, r#"{"DEFAULT": {"errorRateThreshold": 7}}"#).is_err());
+//! assert_eq!(rules.version(), 1);
+//! assert!(layer.monitor().snapshot().rules_error.unwrap().contains("errorRateThreshold"));
+//! # Ok::<(), tower::BoxError>(())
+//! ```
+
+#[cfg(any(
+    feature = "hsf",
+    feature = "sentinel",
+    feature = "sofa",
+    feature = "envoy",
+    feature = "grpc-config"
+))]
+use {
+    crate::reconfigure::Dialect,
+    std::sync::Arc,
+    tower_outlier_core::{BoxError, Policy},
+};
+
+#[cfg(feature = "file-source")]
+mod file;
+#[cfg(feature = "file-source")]
+#[cfg_attr(docsrs, doc(cfg(feature = "file-source")))]
+pub use file::watch_file;
+
+/// HSF's configuration-center JSON for one service (`"service:version"`; its block wins key by
+/// key over `DEFAULT`): replaces the layer's error-rate policy.
+#[cfg(feature = "hsf")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
+#[derive(Clone, Debug)]
+pub struct Hsf {
+    service: String,
+}
+
+#[cfg(feature = "hsf")]
+impl Hsf {
+    /// The dialect for `service_and_version`'s rules.
+    pub fn service(service_and_version: impl Into<String>) -> Self {
+        Hsf {
+            service: service_and_version.into(),
+        }
+    }
+}
+
+#[cfg(feature = "hsf")]
+impl Dialect for Hsf {
+    fn name(&self) -> &'static str {
+        "HSF JSON"
+    }
+
+    fn policy_name(&self) -> &'static str {
+        "error-rate"
+    }
+
+    fn parse(&self, text: &str, _current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+        let config =
+            tower_outlier_ejection::HsfQosConfig::from_json(text)?.service(&self.service)?;
+        Ok(Arc::new(tower_outlier_ejection::ErrorRatePolicy::new(
+            config,
+        )))
+    }
+}
+
+/// Sentinel's `DegradeRule` JSON list: the first rule of one resource replaces the layer's
+/// slow-call policy, keeping its state-change callbacks. As in Sentinel's reload, an endpoint
+/// whose breaker follows an unchanged rule keeps the breaker and its state; a changed rule
+/// starts fresh breakers. A list without a rule for the resource is refused (the rule in force
+/// stays), where Sentinel would drop the breaker.
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+#[derive(Clone, Debug)]
+pub struct Sentinel {
+    resource: String,
+}
+
+#[cfg(feature = "sentinel")]
+impl Sentinel {
+    /// The dialect for `resource`'s rule.
+    pub fn resource(resource: impl Into<String>) -> Self {
+        Sentinel {
+            resource: resource.into(),
+        }
+    }
+}
+
+#[cfg(feature = "sentinel")]
+impl Dialect for Sentinel {
+    fn name(&self) -> &'static str {
+        "Sentinel degrade rules"
+    }
+
+    fn policy_name(&self) -> &'static str {
+        "slow-call"
+    }
+
+    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+        use tower_outlier_slow_call::{parse_degrade_rules, SlowCallPolicy};
+        let rules = parse_degrade_rules(text)?;
+        let Some(rule) = rules.iter().find(|r| r.resource() == self.resource) else {
+            return Err(format!("no degrade rule for resource `{}`", self.resource).into());
+        };
+        let policy = match current.as_any().downcast_ref::<SlowCallPolicy>() {
+            Some(current) => current.with_config(rule.config().clone()),
+            None => SlowCallPolicy::new(rule.config().clone()),
+        };
+        Ok(Arc::new(policy))
+    }
+}
+
+/// SOFARPC's `com.alipay.sofa.rpc.aft.*` properties: replace the layer's weight policy.
+#[cfg(feature = "sofa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sofa")))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sofa;
+
+#[cfg(feature = "sofa")]
+impl Dialect for Sofa {
+    fn name(&self) -> &'static str {
+        "SOFARPC properties"
+    }
+
+    fn policy_name(&self) -> &'static str {
+        "weight"
+    }
+
+    fn parse(&self, text: &str, _current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+        let config = tower_outlier_weight::SofaProperties::from_properties(text)?.config();
+        Ok(Arc::new(tower_outlier_weight::WeightPolicy::new(config)))
+    }
+}
+
+/// Envoy's cluster `outlier_detection` in proto3 JSON: replaces the layer's `envoy` detector
+/// policy, keeping its counters and dice.
+#[cfg(feature = "envoy")]
+#[cfg_attr(docsrs, doc(cfg(feature = "envoy")))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Envoy;
+
+#[cfg(feature = "envoy")]
+impl Dialect for Envoy {
+    fn name(&self) -> &'static str {
+        "Envoy outlier_detection"
+    }
+
+    fn policy_name(&self) -> &'static str {
+        "envoy"
+    }
+
+    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+        let config = tower_outlier_detectors::EnvoyOutlierDetection::from_json(text)?.into_config();
+        Ok(detectors(config, current))
+    }
+}
+
+/// gRPC's `outlier_detection_experimental` configuration: replaces the layer's `grpc` detector
+/// policy, keeping its counters and dice.
+#[cfg(feature = "grpc-config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc-config")))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Grpc;
+
+#[cfg(feature = "grpc-config")]
+impl Dialect for Grpc {
+    fn name(&self) -> &'static str {
+        "gRPC outlier_detection_experimental"
+    }
+
+    fn policy_name(&self) -> &'static str {
+        "grpc"
+    }
+
+    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+        let config = tower_outlier_detectors::GrpcOutlierDetection::from_json(text)?.into_config();
+        Ok(detectors(config, current))
+    }
+}
+
+#[cfg(any(feature = "envoy", feature = "grpc-config"))]
+fn detectors(
+    config: tower_outlier_detectors::DetectorConfig,
+    current: &dyn Policy,
+) -> Arc<dyn Policy> {
+    use tower_outlier_detectors::DetectorPolicy;
+    match current.as_any().downcast_ref::<DetectorPolicy>() {
+        Some(current) => Arc::new(current.with_config(config)),
+        None => Arc::new(DetectorPolicy::new(config)),
+    }
+}

@@ -1,0 +1,90 @@
+//! Applying new rules to a running detector: every endpoint moves to the new policies with what
+//! they can use of its history, and is judged by them at once.
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tower::discover::Change;
+
+use super::{fleet_schedules, trial_period, Engine, Readmission, Settings, Status};
+use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
+
+impl<K, S, C> Engine<K, S, C>
+where
+    K: Hash + Eq + Clone + fmt::Debug,
+    S: Clone,
+    C: Clone + Send + Sync + 'static,
+{
+    /// Applies the newest rules of the layer, if they are newer than the ones in force.
+    ///
+    /// Each endpoint gets a new record whose states the new policies make from its old ones
+    /// ([`Policy::new_endpoint_from`](tower_outlier_core::Policy::new_endpoint_from)); endpoints
+    /// in the balancer's set are re-inserted with it (calls in flight finish on the old record and
+    /// are not counted). Ejected endpoints stay out until their check, as scheduled. Endpoints a
+    /// policy turned off had ejected come back on trial; then every endpoint in the set is judged
+    /// by the new rules, so a lower threshold ejects at once.
+    pub(crate) fn reconfigure(&mut self, now: Instant) {
+        let cell = self.settings.rules.clone();
+        if cell.version() == self.settings.version {
+            return;
+        }
+        let settings = Arc::new(Settings::new(
+            &cell,
+            self.settings.explicit_budget,
+            self.settings.clock.clone(),
+        ));
+        let policies = settings.policies.clone();
+        if policies.len() != self.settings.policies.len() {
+            // The handle only replaces policies slot by slot; anything else is not ours to apply.
+            tracing::error!(target: "tower_outlier", "rules with another number of policies ignored");
+            return;
+        }
+        self.trial = trial_period(&policies);
+        self.fleet = fleet_schedules(&policies, now, &self.fleet);
+        self.names = policies.iter().map(|p| p.name()).collect();
+        self.settings = settings;
+        for key in self.keys_where(|_| true) {
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            let record = entry.endpoint.record().successor(&policies);
+            let shared = Shared::new(record, self.classifier.clone());
+            let weak: std::sync::Weak<dyn HasRecord> =
+                Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
+            let names = self.names.clone();
+            self.registry.update(entry.id, |tracked| {
+                tracked.record = weak;
+                tracked.policies = names;
+            });
+            entry.endpoint = OutlierEndpoint::new(entry.endpoint.get_ref().clone(), shared);
+            if entry.status.is_available() {
+                self.queue
+                    .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
+            }
+        }
+        let switched_off =
+            self.keys_where(|e| !e.status.is_available() && !policies[e.ejected_by].enabled());
+        for key in switched_off {
+            let until = super::later(now, self.trial);
+            if let Some(entry) = self.entries.get(&key) {
+                if matches!(entry.status, Status::Probing) {
+                    self.cancelled.push(entry.id);
+                }
+            }
+            self.readmit(&key, Status::Trial { until }, Readmission::PolicyOff, now);
+        }
+        self.enforce_budget(now);
+        for key in self.keys_where(|e| e.status.is_available()) {
+            self.consider(&key, now);
+        }
+        self.retry_refused(now);
+        tracing::info!(
+            target: "tower_outlier",
+            version = self.settings.version,
+            endpoints = self.entries.len(),
+            "new rules in force"
+        );
+    }
+}

@@ -1,0 +1,336 @@
+//! Rules that change while the service runs: the handle that replaces a running layer's policies,
+//! and the documents it reads.
+
+use std::error::Error;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use futures::{Stream, StreamExt};
+use tower_outlier_core::{BoxError, Lock, Notifier, Policy};
+
+use crate::monitor::Registry;
+
+/// The policies a layer runs, in its order, and the version they were published as.
+pub(crate) struct Rules {
+    pub(crate) version: u64,
+    pub(crate) policies: Arc<[Arc<dyn Policy>]>,
+}
+
+/// What a layer, its [`RulesHandle`]s and its adaptors share.
+pub(crate) struct RulesCell {
+    // Read by every adaptor on every poll: the version alone, without the lock.
+    version: AtomicU64,
+    state: Lock<CellState>,
+    registry: Arc<Registry>,
+}
+
+struct CellState {
+    rules: Arc<Rules>,
+    // The adaptors to wake when the rules change (dropped adaptors are pruned).
+    subscribers: Vec<Weak<Notifier>>,
+}
+
+impl RulesCell {
+    pub(crate) fn new(policies: Vec<Arc<dyn Policy>>, registry: Arc<Registry>) -> Arc<Self> {
+        Arc::new(RulesCell {
+            version: AtomicU64::new(0),
+            state: Lock::new(CellState {
+                rules: Arc::new(Rules {
+                    version: 0,
+                    policies: policies.into(),
+                }),
+                subscribers: Vec::new(),
+            }),
+            registry,
+        })
+    }
+
+    /// The version of the newest rules.
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The newest rules.
+    pub(crate) fn current(&self) -> Arc<Rules> {
+        self.state.lock().rules.clone()
+    }
+
+    /// Registers an adaptor to wake when the rules change.
+    pub(crate) fn subscribe(&self, notifier: &Arc<Notifier>) {
+        self.state.lock().subscribers.push(Arc::downgrade(notifier));
+    }
+
+    /// Adds a policy while the layer is being built (before any adaptor runs it).
+    pub(crate) fn push(&self, policy: Arc<dyn Policy>) {
+        let mut state = self.state.lock();
+        let mut policies = state.rules.policies.to_vec();
+        policies.push(policy);
+        state.rules = Arc::new(Rules {
+            version: state.rules.version,
+            policies: policies.into(),
+        });
+    }
+
+    fn publish(&self, slot: usize, policy: Arc<dyn Policy>) -> Result<u64, ReconfigureError> {
+        let mut state = self.state.lock();
+        let current = &state.rules.policies;
+        let Some(previous) = current.get(slot) else {
+            return Err(ReconfigureError::new(Kind::NoSlot {
+                slot,
+                slots: current.len(),
+            }));
+        };
+        if previous.name() != policy.name() {
+            return Err(ReconfigureError::new(Kind::Mismatch {
+                slot,
+                expected: previous.name(),
+                given: policy.name(),
+            }));
+        }
+        let mut policies = current.to_vec();
+        policies[slot] = policy;
+        let version = state.rules.version + 1;
+        state.rules = Arc::new(Rules {
+            version,
+            policies: policies.into(),
+        });
+        self.version.store(version, Ordering::Release);
+        state
+            .subscribers
+            .retain(|subscriber| match subscriber.upgrade() {
+                Some(notifier) => {
+                    notifier.notify();
+                    true
+                }
+                None => false,
+            });
+        drop(state);
+        self.registry.set_rules(version, None);
+        Ok(version)
+    }
+
+    fn reject(&self, error: &ReconfigureError) {
+        self.registry
+            .set_rules(self.version(), Some(error.to_string()));
+        tracing::warn!(
+            target: "tower_outlier",
+            error = %error,
+            version_in_force = self.version(),
+            "reconfiguration rejected: the rules in force stay"
+        );
+    }
+}
+
+/// Replaces the policies of a running layer, from typed configuration or from documents in the
+/// dialects of the systems this library follows ([`dialect`](crate::dialect)). Take one from
+/// [`OutlierDetectionLayer::rules`](crate::OutlierDetectionLayer::rules); clones share it, and it
+/// reaches every adaptor the layer built or will build.
+///
+/// A new configuration is checked here, and an invalid one is refused with its error while the
+/// rules in force stay. A valid one is published at once and applied by each adaptor on its own
+/// task, the next time the balancer polls it (behind `Buffer`: the next request), without pausing
+/// traffic. Every endpoint keeps what the new rules can use of its history: see
+/// [`rules`](crate::rules), section 11, setting by setting.
+///
+#[cfg_attr(feature = "ejection", doc = "```")]
+#[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+/// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+///
+/// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
+/// let rules = layer.rules();
+/// // Later, while the service runs: eject above 20 % errors instead of 50 %.
+/// let version = rules.replace(0, ErrorRatePolicy::new(
+///     ErrorRateConfig::hsf().error_rate_threshold(0.2).build()?,
+/// ))?;
+/// assert_eq!(version, 1);
+/// // A policy of another kind cannot take the slot of the error-rate policy.
+/// # #[cfg(feature = "weight")] {
+/// use tower_outlier::weight::{WeightConfig, WeightPolicy};
+/// assert!(rules.replace(0, WeightPolicy::new(WeightConfig::sofarpc().build()?)).is_err());
+/// assert_eq!(rules.version(), 1);
+/// # }
+/// # Ok::<(), tower::BoxError>(())
+/// ```
+#[derive(Clone)]
+pub struct RulesHandle {
+    cell: Arc<RulesCell>,
+}
+
+impl RulesHandle {
+    pub(crate) fn new(cell: Arc<RulesCell>) -> Self {
+        RulesHandle { cell }
+    }
+
+    /// The version of the newest rules: 0 as built, one more for each accepted change.
+    pub fn version(&self) -> u64 {
+        self.cell.version()
+    }
+
+    /// The policies in force, in the layer's order.
+    pub fn policies(&self) -> Vec<Arc<dyn Policy>> {
+        self.cell.current().policies.to_vec()
+    }
+
+    /// Replaces the policy in `slot` (its position in the layer: the first policy is 0) by
+    /// `policy`, which must be of the same kind (the same [`Policy::name`]). Returns the new
+    /// version.
+    pub fn replace(&self, slot: usize, policy: impl Policy) -> Result<u64, ReconfigureError> {
+        self.replace_arc(slot, Arc::new(policy))
+    }
+
+    /// [`replace`](Self::replace) with a policy already shared.
+    pub fn replace_arc(
+        &self,
+        slot: usize,
+        policy: Arc<dyn Policy>,
+    ) -> Result<u64, ReconfigureError> {
+        let result = self.cell.publish(slot, policy.clone());
+        self.log(&result, policy.name(), "typed configuration");
+        result
+    }
+
+    /// Reads `text` in `dialect` and replaces the layer's policy of the kind the dialect
+    /// configures (the first slot whose policy has that name). Returns the new version; on any
+    /// error the rules in force stay.
+    pub fn apply<D: Dialect + ?Sized>(
+        &self,
+        dialect: &D,
+        text: &str,
+    ) -> Result<u64, ReconfigureError> {
+        let rules = self.cell.current();
+        let kind = dialect.policy_name();
+        let result = match rules.policies.iter().position(|p| p.name() == kind) {
+            None => Err(ReconfigureError::new(Kind::NoPolicy { policy: kind })),
+            Some(slot) => match dialect.parse(text, &*rules.policies[slot]) {
+                Ok(policy) => self.cell.publish(slot, policy),
+                Err(source) => Err(ReconfigureError::new(Kind::Document {
+                    dialect: dialect.name(),
+                    source,
+                })),
+            },
+        };
+        self.log(&result, kind, dialect.name());
+        result
+    }
+
+    /// Applies every document `documents` yields, in `dialect`, until the stream ends: the
+    /// generic source for any registry client (etcd, Consul, Nacos, an xDS client) or a
+    /// `tokio::sync::watch` channel turned into a stream. A rejected document is logged and shows
+    /// in the monitor; the next one is read all the same. Run it on a task of its own.
+    pub async fn follow<D, S>(self, dialect: D, documents: S)
+    where
+        D: Dialect,
+        S: Stream,
+        S::Item: AsRef<str>,
+    {
+        let mut documents = std::pin::pin!(documents);
+        while let Some(text) = documents.next().await {
+            let _ = self.apply(&dialect, text.as_ref());
+        }
+    }
+
+    fn log(&self, result: &Result<u64, ReconfigureError>, policy: &'static str, source: &str) {
+        match result {
+            Ok(version) => tracing::info!(
+                target: "tower_outlier",
+                version,
+                policy,
+                source,
+                "reconfiguration accepted: adaptors apply it on their next poll"
+            ),
+            Err(error) => self.cell.reject(error),
+        }
+    }
+}
+
+impl fmt::Debug for RulesHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RulesHandle")
+            .field("version", &self.version())
+            .finish()
+    }
+}
+
+/// A configuration document's language: how its text becomes a policy of the layer.
+///
+/// Implemented in [`dialect`](crate::dialect) for HSF, Sentinel, SOFARPC, Envoy and gRPC;
+/// implement it for your own format.
+pub trait Dialect: Send + Sync {
+    /// The dialect's name, for errors and logs (`"HSF JSON"`).
+    fn name(&self) -> &'static str;
+
+    /// The [`Policy::name`] of the policies it configures: the slot it replaces.
+    fn policy_name(&self) -> &'static str;
+
+    /// Reads `text` into the policy that replaces `current` (the policy in force in that slot,
+    /// whose callbacks or counters the new one may keep).
+    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError>;
+}
+
+/// Why a reconfiguration was refused. The rules in force stay.
+#[derive(Debug)]
+pub struct ReconfigureError {
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    NoSlot {
+        slot: usize,
+        slots: usize,
+    },
+    Mismatch {
+        slot: usize,
+        expected: &'static str,
+        given: &'static str,
+    },
+    NoPolicy {
+        policy: &'static str,
+    },
+    Document {
+        dialect: &'static str,
+        source: BoxError,
+    },
+}
+
+impl ReconfigureError {
+    fn new(kind: Kind) -> Self {
+        ReconfigureError { kind }
+    }
+
+    /// Whether the document could not be read (as opposed to a policy that does not fit the
+    /// layer).
+    pub fn is_document(&self) -> bool {
+        matches!(self.kind, Kind::Document { .. })
+    }
+}
+
+impl fmt::Display for ReconfigureError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::NoSlot { slot, slots } => {
+                write!(f, "the layer has no policy {slot} (it has {slots})")
+            }
+            Kind::Mismatch {
+                slot,
+                expected,
+                given,
+            } => write!(
+                f,
+                "policy {slot} is a {expected} policy; a {given} policy cannot replace it"
+            ),
+            Kind::NoPolicy { policy } => write!(f, "the layer has no {policy} policy"),
+            Kind::Document { dialect, source } => write!(f, "invalid {dialect} document: {source}"),
+        }
+    }
+}
+
+impl Error for ReconfigureError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match &self.kind {
+            Kind::Document { source, .. } => Some(&**source),
+            _ => None,
+        }
+    }
+}
