@@ -18,9 +18,11 @@ use tower_outlier::{
 async fn run<P: Probe<usize, Backend> + Clone>(
     seed: u64,
     layer: OutlierDetectionLayer<tower_outlier::NetworkErrors, P>,
-    budget: Budget,
+    mut budget: Budget,
+    reconfigure: bool,
 ) {
     let monitor = layer.monitor();
+    let rules = layer.rules();
     let mut rng = SeededRng(seed);
     let mut h = Harness::new(&layer, 4);
     let mut upstream: HashSet<usize> = (0..4).collect();
@@ -28,7 +30,29 @@ async fn run<P: Probe<usize, Backend> + Clone>(
     let mut most_ejected = 0;
     for step in 0..400 {
         let context = format!("seed {seed}, step {step}");
-        match rng.below(10) {
+        match rng.below(if reconfigure { 12 } else { 10 }) {
+            10 | 11 => {
+                // New rules: any threshold, minimum, budget, on or off.
+                let ratio = rng.below(11) as f64 / 10.0;
+                let floor = if rng.below(2) == 0 {
+                    BudgetFloor::Zero
+                } else {
+                    BudgetFloor::One
+                };
+                let config = ErrorRateConfig::hsf()
+                    .enabled(rng.below(5) != 0)
+                    .error_rate_threshold(rng.below(10) as f64 / 10.0)
+                    .min_calls(1 + rng.below(8))
+                    .max_ejection_ratio(ratio)
+                    .budget_floor(floor)
+                    .recovery_unit(Duration::from_secs(1 + rng.below(30)))
+                    .max_recovery_multiple(3)
+                    .build()
+                    .unwrap();
+                budget = config.budget();
+                rules.replace(0, ErrorRatePolicy::new(config)).unwrap();
+                h.sync();
+            }
             0 => {
                 h.insert(next_id);
                 upstream.insert(next_id);
@@ -120,8 +144,24 @@ async fn invariants_hold_with_passive_trials() {
                     .unwrap(),
             ))
             .budget(budget);
-            run(seed, layer, budget).await;
+            run(seed, layer, budget, false).await;
         }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn invariants_hold_through_reconfigurations() {
+    for seed in 200..224 {
+        // No budget of the layer's own: each version of the rules brings its budget.
+        let config = ErrorRateConfig::hsf()
+            .min_calls(5)
+            .recovery_unit(Duration::from_secs(20))
+            .max_ejection_ratio(0.5)
+            .build()
+            .unwrap();
+        let budget = config.budget();
+        let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(config));
+        run(seed, layer, budget, true).await;
     }
 }
 
@@ -150,6 +190,6 @@ async fn invariants_hold_with_active_probes() {
         ))
         .budget(budget)
         .probe(probe);
-        run(seed, layer, budget).await;
+        run(seed, layer, budget, false).await;
     }
 }

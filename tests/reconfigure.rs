@@ -307,3 +307,39 @@ async fn a_sentinel_reload_keeps_an_unchanged_rules_open_breaker_open() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_or_a_watch_channel_of_documents_feeds_the_rules() {
+    let (layer, rules, _balancer, _backends) = setup(0);
+    let hsf = Hsf::service(SERVICE);
+    let documents = futures::stream::iter([
+        r#"{"DEFAULT": {"errorRateThreshold": 0.4}}"#,
+        r#"{"DEFAULT": {"errorRateThreshold": "high"}}"#,
+        r#"{"DEFAULT": {"errorRateThreshold": 0.3}}"#,
+    ]);
+    rules.clone().follow(hsf.clone(), documents).await;
+    // The refused document in the middle did not stop the stream.
+    assert_eq!(rules.version(), 2);
+    assert_eq!(layer.monitor().snapshot().rules_error, None);
+
+    let (tx, rx) =
+        tokio::sync::watch::channel(r#"{"DEFAULT": {"errorRateThreshold": 0.25}}"#.to_string());
+    let follower = tokio::spawn(rules.clone().follow_watch(hsf, rx));
+    tokio::task::yield_now().await;
+    assert_eq!(
+        rules.version(),
+        3,
+        "the value the channel holds is applied at once"
+    );
+    tx.send(r#"{"DEFAULT": {"errorRateThreshold": 0.2}}"#.to_string())
+        .unwrap();
+    tokio::task::yield_now().await;
+    assert_eq!(rules.version(), 4);
+    drop(tx);
+    follower.await.unwrap();
+    let policies = rules.policies();
+    assert!(
+        format!("{:?}", policies[0]).contains("threshold: 0.2"),
+        "{policies:?}"
+    );
+}

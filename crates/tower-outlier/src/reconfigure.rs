@@ -230,6 +230,22 @@ impl RulesHandle {
         }
     }
 
+    /// Applies the document a `tokio::sync::watch` channel holds now, then each new one, until
+    /// every sender is gone. Run it on a task of its own.
+    pub async fn follow_watch<D: Dialect>(
+        self,
+        dialect: D,
+        mut documents: tokio::sync::watch::Receiver<String>,
+    ) {
+        loop {
+            let text = documents.borrow_and_update().clone();
+            let _ = self.apply(&dialect, &text);
+            if documents.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     fn log(&self, result: &Result<u64, ReconfigureError>, policy: &'static str, source: &str) {
         match result {
             Ok(version) => tracing::info!(
