@@ -383,8 +383,9 @@ impl HsfQosConfig {
     /// The `ipDimension` in effect for a service, resolved like the other keys; pass `"DEFAULT"`
     /// (or any service without a block) for the application level.
     ///
-    /// It is kept only so it can be inspected: it has no effect, since this crate always judges
-    /// each endpoint (each address) on its own outcomes.
+    /// With `Some(true)`, share the service's layer's hosts with the other services' layers
+    /// (`tower_outlier::OutlierDetectionLayer::share_hosts`): a host ejected in one service is then
+    /// ejected in all. This crate only reads the flag; the layer acts on it.
     pub fn ip_dimension(&self, service_and_version: &str) -> Option<bool> {
         self.layers(self.services.get(service_and_version))
             .find_map(|block| block.ip_dimension)

@@ -180,6 +180,7 @@ fn poll_events<K, S, C, P>(
         if engine.notifier().take() {
             // New rules wake the adaptor through the same notifier.
             engine.reconfigure(Instant::now());
+            engine.sync_hosts(Instant::now());
             engine.signalled(Instant::now());
         }
         let mut progressed = false;

@@ -23,6 +23,7 @@ use tower_outlier_core::{
 
 use crate::deadlines::Deadlines;
 use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
+use crate::hosts::{HostOf, HostRegistry};
 use crate::layer::DEFAULT_BUDGET;
 use crate::monitor::{EndpointStatus, Registry, Tracked};
 use crate::probe::ProbeFuture;
@@ -37,6 +38,8 @@ pub(crate) struct Settings {
     pub(crate) rules: Arc<RulesCell>,
     // The version of the rules these settings hold.
     pub(crate) version: u64,
+    // HSF's ipDimension: the registry of hosts this layer shares, and how keys map to hosts.
+    pub(crate) hosts: Option<(HostRegistry, HostOf)>,
 }
 
 impl Settings {
@@ -45,6 +48,7 @@ impl Settings {
         cell: &Arc<RulesCell>,
         explicit_budget: Option<Budget>,
         clock: Clock,
+        hosts: Option<(HostRegistry, HostOf)>,
     ) -> Self {
         let rules = cell.current();
         let budget = explicit_budget.unwrap_or_else(|| {
@@ -61,6 +65,7 @@ impl Settings {
             clock,
             rules: cell.clone(),
             version: rules.version,
+            hosts,
         }
     }
 }
@@ -93,7 +98,20 @@ pub(crate) struct Engine<K, S, C> {
     probes: VecDeque<ProbeStart<K>>,
     cancelled: Vec<u64>,
     fleet: Vec<FleetSchedule>,
+    sharing: Option<Sharing>,
 }
+
+/// This adaptor's membership of a host registry (HSF's ipDimension).
+struct Sharing {
+    registry: HostRegistry,
+    host_of: HostOf,
+    member: u64,
+    // The registry version last acted on.
+    seen: u64,
+}
+
+/// The `ejected_by` of an endpoint ejected because another layer holds its host out.
+const MIRRORED: usize = usize::MAX;
 
 /// `at + delay`, or about thirty years from `at` when that overflows: configuration may ask for
 /// absurd intervals (an HSF `isolationTime` near `u64::MAX` ms), and that must not panic.
@@ -164,6 +182,8 @@ struct Entry<S, C> {
     // Calls the ejecting policy's window held at the end of each period of this trial so far.
     trial_calls: u64,
     refused: bool,
+    // The endpoint's host, when the layer shares hosts.
+    host: Option<String>,
 }
 
 impl<S, C> Entry<S, C> {
@@ -227,6 +247,7 @@ enum Readmission {
     BudgetShrank,
     LastEndpoint,
     PolicyOff,
+    HostBack,
 }
 
 impl fmt::Display for Readmission {
@@ -237,6 +258,7 @@ impl fmt::Display for Readmission {
             Readmission::BudgetShrank => "ejection budget shrank",
             Readmission::LastEndpoint => "no other endpoint available",
             Readmission::PolicyOff => "the policy that ejected it was turned off",
+            Readmission::HostBack => "its host is back in the services that share it",
         })
     }
 }
@@ -251,6 +273,12 @@ impl<K, S, C> Engine<K, S, C> {
     ) -> Self {
         let notifier = Arc::new(Notifier::new());
         settings.rules.subscribe(&notifier);
+        let sharing = settings.hosts.clone().map(|(registry, host_of)| Sharing {
+            member: registry.join(&notifier),
+            seen: 0,
+            registry,
+            host_of,
+        });
         if settings.rules.version() != settings.version {
             // Published between reading the rules and subscribing: apply on the first poll.
             notifier.notify();
@@ -271,6 +299,7 @@ impl<K, S, C> Engine<K, S, C> {
             queue: VecDeque::new(),
             probes: VecDeque::new(),
             cancelled: Vec::new(),
+            sharing,
         }
     }
 
@@ -318,7 +347,7 @@ impl<K, S, C> Engine<K, S, C> {
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug,
+    K: Hash + Eq + Clone + fmt::Debug + 'static,
     S: Clone,
     C: Clone + Send + Sync + 'static,
 {
@@ -369,12 +398,17 @@ where
             policies: self.names.clone(),
         });
         let endpoint = OutlierEndpoint::new(service, shared);
+        let host = self.sharing.as_ref().and_then(|s| s.host_of.host(&key));
         self.seed_rtt(&endpoint);
         self.queue
             .push_back(Change::Insert(key.clone(), endpoint.clone()));
         self.keys.insert(id, key.clone());
+        let held_out = match (&self.sharing, &host) {
+            (Some(sharing), Some(host)) => sharing.registry.ejected_elsewhere(sharing.member, host),
+            _ => false,
+        };
         self.entries.insert(
-            key,
+            key.clone(),
             Entry {
                 endpoint,
                 id,
@@ -385,10 +419,15 @@ where
                 trial_breached: false,
                 trial_calls: 0,
                 refused: false,
+                host,
             },
         );
         // A larger set may have room for an ejection that was refused.
         self.retry_refused(now);
+        // Joining on a host another service holds out.
+        if held_out {
+            self.mirror(&key, now);
+        }
     }
 
     pub(crate) fn remove(&mut self, key: &K, now: Instant) {
@@ -408,6 +447,9 @@ where
                 self.cancelled.push(entry.id);
                 self.ejected -= 1;
             }
+        }
+        if !entry.status.is_available() && entry.ejected_by != MIRRORED {
+            self.share_host(entry.host.as_deref(), false);
         }
         self.enforce_budget(now);
         self.retry_refused(now);
@@ -556,6 +598,7 @@ where
         entry.schedule = Some(schedule);
         entry.ejected_by = policy;
         self.ejected += 1;
+        let host = entry.host.clone();
         tracing::warn!(
             target: "tower_outlier",
             endpoint = ?key,
@@ -568,6 +611,7 @@ where
         );
         self.publish(key, Some(next_check), Some(reason));
         self.queue.push_back(Change::Remove(key.clone()));
+        self.share_host(host.as_deref(), true);
     }
 
     fn publish(&self, key: &K, next_check: Option<Instant>, reason: Option<Reason>) {
@@ -593,9 +637,14 @@ impl<K, S, C> Drop for Engine<K, S, C> {
         for entry in self.entries.values() {
             tracked.remove(&entry.id);
         }
+        drop(tracked);
+        if let Some(sharing) = &self.sharing {
+            sharing.registry.leave(sharing.member);
+        }
     }
 }
 
+mod hosts;
 mod reconfigure;
 mod recovery;
 #[cfg(test)]

@@ -11,6 +11,7 @@ use tower_outlier_core::{
 use crate::discover::OutlierDetectionDiscover;
 use crate::endpoint::{OutlierEndpoint, Shared};
 use crate::engine::Settings;
+use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Monitor;
 use crate::probe::PassiveTrial;
 use crate::reconfigure::{RulesCell, RulesHandle};
@@ -51,6 +52,7 @@ use crate::reconfigure::{RulesCell, RulesHandle};
 /// ```
 pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
     rules: Arc<RulesCell>,
+    hosts: Option<(HostRegistry, HostOf)>,
     budget: Option<Budget>,
     clock: Clock,
     classifier: C,
@@ -67,6 +69,7 @@ impl OutlierDetectionLayer {
         OutlierDetectionLayer {
             monitor,
             rules,
+            hosts: None,
             budget: None,
             clock: Clock::auto(),
             classifier: NetworkErrors,
@@ -105,6 +108,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     pub fn classifier<C2>(self, classifier: C2) -> OutlierDetectionLayer<C2, P> {
         OutlierDetectionLayer {
             rules: self.rules,
+            hosts: self.hosts,
             budget: self.budget,
             clock: self.clock,
             classifier,
@@ -118,6 +122,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     pub fn probe<P2>(self, probe: P2) -> OutlierDetectionLayer<C, P2> {
         OutlierDetectionLayer {
             rules: self.rules,
+            hosts: self.hosts,
             budget: self.budget,
             clock: self.clock,
             classifier: self.classifier,
@@ -137,8 +142,23 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         RulesHandle::new(self.rules.clone())
     }
 
+    /// Shares hosts with the other layers given `registry` (HSF's `ipDimension` on for this
+    /// service): an endpoint this layer ejects holds its host out in the registry, and this layer
+    /// ejects its endpoints on a host another one holds out — within its own budget, never its
+    /// last endpoint — and re-admits them on trial when no layer holds the host out any more.
+    /// `host_of` finds the host of a discover key. See [`hosts`](crate::hosts).
+    pub fn share_hosts(mut self, registry: HostRegistry, host_of: HostOf) -> Self {
+        self.hosts = Some((registry, host_of));
+        self
+    }
+
     fn settings(&self) -> Settings {
-        Settings::new(&self.rules, self.budget, self.clock.clone())
+        Settings::new(
+            &self.rules,
+            self.budget,
+            self.clock.clone(),
+            self.hosts.clone(),
+        )
     }
 
     /// Wraps one service as an endpoint tracked by no adaptor: its calls are recorded and it
@@ -193,6 +213,7 @@ impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
     fn clone(&self) -> Self {
         OutlierDetectionLayer {
             rules: self.rules.clone(),
+            hosts: self.hosts.clone(),
             budget: self.budget,
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),

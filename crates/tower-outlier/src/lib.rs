@@ -63,6 +63,7 @@ mod endpoint;
 mod engine;
 pub mod future;
 pub mod grpc;
+pub mod hosts;
 mod layer;
 mod monitor;
 pub mod policy;

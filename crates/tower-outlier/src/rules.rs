@@ -213,3 +213,15 @@
 //!   and their counters (`DetectorStats`); standing detections are judged anew.
 //! * **Intervals** (fleet evaluations, detector ticks): unchanged, the next evaluation stays
 //!   when it was; changed, it comes one new interval after the change.
+//!
+//! # 12. Hosts shared by services (HSF's ipDimension)
+//!
+//! Layers given one [`HostRegistry`](crate::hosts::HostRegistry)
+//! ([`share_hosts`](crate::OutlierDetectionLayer::share_hosts); HSF's `ipDimension: true`) share
+//! their hosts, a key's host found by a [`HostOf`](crate::hosts::HostOf). An endpoint a layer
+//! ejects, by any policy, holds its host out until that layer re-admits it (on trial, or after a
+//! probe) or the upstream removes it. Every other sharing layer then ejects its endpoints on that
+//! host — within its own budget and never its last endpoint (if refused, the next change of the
+//! registry tries again) — and re-admits them on trial once no layer holds the host out. Such an
+//! endpoint has no recovery check of its own. A layer that does not share is unaffected, and an
+//! adaptor that is dropped releases what it held out.

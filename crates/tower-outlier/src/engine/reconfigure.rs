@@ -13,7 +13,7 @@ use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug,
+    K: Hash + Eq + Clone + fmt::Debug + 'static,
     S: Clone,
     C: Clone + Send + Sync + 'static,
 {
@@ -34,6 +34,7 @@ where
             &cell,
             self.settings.explicit_budget,
             self.settings.clock.clone(),
+            self.settings.hosts.clone(),
         ));
         let policies = settings.policies.clone();
         if policies.len() != self.settings.policies.len() {

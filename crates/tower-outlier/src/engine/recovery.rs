@@ -14,7 +14,7 @@ use crate::probe::ProbeFuture;
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug,
+    K: Hash + Eq + Clone + fmt::Debug + 'static,
     S: Clone,
     C: Clone + Send + Sync + 'static,
 {
@@ -220,6 +220,13 @@ where
             return;
         }
         entry.endpoint.record().reset();
+        if entry.ejected_by != super::MIRRORED {
+            let host = entry.host.clone();
+            self.share_host(host.as_deref(), false);
+        }
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
         self.refused -= usize::from(entry.refused);
         entry.refused = false;
         entry.trial_breached = false;

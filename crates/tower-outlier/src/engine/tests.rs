@@ -114,7 +114,7 @@ fn settings(
     registry: &Arc<crate::monitor::Registry>,
 ) -> Settings {
     let cell = crate::reconfigure::RulesCell::new(vec![policy], registry.clone());
-    Settings::new(&cell, Some(budget), Clock::tokio())
+    Settings::new(&cell, Some(budget), Clock::tokio(), None)
 }
 
 /// The engine, the switches of its endpoints (in insertion order), and the balancer's view.

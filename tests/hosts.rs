@@ -1,0 +1,110 @@
+//! HSF's `ipDimension`: two services' layers sharing their hosts (`HostRegistry`), on tokio's
+//! paused clock. A host ejected in one service is ejected in the other, within its own rules, and
+//! comes back in both; with the sharing off, only the service that saw the failures ejects.
+
+mod support;
+
+use std::time::Duration;
+
+use support::Harness;
+use tower_outlier::hosts::{HostOf, HostRegistry};
+use tower_outlier::{
+    Budget, BudgetFloor, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer,
+};
+
+/// Endpoint `n` of every service runs on host `n`.
+fn host_of() -> HostOf {
+    HostOf::new(|key: &usize| Some(format!("10.0.0.{key}")))
+}
+
+fn layer() -> OutlierDetectionLayer {
+    OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .recovery_unit(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+    ))
+}
+
+fn status(layer: &OutlierDetectionLayer, id: usize) -> EndpointStatus {
+    layer
+        .monitor()
+        .snapshot()
+        .get(&id.to_string())
+        .unwrap()
+        .status
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_ejected_in_one_service_is_ejected_in_every_service_sharing_it() {
+    let hosts = HostRegistry::new();
+    let orders = layer().share_hosts(hosts.clone(), host_of());
+    let payments = layer().share_hosts(hosts.clone(), host_of());
+    let mut o = Harness::new(&orders, 5);
+    let mut p = Harness::new(&payments, 5);
+
+    // Host 10.0.0.2 fails the orders service's calls.
+    o.calls(2, 10, 0).await;
+    assert!(!o.is_live(2));
+    assert_eq!(hosts.ejected_hosts(), vec!["10.0.0.2".to_string()]);
+    // The payments service's adaptor follows on its next poll, without a single failure of its
+    // own.
+    p.sync();
+    assert!(!p.is_live(2));
+    let snapshot = payments.monitor().snapshot();
+    let endpoint = snapshot.get("2").unwrap();
+    assert_eq!(endpoint.status, EndpointStatus::Ejected);
+    let reason = endpoint.last_reason.as_ref().unwrap();
+    assert_eq!(
+        (reason.policy, reason.measure),
+        ("hosts", "host ejected in another service")
+    );
+    assert_eq!(p.backend(2).calls(), 0);
+
+    // Orders checks the host after 30 s: re-admitted on trial there, so back in payments too.
+    o.advance(Duration::from_secs(30)).await;
+    assert_eq!(status(&orders, 2), EndpointStatus::Trial);
+    assert!(hosts.ejected_hosts().is_empty());
+    p.sync();
+    assert!(p.is_live(2));
+    assert_eq!(status(&payments, 2), EndpointStatus::Trial);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_sharing_only_the_service_that_saw_the_failures_ejects() {
+    let hosts = HostRegistry::new();
+    let orders = layer().share_hosts(hosts.clone(), host_of());
+    // Payments runs with ipDimension off.
+    let payments = layer();
+    let mut o = Harness::new(&orders, 5);
+    let mut p = Harness::new(&payments, 5);
+    o.calls(2, 10, 0).await;
+    assert!(!o.is_live(2));
+    p.sync();
+    assert!(p.is_live(2));
+    assert_eq!(status(&payments, 2), EndpointStatus::Available);
+
+    // And a sharing service that joins later holds the host out from the start.
+    let shipping = layer().share_hosts(hosts.clone(), host_of());
+    let s = Harness::new(&shipping, 5);
+    assert!(!s.is_live(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_service_keeps_its_own_budget_and_last_endpoint() {
+    let hosts = HostRegistry::new();
+    let orders = layer().share_hosts(hosts.clone(), host_of());
+    // Payments may eject nobody: 0 % with no floor.
+    let payments = layer()
+        .budget(Budget::new(0.0, BudgetFloor::Zero).unwrap())
+        .share_hosts(hosts.clone(), host_of());
+    let mut o = Harness::new(&orders, 5);
+    let mut p = Harness::new(&payments, 5);
+    o.calls(2, 10, 0).await;
+    assert!(!o.is_live(2));
+    p.sync();
+    assert!(p.is_live(2), "payments' budget keeps its endpoint in");
+    // When the orders service drops its adaptor, it holds nothing out any more.
+    drop(o);
+    assert!(hosts.ejected_hosts().is_empty());
+}
