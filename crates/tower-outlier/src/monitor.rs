@@ -72,8 +72,9 @@ pub struct EndpointSnapshot {
 pub struct Snapshot {
     /// One entry per endpoint the upstream currently holds.
     pub endpoints: Vec<EndpointSnapshot>,
-    /// The version of the rules published last (0 as built; see
-    /// [`RulesHandle`](crate::RulesHandle)). Each adaptor applies it on its next poll.
+    /// The version of the rules in force: the newest an adaptor of the layer has applied (0 as
+    /// built; see [`RulesHandle`](crate::RulesHandle)). A version just published is in force once
+    /// the balancer next polls the adaptor.
     pub rules_version: u64,
     /// Why the last reconfiguration was refused, if it was (cleared by the next accepted one).
     pub rules_error: Option<String>,
@@ -228,8 +229,15 @@ impl Registry {
         self.lock().remove(&id);
     }
 
-    pub(crate) fn set_rules(&self, version: u64, error: Option<String>) {
-        *self.rules.lock() = (version, error);
+    /// An adaptor put `version` of the rules in force.
+    pub(crate) fn rules_in_force(&self, version: u64) {
+        let mut rules = self.rules.lock();
+        rules.0 = rules.0.max(version);
+    }
+
+    /// The last reconfiguration was refused for `error`, or accepted (`None`).
+    pub(crate) fn rules_error(&self, error: Option<String>) {
+        self.rules.lock().1 = error;
     }
 
     pub(crate) fn update(&self, id: u64, f: impl FnOnce(&mut Tracked)) {

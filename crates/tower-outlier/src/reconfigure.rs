@@ -106,13 +106,12 @@ impl RulesCell {
                 None => false,
             });
         drop(state);
-        self.registry.set_rules(version, None);
+        self.registry.rules_error(None);
         Ok(version)
     }
 
     fn reject(&self, error: &ReconfigureError) {
-        self.registry
-            .set_rules(self.version(), Some(error.to_string()));
+        self.registry.rules_error(Some(error.to_string()));
         tracing::warn!(
             target: "tower_outlier",
             error = %error,

@@ -81,6 +81,7 @@ where
             self.consider(&key, now);
         }
         self.retry_refused(now);
+        self.registry.rules_in_force(self.settings.version);
         tracing::info!(
             target: "tower_outlier",
             version = self.settings.version,
