@@ -1,4 +1,4 @@
-//! The configuration documents a running layer can be given, one [`crate::Dialect`] per system this
+//! The configuration documents a running layer can be given, one [`Dialect`] per system this
 //! library follows: HSF's configuration-center JSON, Sentinel's degrade rules, SOFARPC's
 //! properties, Envoy's `outlier_detection` and gRPC's `outlier_detection_experimental`. Each
 //! replaces the layer's policy of its kind through [`RulesHandle::apply`](crate::RulesHandle::apply),
@@ -21,6 +21,8 @@
 //! # Ok::<(), tower::BoxError>(())
 //! ```
 
+pub use crate::reconfigure::Dialect;
+
 #[cfg(any(
     feature = "hsf",
     feature = "sentinel",
@@ -29,7 +31,6 @@
     feature = "grpc-config"
 ))]
 use {
-    crate::reconfigure::Dialect,
     std::sync::Arc,
     tower_outlier_core::{BoxError, Policy},
 };

@@ -96,7 +96,7 @@ pub use discover::OutlierDetectionDiscover;
 pub use endpoint::{Cost, OutlierEndpoint};
 pub use layer::OutlierDetectionLayer;
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, PolicyWindow, Snapshot};
-pub use reconfigure::{Dialect, ReconfigureError, RulesHandle};
+pub use reconfigure::{ReconfigureError, RulesHandle};
 pub use tower_outlier_core::{
     Budget, BudgetFloor, Clock, ConfigError, Reason, RecoverySchedule, WindowCounts,
 };

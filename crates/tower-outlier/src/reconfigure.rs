@@ -269,7 +269,7 @@ impl fmt::Debug for RulesHandle {
 
 /// A configuration document's language: how its text becomes a policy of the layer.
 ///
-/// Implemented in [`dialect`](crate::dialect) for HSF, Sentinel, SOFARPC, Envoy and gRPC;
+/// Implemented in this module for HSF, Sentinel, SOFARPC, Envoy and gRPC;
 /// implement it for your own format.
 pub trait Dialect: Send + Sync {
     /// The dialect's name, for errors and logs (`"HSF JSON"`).

@@ -14,13 +14,14 @@ use crate::reconfigure::{Dialect, RulesHandle};
 const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// Follows the configuration file at `path`: applies it once now, then again each time it
-/// changes, in `dialect`, through `rules`. Run it on a task of its own; it ends only when the
-/// watch fails (the error is returned).
+/// changes, in `dialect`, through `rules`. Run it on a task of its own, and abort the task to
+/// stop following; it ends by itself only when the watch fails (the error is returned).
 ///
 /// It watches the file's directory, not the file, so it sees a file replaced as Kubernetes
 /// replaces a mounted ConfigMap (the `..data` symlink swapped to a new directory in one rename)
-/// as well as a file rewritten in place or renamed over. Changes are read once the directory has
-/// been quiet for 200 ms, and only a content different from the last one read is applied. A file
+/// as well as a file rewritten in place or renamed over. Reads and changes to other files of the
+/// directory are ignored. Changes are read once the directory has been quiet for 200 ms, and
+/// only a content different from the last one read is applied. A file
 /// that is missing or unreadable for a moment is logged and waited out; a document that does not
 /// parse is refused ([`RulesHandle::apply`]) and the rules in force stay.
 ///
@@ -50,9 +51,16 @@ pub async fn watch_file<D: Dialect>(
         _ => PathBuf::from("."),
     };
     let (events, mut changed) = mpsc::unbounded_channel();
+    let name = path.file_name().map(|name| name.to_os_string());
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // The receiver gone means the source stopped; nothing to tell.
-        let _ = events.send(event.map(|_| ()));
+        let relevant = match &event {
+            Err(_) => true,
+            Ok(event) => concerns(event, name.as_deref()),
+        };
+        if relevant {
+            // The receiver gone means the source stopped; nothing to tell.
+            let _ = events.send(event.map(|_| ()));
+        }
     })
     .map_err(io::Error::other)?;
     watcher
@@ -74,6 +82,21 @@ pub async fn watch_file<D: Dialect>(
         }
         read_and_apply(&path, &dialect, &rules, &mut last).await;
     }
+}
+
+/// Whether `event` in the watched directory may have changed the file called `name`: not a mere
+/// read (reading the file ourselves must not trigger another read), and about the file itself or
+/// Kubernetes' `..data` links and directories (a ConfigMap update renames `..data_tmp` over
+/// `..data`).
+fn concerns(event: &notify::Event, name: Option<&std::ffi::OsStr>) -> bool {
+    if matches!(event.kind, notify::EventKind::Access(_)) {
+        return false;
+    }
+    event.paths.is_empty()
+        || event.paths.iter().any(|path| {
+            path.file_name()
+                .is_some_and(|file| Some(file) == name || file.to_string_lossy().starts_with(".."))
+        })
 }
 
 async fn read_and_apply<D: Dialect>(

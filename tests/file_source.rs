@@ -1,0 +1,98 @@
+//! `dialect::watch_file` on a real directory (real time): a file rewritten in place and a
+//! ConfigMap-style symlink swap are both applied; the watcher's own reads do not wake it again.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tower::BoxError;
+use tower_outlier::dialect::{watch_file, Dialect, Hsf};
+use tower_outlier::policy::Policy;
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+
+/// HSF JSON, counting the documents it is given.
+struct Counting(Hsf, Arc<AtomicUsize>);
+
+impl Dialect for Counting {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn policy_name(&self) -> &'static str {
+        self.0.policy_name()
+    }
+    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        self.0.parse(text, current)
+    }
+}
+
+fn document(threshold: f64) -> String {
+    format!(r#"{{"DEFAULT": {{"errorRateThreshold": {threshold}}}}}"#)
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_plain_file_and_a_configmap_swap_are_followed() {
+    let dir =
+        std::env::temp_dir().join(format!("tower-outlier-file-source-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let rules = layer.rules();
+    let parsed = Arc::new(AtomicUsize::new(0));
+
+    // A plain file, rewritten in place.
+    let plain = dir.join("plain.json");
+    std::fs::write(&plain, document(0.4)).unwrap();
+    let dialect = Counting(Hsf::service("svc:1.0"), parsed.clone());
+    let task = tokio::spawn(watch_file(plain.clone(), dialect, rules.clone()));
+    until("the first read", || rules.version() == 1).await;
+    std::fs::write(&plain, document(0.3)).unwrap();
+    until("the rewrite", || rules.version() == 2).await;
+    // Quiet for a while: the watcher's own reads must not trigger more reads and parses.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(parsed.load(Ordering::SeqCst), 2);
+    task.abort();
+
+    #[cfg(unix)]
+    {
+        // The ConfigMap layout: hsf.json -> ..data/hsf.json, ..data -> ..v1, swapped by a rename.
+        use std::os::unix::fs::symlink;
+        let mount = dir.join("mount");
+        std::fs::create_dir_all(mount.join("..v1")).unwrap();
+        std::fs::write(mount.join("..v1/hsf.json"), document(0.25)).unwrap();
+        symlink("..v1", mount.join("..data")).unwrap();
+        symlink("..data/hsf.json", mount.join("hsf.json")).unwrap();
+        let task = tokio::spawn(watch_file(
+            mount.join("hsf.json"),
+            Hsf::service("svc:1.0"),
+            rules.clone(),
+        ));
+        until("the ConfigMap's first read", || rules.version() == 3).await;
+        std::fs::create_dir_all(mount.join("..v2")).unwrap();
+        std::fs::write(mount.join("..v2/hsf.json"), document(0.2)).unwrap();
+        symlink("..v2", mount.join("..data_tmp")).unwrap();
+        std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
+        std::fs::remove_dir_all(mount.join("..v1")).unwrap();
+        until("the swap", || rules.version() == 4).await;
+        let policies = rules.policies();
+        assert!(
+            format!("{:?}", policies[0]).contains("threshold: 0.2"),
+            "{policies:?}"
+        );
+        task.abort();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
