@@ -26,6 +26,30 @@ impl Dialect for Counting {
     }
 }
 
+/// Counts the watcher's reads of the file (its `trace` events), on this thread.
+struct CountReads(Arc<AtomicUsize>);
+
+impl tracing::Subscriber for CountReads {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let meta = event.metadata();
+        if *meta.level() == tracing::Level::TRACE
+            && meta.file().is_some_and(|f| f.ends_with("file.rs"))
+        {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
 fn document(threshold: f64) -> String {
     format!(r#"{{"DEFAULT": {{"errorRateThreshold": {threshold}}}}}"#)
 }
@@ -52,6 +76,8 @@ async fn a_plain_file_and_a_configmap_swap_are_followed() {
     ));
     let rules = layer.rules();
     let parsed = Arc::new(AtomicUsize::new(0));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let _counting = tracing::subscriber::set_default(CountReads(reads.clone()));
 
     // A plain file, rewritten in place.
     let plain = dir.join("plain.json");
@@ -61,9 +87,40 @@ async fn a_plain_file_and_a_configmap_swap_are_followed() {
     until("the first read", || rules.version() == 1).await;
     std::fs::write(&plain, document(0.3)).unwrap();
     until("the rewrite", || rules.version() == 2).await;
-    // Quiet for a while: the watcher's own reads must not trigger more reads and parses.
+    // Quiet for a while: the watcher's own reads must not trigger more reads, nor reads of the
+    // directory's other files.
+    let read_so_far = reads.load(Ordering::SeqCst);
+    assert!(read_so_far >= 2);
+    std::fs::write(dir.join("other.json"), "{}").unwrap();
+    let _ = std::fs::read_to_string(dir.join("other.json")).unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(reads.load(Ordering::SeqCst), read_so_far);
     assert_eq!(parsed.load(Ordering::SeqCst), 2);
+    task.abort();
+
+    // Envoy's JSON through the same source.
+    let envoy = OutlierDetectionLayer::new(tower_outlier::DetectorPolicy::new(
+        tower_outlier::DetectorConfig::envoy().build().unwrap(),
+    ));
+    let envoy_rules = envoy.rules();
+    let cluster = dir.join("cluster.json");
+    std::fs::write(
+        &cluster,
+        r#"{"consecutive5xx": 3, "baseEjectionTime": "10s"}"#,
+    )
+    .unwrap();
+    let task = tokio::spawn(watch_file(
+        cluster.clone(),
+        tower_outlier::dialect::Envoy,
+        envoy_rules.clone(),
+    ));
+    until("Envoy's document", || envoy_rules.version() == 1).await;
+    let policies = envoy_rules.policies();
+    let text = format!("{:?}", policies[0]);
+    assert!(
+        text.contains("threshold: 3") && text.contains("10s"),
+        "{text}"
+    );
     task.abort();
 
     #[cfg(unix)]

@@ -108,3 +108,71 @@ async fn each_service_keeps_its_own_budget_and_last_endpoint() {
     drop(o);
     assert!(hosts.ejected_hosts().is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_first_endpoint_discovered_on_a_held_out_host_is_ejected_once_there_is_room() {
+    let hosts = HostRegistry::new();
+    let orders = layer().share_hosts(hosts.clone(), host_of());
+    let mut o = Harness::new(&orders, 5);
+    o.calls(0, 10, 0).await;
+    assert!(!o.is_live(0));
+    // Shipping discovers host 10.0.0.0 first: alone, it cannot be ejected (the last endpoint)…
+    let shipping = layer().share_hosts(hosts.clone(), host_of());
+    let s = Harness::new(&shipping, 5);
+    // …but once the others arrive there is room, and it is.
+    assert!(!s.is_live(0));
+    assert_eq!(s.live_ids(), vec![1, 2, 3, 4]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_stays_out_while_any_endpoint_on_it_is_ejected() {
+    let hosts = HostRegistry::new();
+    // Keys 2 and 3 are two ports of one host.
+    let pair = || HostOf::new(|key: &usize| Some(format!("10.0.0.{}", key.min(&3) / 2)));
+    let orders = layer()
+        .budget(Budget::new(0.5, BudgetFloor::Zero).unwrap())
+        .share_hosts(hosts.clone(), pair());
+    let mut o = Harness::new(&orders, 6);
+    o.calls(2, 10, 0).await;
+    o.advance(Duration::from_secs(10)).await;
+    o.calls(3, 10, 0).await;
+    assert!(!o.is_live(2) && !o.is_live(3));
+    // #2's check comes first: back on trial, but #3 still holds the host out.
+    o.advance(Duration::from_secs(20)).await;
+    assert_eq!(status(&orders, 2), EndpointStatus::Trial);
+    assert_eq!(status(&orders, 3), EndpointStatus::Ejected);
+    assert_eq!(hosts.ejected_hosts(), vec!["10.0.0.1".to_string()]);
+    o.advance(Duration::from_secs(10)).await;
+    assert!(hosts.ejected_hosts().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_endpoint_stays_and_new_rules_leave_held_out_endpoints_alone() {
+    let hosts = HostRegistry::new();
+    let orders = layer().share_hosts(hosts.clone(), host_of());
+    let payments = layer().share_hosts(hosts.clone(), host_of());
+    let mut o = Harness::new(&orders, 5);
+    // Payments runs on host 10.0.0.2 alone.
+    let mut p = Harness::new(&payments, 0);
+    p.insert(2);
+    p.sync();
+    o.calls(2, 10, 0).await;
+    p.sync();
+    assert!(p.is_live(2), "never the last endpoint");
+    p.insert(4);
+    p.sync();
+    assert!(!p.is_live(2), "ejected once another endpoint is there");
+    // New rules in payments: the endpoint held out for its host stays out, with no panic.
+    payments
+        .rules()
+        .replace(
+            0,
+            ErrorRatePolicy::new(ErrorRateConfig::hsf().enabled(false).build().unwrap()),
+        )
+        .unwrap();
+    p.sync();
+    assert!(!p.is_live(2));
+    o.advance(Duration::from_secs(30)).await;
+    p.sync();
+    assert!(p.is_live(2), "back with its host");
+}

@@ -343,3 +343,24 @@ async fn a_stream_or_a_watch_channel_of_documents_feeds_the_rules() {
         "{policies:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_clone_extended_with_a_policy_leaves_the_original_alone() {
+    let layer = OutlierDetectionLayer::new(threshold(0.5));
+    let extended = layer.clone().with_policy(threshold(0.3));
+    assert_eq!(layer.rules().policies().len(), 1);
+    assert_eq!(extended.rules().policies().len(), 2);
+    // Clones without new policies share the rules: one handle changes both.
+    let twin = layer.clone();
+    layer.rules().replace(0, threshold(0.2)).unwrap();
+    assert_eq!(twin.rules().version(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptor_built_after_a_change_shows_the_version_it_runs() {
+    let layer = OutlierDetectionLayer::new(threshold(0.5));
+    layer.rules().replace(0, threshold(0.2)).unwrap();
+    let mut h = support::Harness::new(&layer, 3);
+    h.sync();
+    assert_eq!(layer.monitor().snapshot().rules_version, 1);
+}

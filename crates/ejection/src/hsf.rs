@@ -383,9 +383,10 @@ impl HsfQosConfig {
     /// The `ipDimension` in effect for a service, resolved like the other keys; pass `"DEFAULT"`
     /// (or any service without a block) for the application level.
     ///
-    /// With `Some(true)`, share the service's layer's hosts with the other services' layers
-    /// (`tower_outlier::OutlierDetectionLayer::share_hosts`): a host ejected in one service is then
-    /// ejected in all. This crate only reads the flag; the layer acts on it.
+    /// Read for you to act on: with `Some(true)`, build the service's layer with
+    /// `tower_outlier::OutlierDetectionLayer::share_hosts`, and a host ejected in one service is
+    /// ejected in all that share it. The flag does nothing by itself, and reloading a document
+    /// that changes it does not change a running layer's sharing.
     pub fn ip_dimension(&self, service_and_version: &str) -> Option<bool> {
         self.layers(self.services.get(service_and_version))
             .find_map(|block| block.ip_dimension)

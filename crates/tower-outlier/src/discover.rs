@@ -180,9 +180,11 @@ fn poll_events<K, S, C, P>(
         if engine.notifier().take() {
             // New rules wake the adaptor through the same notifier.
             engine.reconfigure(Instant::now());
-            engine.sync_hosts(Instant::now());
             engine.signalled(Instant::now());
         }
+        // Changes of the shared hosts wake it the same way; room for a host ejection refused
+        // earlier comes from upstream changes and re-admissions.
+        engine.sync_hosts(Instant::now());
         let mut progressed = false;
         let next = engine.next_deadline();
         if next != *timer_at {

@@ -99,6 +99,8 @@ pub(crate) struct Engine<K, S, C> {
     cancelled: Vec<u64>,
     fleet: Vec<FleetSchedule>,
     sharing: Option<Sharing>,
+    // An endpoint on a host held out elsewhere stayed in for want of room: retried when there is.
+    mirror_pending: bool,
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -283,6 +285,7 @@ impl<K, S, C> Engine<K, S, C> {
             // Published between reading the rules and subscribing: apply on the first poll.
             notifier.notify();
         }
+        registry.rules_in_force(settings.version);
         Engine {
             names: settings.policies.iter().map(|p| p.name()).collect(),
             trial: trial_period(&settings.policies),
@@ -300,6 +303,7 @@ impl<K, S, C> Engine<K, S, C> {
             probes: VecDeque::new(),
             cancelled: Vec::new(),
             sharing,
+            mirror_pending: false,
         }
     }
 

@@ -2,7 +2,7 @@
 //! ejected in every service that runs on it.
 
 use std::any::Any;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,8 +45,8 @@ struct Inner {
 
 #[derive(Default)]
 struct State {
-    // Host → the layers (adaptors) holding it out.
-    ejected: HashMap<String, HashSet<u64>>,
+    // Host → the layers (adaptors) holding it out, and how many of their endpoints do.
+    ejected: HashMap<String, HashMap<u64, usize>>,
     subscribers: Vec<(u64, Weak<Notifier>)>,
     next_member: u64,
 }
@@ -82,24 +82,35 @@ impl HostRegistry {
         member
     }
 
-    /// `member` holds `host` out (or, `out` false, no longer does).
+    /// One more endpoint of `member` holds `host` out (or, `out` false, one fewer does). The host
+    /// is out while any endpoint of any member holds it.
     pub(crate) fn set(&self, member: u64, host: &str, out: bool) {
         let mut state = self.inner.state.lock();
         let changed = if out {
-            state
+            let count = state
                 .ejected
                 .entry(host.to_owned())
                 .or_default()
-                .insert(member)
+                .entry(member)
+                .or_default();
+            *count += 1;
+            *count == 1
         } else {
             let Some(members) = state.ejected.get_mut(host) else {
                 return;
             };
-            let removed = members.remove(&member);
+            let Some(count) = members.get_mut(&member) else {
+                return;
+            };
+            *count -= 1;
+            let released = *count == 0;
+            if released {
+                members.remove(&member);
+            }
             if members.is_empty() {
                 state.ejected.remove(host);
             }
-            removed
+            released
         };
         if changed {
             self.changed(&mut state, member);
@@ -113,7 +124,7 @@ impl HostRegistry {
             .lock()
             .ejected
             .get(host)
-            .is_some_and(|members| members.iter().any(|m| *m != member))
+            .is_some_and(|members| members.keys().any(|m| *m != member))
     }
 
     /// `member` is gone: it holds nothing out any more.
@@ -122,7 +133,7 @@ impl HostRegistry {
         let before = state.ejected.len();
         let mut released = false;
         state.ejected.retain(|_, members| {
-            released |= members.remove(&member);
+            released |= members.remove(&member).is_some();
             !members.is_empty()
         });
         state.subscribers.retain(|(m, _)| *m != member);

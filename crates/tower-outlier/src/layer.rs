@@ -84,8 +84,12 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     ///
     /// A [`monitor`](Self::monitor) taken before or after shows the same endpoints, each with
     /// the windows of all the policies of the layer that built its adaptor.
-    pub fn with_policy(self, policy: impl Policy) -> Self {
-        self.rules.push(Arc::new(policy));
+    pub fn with_policy(mut self, policy: impl Policy) -> Self {
+        // A new set of rules of its own: a clone of this layer, or a handle taken before, keeps
+        // the policies it had.
+        let mut policies = self.rules.current().policies.to_vec();
+        policies.push(Arc::new(policy));
+        self.rules = RulesCell::new(policies, self.monitor.registry().clone());
         self
     }
 

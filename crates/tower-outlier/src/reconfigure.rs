@@ -58,18 +58,10 @@ impl RulesCell {
 
     /// Registers an adaptor to wake when the rules change.
     pub(crate) fn subscribe(&self, notifier: &Arc<Notifier>) {
-        self.state.lock().subscribers.push(Arc::downgrade(notifier));
-    }
-
-    /// Adds a policy while the layer is being built (before any adaptor runs it).
-    pub(crate) fn push(&self, policy: Arc<dyn Policy>) {
         let mut state = self.state.lock();
-        let mut policies = state.rules.policies.to_vec();
-        policies.push(policy);
-        state.rules = Arc::new(Rules {
-            version: state.rules.version,
-            policies: policies.into(),
-        });
+        // Adaptors come and go; forget the dropped ones here too, not only on a publish.
+        state.subscribers.retain(|s| s.strong_count() > 0);
+        state.subscribers.push(Arc::downgrade(notifier));
     }
 
     fn publish(&self, slot: usize, policy: Arc<dyn Policy>) -> Result<u64, ReconfigureError> {
@@ -213,7 +205,8 @@ impl RulesHandle {
         result
     }
 
-    /// Applies every document `documents` yields, in `dialect`, until the stream ends: the
+    /// Applies every document `documents` yields (skipping one identical to the last), in
+    /// `dialect`, until the stream ends: the
     /// generic source for any registry client (etcd, Consul, Nacos, an xDS client) or a
     /// `tokio::sync::watch` channel turned into a stream. A rejected document is logged and shows
     /// in the monitor; the next one is read all the same. Run it on a task of its own.
@@ -224,8 +217,14 @@ impl RulesHandle {
         S::Item: AsRef<str>,
     {
         let mut documents = std::pin::pin!(documents);
+        let mut last: Option<String> = None;
         while let Some(text) = documents.next().await {
+            // Registries re-deliver; an identical document would only re-key every endpoint.
+            if last.as_deref() == Some(text.as_ref()) {
+                continue;
+            }
             let _ = self.apply(&dialect, text.as_ref());
+            last = Some(text.as_ref().to_owned());
         }
     }
 
@@ -236,9 +235,13 @@ impl RulesHandle {
         dialect: D,
         mut documents: tokio::sync::watch::Receiver<String>,
     ) {
+        let mut last: Option<String> = None;
         loop {
             let text = documents.borrow_and_update().clone();
-            let _ = self.apply(&dialect, &text);
+            if last.as_deref() != Some(text.as_str()) {
+                let _ = self.apply(&dialect, &text);
+                last = Some(text);
+            }
             if documents.changed().await.is_err() {
                 return;
             }

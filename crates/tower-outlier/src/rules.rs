@@ -188,6 +188,8 @@
 //! by each adaptor on its own task the next time the balancer polls it (behind `Buffer`: the next
 //! request), without pausing traffic. Setting by setting:
 //!
+//! * **A document replaces the policy's whole configuration**: a setting it leaves out takes its
+//!   dialect's default (HSF's, Sentinel's, SOFARPC's, Envoy's, gRPC's), not the value in force.
 //! * **Every endpoint** moves to a new record made from its old one: its latency estimate, weight
 //!   and last outcome, and what each policy keeps below. Endpoints in the balancer's set are
 //!   re-inserted with it; calls in flight at the change finish on the old record and are not
@@ -221,7 +223,7 @@
 //! their hosts, a key's host found by a [`HostOf`](crate::hosts::HostOf). An endpoint a layer
 //! ejects, by any policy, holds its host out until that layer re-admits it (on trial, or after a
 //! probe) or the upstream removes it. Every other sharing layer then ejects its endpoints on that
-//! host — within its own budget and never its last endpoint (if refused, the next change of the
-//! registry tries again) — and re-admits them on trial once no layer holds the host out. Such an
+//! host — within its own budget and never its last endpoint (if refused, it is tried again when
+//! there is room) — and re-admits them on trial once no layer holds the host out. Such an
 //! endpoint has no recovery check of its own. A layer that does not share is unaffected, and an
 //! adaptor that is dropped releases what it held out.

@@ -105,6 +105,7 @@ async fn read_and_apply<D: Dialect>(
     rules: &RulesHandle,
     last: &mut Option<String>,
 ) {
+    tracing::trace!(target: "tower_outlier", path = %path.display(), "configuration file read");
     match tokio::fs::read_to_string(path).await {
         Ok(text) if last.as_deref() == Some(text.as_str()) => {}
         Ok(text) => {

@@ -28,18 +28,24 @@ where
         }
     }
 
-    /// Follows the other adaptors sharing hosts with this one, if they changed anything: ejects
-    /// the endpoints on a host another one holds out (within this layer's budget, never its last
-    /// endpoint), and re-admits on trial those held out for a host that is back.
+    /// Follows the other adaptors sharing hosts with this one, if they changed anything (or an
+    /// ejection refused for want of room may now fit): ejects the endpoints on a host another one
+    /// holds out (within this layer's budget, never its last endpoint), and re-admits on trial
+    /// those held out for a host that is back. Cheap when there is nothing to do: run on every
+    /// poll.
     pub(crate) fn sync_hosts(&mut self, now: Instant) {
+        let max = self.settings.budget.max_ejected(self.entries.len());
+        let room = self.available() > 1 && self.ejected < max;
+        let retry = self.mirror_pending && room;
         let Some(sharing) = &mut self.sharing else {
             return;
         };
         let version = sharing.registry.version();
-        if version == sharing.seen {
+        if version == sharing.seen && !retry {
             return;
         }
         sharing.seen = version;
+        self.mirror_pending = false;
         let (registry, member) = (sharing.registry.clone(), sharing.member);
         let elsewhere = |host: &Option<String>| {
             host.as_deref()
@@ -64,13 +70,14 @@ where
             return;
         };
         if available <= 1 || ejected >= max {
+            self.mirror_pending = true;
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
                 host = ?entry.host,
                 ejected,
                 budget = max,
-                "host ejected in another service, kept in: no room to eject here"
+                "host ejected in another service, kept in until there is room to eject here"
             );
             return;
         }

@@ -37,11 +37,9 @@ where
             self.settings.hosts.clone(),
         ));
         let policies = settings.policies.clone();
-        if policies.len() != self.settings.policies.len() {
-            // The handle only replaces policies slot by slot; anything else is not ours to apply.
-            tracing::error!(target: "tower_outlier", "rules with another number of policies ignored");
-            return;
-        }
+        // The handle replaces policies slot by slot, and a layer's cell is never shared by a
+        // layer with other policies (`with_policy` makes a new one).
+        debug_assert_eq!(policies.len(), self.settings.policies.len());
         self.trial = trial_period(&policies);
         self.fleet = fleet_schedules(&policies, now, &self.fleet);
         self.names = policies.iter().map(|p| p.name()).collect();
@@ -65,8 +63,12 @@ where
                     .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
             }
         }
-        let switched_off =
-            self.keys_where(|e| !e.status.is_available() && !policies[e.ejected_by].enabled());
+        // Endpoints held out for their host (`MIRRORED`) come back with the host instead.
+        let switched_off = self.keys_where(|e| {
+            !e.status.is_available()
+                && e.ejected_by != super::MIRRORED
+                && policies.get(e.ejected_by).is_some_and(|p| !p.enabled())
+        });
         for key in switched_off {
             let until = super::later(now, self.trial);
             if let Some(entry) = self.entries.get(&key) {
