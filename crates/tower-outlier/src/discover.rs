@@ -103,7 +103,7 @@ where
 impl<D, C, P> Stream for OutlierDetectionDiscover<D, C, P>
 where
     D: Discover,
-    D::Key: Hash + Eq + Clone + fmt::Debug + Send + 'static,
+    D::Key: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
     D::Service: Clone,
     C: Clone + Send + Sync + 'static,
     P: Probe<D::Key, D::Service>,
@@ -169,7 +169,7 @@ fn poll_events<K, S, C, P>(
     aborts: &mut HashMap<u64, AbortHandle>,
     cx: &mut Context<'_>,
 ) where
-    K: Hash + Eq + Clone + fmt::Debug + Send + 'static,
+    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
     S: Clone,
     C: Clone + Send + Sync + 'static,
     P: Probe<K, S>,

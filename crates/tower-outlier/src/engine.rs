@@ -23,6 +23,7 @@ use tower_outlier_core::{
 
 use crate::deadlines::Deadlines;
 use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
+use crate::events::{EndpointKey, Event, Refusal};
 use crate::hosts::{HostOf, HostRegistry};
 use crate::layer::DEFAULT_BUDGET;
 use crate::monitor::{EndpointStatus, Registry, Tracked};
@@ -186,6 +187,10 @@ struct Entry<S, C> {
     refused: bool,
     // The endpoint's host, when the layer shares hosts.
     host: Option<String>,
+    // The typed key events and the monitor carry.
+    name: EndpointKey,
+    // The weight last reported in an event.
+    weight: f64,
 }
 
 impl<S, C> Entry<S, C> {
@@ -239,29 +244,6 @@ impl Status {
             Status::Ejected { .. } => EndpointStatus::Ejected,
             Status::Probing => EndpointStatus::Probing,
         }
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Readmission {
-    ProbeSucceeded,
-    PassiveTrial,
-    BudgetShrank,
-    LastEndpoint,
-    PolicyOff,
-    HostBack,
-}
-
-impl fmt::Display for Readmission {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Readmission::ProbeSucceeded => "probe succeeded",
-            Readmission::PassiveTrial => "passive trial",
-            Readmission::BudgetShrank => "ejection budget shrank",
-            Readmission::LastEndpoint => "no other endpoint available",
-            Readmission::PolicyOff => "the policy that ejected it was turned off",
-            Readmission::HostBack => "its host is back in the services that share it",
-        })
     }
 }
 
@@ -351,7 +333,7 @@ impl<K, S, C> Engine<K, S, C> {
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + 'static,
+    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
     S: Clone,
     C: Clone + Send + Sync + 'static,
 {
@@ -392,8 +374,9 @@ where
         let shared = Shared::new(record, self.classifier.clone());
         let weak: std::sync::Weak<dyn HasRecord> =
             Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
+        let name = EndpointKey::new(&key);
         let id = self.registry.insert(Tracked {
-            key: format!("{key:?}"),
+            key: name.clone(),
             record: weak,
             status: EndpointStatus::Available,
             next_check: None,
@@ -424,6 +407,8 @@ where
                 trial_calls: 0,
                 refused: false,
                 host,
+                name,
+                weight: 1.0,
             },
         );
         // A larger set may have room for an ejection that was refused.
@@ -551,15 +536,24 @@ where
             // below let the endpoint be ejected again.
             entry.failed_checks = entry.failed_checks.saturating_add(1);
             entry.trial_breached = true;
+            let (name, failed_checks) = (entry.name.clone(), entry.failed_checks);
+            self.registry.events.emit(|| Event::TrialFailed {
+                key: name,
+                failed_checks,
+            });
         }
         let refusal = if available <= 1 {
-            Some("last available endpoint")
+            Some(Refusal::LastEndpoint)
         } else if ejected >= max {
-            Some("ejection budget exhausted")
+            Some(Refusal::Budget)
         } else {
             None
         };
-        if let Some(why) = refusal {
+        if let Some(refusal) = refusal {
+            let why = match refusal {
+                Refusal::LastEndpoint => "last available endpoint",
+                _ => "ejection budget exhausted",
+            };
             let recorded_now = record.clock().now();
             for state in record.policies().iter() {
                 state.ejection_refused(recorded_now);
@@ -575,6 +569,13 @@ where
                     endpoints = n,
                     "ejection refused: {why}"
                 );
+                let name = entry.name.clone();
+                let reason = reason.clone();
+                self.registry.events.emit(|| Event::EjectionRefused {
+                    key: name,
+                    reason,
+                    refusal,
+                });
             }
             self.refused += usize::from(!entry.refused);
             entry.refused = true;
@@ -613,6 +614,13 @@ where
             next_check_in = ?delay,
             "endpoint ejected"
         );
+        let name = entry.name.clone();
+        let event_reason = reason.clone();
+        self.registry.events.emit(|| Event::Ejected {
+            key: name,
+            reason: event_reason,
+            next_check_in: Some(delay),
+        });
         self.publish(key, Some(next_check), Some(reason));
         self.queue.push_back(Change::Remove(key.clone()));
         self.share_host(host.as_deref(), true);

@@ -61,6 +61,7 @@ pub mod dialect;
 mod discover;
 mod endpoint;
 mod engine;
+pub mod events;
 pub mod future;
 pub mod grpc;
 pub mod hosts;

@@ -10,6 +10,10 @@ use tokio::time::Instant;
 use tower_outlier_core::{Lock, LockGuard, Reason, WindowCounts};
 
 use crate::endpoint::HasRecord;
+use crate::events::{EndpointKey, Event, EventHub};
+
+/// How many events a slow broadcast subscriber may fall behind by.
+const EVENTS_CAPACITY: usize = 1024;
 
 /// Where an endpoint stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,8 +50,9 @@ pub struct PolicyWindow {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct EndpointSnapshot {
-    /// The endpoint's discover key, as `Debug` prints it.
-    pub key: String,
+    /// The endpoint's discover key: typed ([`EndpointKey::downcast_ref`]), and read as its
+    /// `Debug` text where text is enough.
+    pub key: EndpointKey,
     /// Available, on trial, ejected or probing.
     pub status: EndpointStatus,
     /// Each policy's window, in the layer's policy order.
@@ -83,7 +88,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// The endpoint whose key prints (with `Debug`) as `key`.
     pub fn get(&self, key: &str) -> Option<&EndpointSnapshot> {
-        self.endpoints.iter().find(|e| e.key == key)
+        self.endpoints.iter().find(|e| e.key.as_str() == key)
     }
 
     /// The endpoint with discover key `key` (compared by its `Debug` form, as snapshots keep it).
@@ -136,10 +141,11 @@ pub(crate) struct Registry {
     next_id: AtomicU64,
     entries: Lock<HashMap<u64, Tracked>>,
     rules: Lock<(u64, Option<String>)>,
+    pub(crate) events: EventHub,
 }
 
 pub(crate) struct Tracked {
-    pub(crate) key: String,
+    pub(crate) key: EndpointKey,
     pub(crate) record: Weak<dyn HasRecord>,
     pub(crate) status: EndpointStatus,
     pub(crate) next_check: Option<Instant>,
@@ -156,6 +162,7 @@ impl Monitor {
                 next_id: AtomicU64::new(0),
                 entries: Lock::new(HashMap::new()),
                 rules: Lock::new((0, None)),
+                events: EventHub::new(EVENTS_CAPACITY),
             }),
         }
     }
@@ -212,6 +219,37 @@ impl Monitor {
     pub fn tracked(&self) -> usize {
         self.registry.lock().len()
     }
+
+    /// A receiver of every [`Event`] from now on, in the order the adaptors decided them. It holds
+    /// the last 1024; a receiver that falls further behind misses the oldest (and is told so by
+    /// `RecvError::Lagged`). Nothing is built for events while nobody listens.
+    ///
+    #[cfg_attr(feature = "ejection", doc = "```")]
+    #[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+    /// use tower_outlier::events::Event;
+    /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+    ///
+    /// # async fn run() -> Result<(), tower::BoxError> {
+    /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
+    /// let mut events = layer.monitor().subscribe();
+    /// tokio::spawn(async move {
+    ///     while let Ok(event) = events.recv().await {
+    ///         if let Event::Ejected { key, reason, .. } = event {
+    ///             println!("{key} ejected: {reason}");
+    ///         }
+    ///     }
+    /// });
+    /// # Ok(()) }
+    /// ```
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        self.registry.events.subscribe()
+    }
+
+    /// Calls `callback` with every [`Event`], on the adaptor's task as it decides (keep it
+    /// short: metrics, logs). Callbacks see every event; none is dropped.
+    pub fn on_event(&self, callback: impl Fn(&Event) + Send + Sync + 'static) {
+        self.registry.events.on_event(Arc::new(callback));
+    }
 }
 
 impl Registry {
@@ -235,8 +273,19 @@ impl Registry {
         rules.0 = rules.0.max(version);
     }
 
+    /// An adaptor applied `version` of the rules (not at start-up).
+    pub(crate) fn rules_applied(&self, version: u64) {
+        self.rules_in_force(version);
+        self.events.emit(|| Event::RulesApplied { version });
+    }
+
     /// The last reconfiguration was refused for `error`, or accepted (`None`).
     pub(crate) fn rules_error(&self, error: Option<String>) {
+        if let Some(error) = &error {
+            self.events.emit(|| Event::RulesRejected {
+                error: error.clone(),
+            });
+        }
         self.rules.lock().1 = error;
     }
 

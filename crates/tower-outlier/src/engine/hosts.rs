@@ -8,7 +8,8 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{Reason, WindowCounts};
 
-use super::{later, Engine, Readmission, Status, MIRRORED};
+use super::{later, Engine, Status, MIRRORED};
+use crate::events::{Event, Readmission};
 
 /// How far away the check of an endpoint held out for its host is: it comes back when the host
 /// does, not on a schedule of its own.
@@ -17,7 +18,7 @@ const UNTIL_THE_HOST_RETURNS: std::time::Duration =
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + 'static,
+    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
     S: Clone,
     C: Clone + Send + Sync + 'static,
 {
@@ -100,6 +101,12 @@ where
             threshold: 1.0,
             counts: WindowCounts::default(),
         };
+        let (name, event_reason) = (entry.name.clone(), reason.clone());
+        self.registry.events.emit(|| Event::Ejected {
+            key: name,
+            reason: event_reason,
+            next_check_in: None,
+        });
         self.publish(key, None, Some(reason));
         self.queue.push_back(Change::Remove(key.clone()));
     }

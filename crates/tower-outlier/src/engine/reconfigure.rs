@@ -8,12 +8,13 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tower::discover::Change;
 
-use super::{fleet_schedules, trial_period, Engine, Readmission, Settings, Status};
+use super::{fleet_schedules, trial_period, Engine, Settings, Status};
 use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
+use crate::events::Readmission;
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + 'static,
+    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
     S: Clone,
     C: Clone + Send + Sync + 'static,
 {
@@ -83,7 +84,7 @@ where
             self.consider(&key, now);
         }
         self.retry_refused(now);
-        self.registry.rules_in_force(self.settings.version);
+        self.registry.rules_applied(self.settings.version);
         tracing::info!(
             target: "tower_outlier",
             version = self.settings.version,

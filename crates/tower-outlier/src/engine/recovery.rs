@@ -9,12 +9,13 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
-use super::{deadline_is_current, later, Engine, ProbeStart, Readmission, Status};
+use super::{deadline_is_current, later, Engine, ProbeStart, Status};
+use crate::events::{Event, Readmission};
 use crate::probe::ProbeFuture;
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + 'static,
+    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
     S: Clone,
     C: Clone + Send + Sync + 'static,
 {
@@ -71,6 +72,11 @@ where
             if !entry.trial_breached {
                 entry.failed_checks = entry.failed_checks.saturating_add(1);
                 entry.trial_breached = true;
+                let (name, failed_checks) = (entry.name.clone(), entry.failed_checks);
+                self.registry.events.emit(|| Event::TrialFailed {
+                    key: name,
+                    failed_checks,
+                });
             }
             entry.set_status(Status::Trial { until }, &mut self.deadlines);
             tracing::info!(
@@ -104,6 +110,8 @@ where
             entry.set_status(Status::Available, &mut self.deadlines);
             entry.failed_checks = 0;
             tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint recovered: trial passed");
+            let name = entry.name.clone();
+            self.registry.events.emit(|| Event::Recovered { key: name });
             self.publish(key, None, None);
         }
     }
@@ -145,7 +153,27 @@ where
             fleet.evaluate(&members, self.settings.clock.now());
             evaluated = true;
         }
+        if evaluated {
+            self.report_weights();
+        }
         evaluated
+    }
+
+    /// Reports the weights a fleet evaluation changed (in discovery order).
+    fn report_weights(&mut self) {
+        for key in self.keys_where(|e| e.endpoint.record().weight() != e.weight) {
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            let (from, to) = (entry.weight, entry.endpoint.record().weight());
+            entry.weight = to;
+            let name = entry.name.clone();
+            self.registry.events.emit(|| Event::WeightChanged {
+                key: name,
+                from,
+                to,
+            });
+        }
     }
 
     /// A recovery check is due: probe actively, or re-admit for a passive trial.
@@ -170,6 +198,10 @@ where
                     timeout,
                 });
                 tracing::info!(target: "tower_outlier", endpoint = ?key, failed_checks = entry.failed_checks, "probing ejected endpoint");
+                let name = entry.name.clone();
+                self.registry
+                    .events
+                    .emit(|| Event::ProbeStarted { key: name });
                 self.publish(&key, None, None);
             }
             None => {
@@ -208,6 +240,11 @@ where
                 next_check_in = ?delay,
                 "probe failed: endpoint stays ejected"
             );
+            let name = entry.name.clone();
+            self.registry.events.emit(|| Event::ProbeFailed {
+                key: name,
+                next_check_in: delay,
+            });
             self.publish(&key, Some(next_check), None);
         }
     }
@@ -247,6 +284,13 @@ where
             trial_until = ?next.map(|at| at.saturating_duration_since(now)),
             "endpoint re-admitted"
         );
+        let name = entry.name.clone();
+        let trial = next.map(|at| at.saturating_duration_since(now));
+        self.registry.events.emit(|| Event::Readmitted {
+            key: name,
+            cause,
+            trial,
+        });
         self.queue
             .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
         self.publish(key, next, None);

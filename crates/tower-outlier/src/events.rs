@@ -1,0 +1,273 @@
+//! What the layer decides, as typed events for programs: ejections, refusals, re-admissions,
+//! probes, weights, rules. Subscribe through the [`Monitor`](crate::Monitor).
+
+use std::any::Any;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tower_outlier_core::{Lock, Reason};
+
+/// An endpoint's discover key, typed: [`downcast_ref`](Self::downcast_ref) gives the key itself
+/// (a `SocketAddr`, a `Uri`, your own type), and it reads as its `Debug` text (`as_str`, `Deref`
+/// to `str`, comparisons with `&str`) where text is enough.
+#[derive(Clone)]
+pub struct EndpointKey {
+    text: Arc<str>,
+    value: Arc<dyn Any + Send + Sync>,
+}
+
+impl EndpointKey {
+    pub(crate) fn new<K: fmt::Debug + Clone + Send + Sync + 'static>(key: &K) -> Self {
+        EndpointKey {
+            text: format!("{key:?}").into(),
+            value: Arc::new(key.clone()),
+        }
+    }
+
+    /// The key, if it is a `K`.
+    ///
+    /// ```
+    /// # use tower_outlier::Snapshot;
+    /// # fn show(snapshot: Snapshot) {
+    /// for endpoint in snapshot.endpoints {
+    ///     if let Some(addr) = endpoint.key.downcast_ref::<std::net::SocketAddr>() {
+    ///         println!("{} is {:?}", addr.ip(), endpoint.status);
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn downcast_ref<K: 'static>(&self) -> Option<&K> {
+        self.value.downcast_ref()
+    }
+
+    /// The key as `Debug` prints it.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl Deref for EndpointKey {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Debug for EndpointKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl fmt::Display for EndpointKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl PartialEq for EndpointKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for EndpointKey {}
+
+impl PartialEq<str> for EndpointKey {
+    fn eq(&self, other: &str) -> bool {
+        &*self.text == other
+    }
+}
+
+impl PartialEq<&str> for EndpointKey {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.text == *other
+    }
+}
+
+impl Hash for EndpointKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
+    }
+}
+
+impl PartialOrd for EndpointKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for EndpointKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.text.cmp(&other.text)
+    }
+}
+
+/// Why an ejected endpoint came back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Readmission {
+    /// An active probe succeeded.
+    ProbeSucceeded,
+    /// Its recovery check came: back on trial.
+    PassiveTrial,
+    /// The upstream shrank so that more were out than the budget allows.
+    BudgetShrank,
+    /// No other endpoint was available.
+    LastEndpoint,
+    /// New rules turned off the policy that ejected it.
+    PolicyOff,
+    /// Its host came back in the services sharing it (HSF ipDimension).
+    HostBack,
+}
+
+impl fmt::Display for Readmission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Readmission::ProbeSucceeded => "probe succeeded",
+            Readmission::PassiveTrial => "passive trial",
+            Readmission::BudgetShrank => "ejection budget shrank",
+            Readmission::LastEndpoint => "no other endpoint available",
+            Readmission::PolicyOff => "the policy that ejected it was turned off",
+            Readmission::HostBack => "its host is back in the services that share it",
+        })
+    }
+}
+
+/// Why the layer kept in an endpoint a policy judged an outlier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// As many endpoints are out as the budget allows.
+    Budget,
+    /// It is the last endpoint available.
+    LastEndpoint,
+}
+
+/// One decision of the layer, in the order the adaptor took them.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// Taken out of the balancer's set.
+    Ejected {
+        /// The endpoint.
+        key: EndpointKey,
+        /// Why (the policy, the measure, its value and threshold).
+        reason: Reason,
+        /// When it is checked again (`None`: when its host comes back).
+        next_check_in: Option<Duration>,
+    },
+    /// A policy judged it an outlier, and the layer kept it in (once per episode).
+    EjectionRefused {
+        /// The endpoint.
+        key: EndpointKey,
+        /// The policy's judgement.
+        reason: Reason,
+        /// Which rule kept it in.
+        refusal: Refusal,
+    },
+    /// Back in the balancer's set.
+    Readmitted {
+        /// The endpoint.
+        key: EndpointKey,
+        /// Why.
+        cause: Readmission,
+        /// How long its trial lasts, if it is on trial.
+        trial: Option<Duration>,
+    },
+    /// Its trial ended with no outlier judgement and enough calls: recovered.
+    Recovered {
+        /// The endpoint.
+        key: EndpointKey,
+    },
+    /// Judged an outlier again during its trial: a failed recovery check.
+    TrialFailed {
+        /// The endpoint.
+        key: EndpointKey,
+        /// Failed checks in a row.
+        failed_checks: u32,
+    },
+    /// An active probe of it was started.
+    ProbeStarted {
+        /// The endpoint.
+        key: EndpointKey,
+    },
+    /// An active probe of it failed (or timed out): it stays out.
+    ProbeFailed {
+        /// The endpoint.
+        key: EndpointKey,
+        /// When it is checked again.
+        next_check_in: Duration,
+    },
+    /// A policy changed its weight (relative to its original weight).
+    WeightChanged {
+        /// The endpoint.
+        key: EndpointKey,
+        /// The weight before.
+        from: f64,
+        /// The weight now.
+        to: f64,
+    },
+    /// An adaptor put new rules in force.
+    RulesApplied {
+        /// Their version.
+        version: u64,
+    },
+    /// New rules were refused; those in force stay.
+    RulesRejected {
+        /// Why.
+        error: String,
+    },
+}
+
+pub(crate) type Callback = Arc<dyn Fn(&Event) + Send + Sync>;
+
+/// Delivers events to subscribers: a broadcast channel for async consumers and callbacks for
+/// synchronous ones (metrics). Nothing is built when nobody listens.
+pub(crate) struct EventHub {
+    sender: broadcast::Sender<Event>,
+    callbacks: Lock<Vec<Callback>>,
+    has_callbacks: AtomicBool,
+}
+
+impl EventHub {
+    pub(crate) fn new(capacity: usize) -> Self {
+        EventHub {
+            sender: broadcast::channel(capacity.max(1)).0,
+            callbacks: Lock::new(Vec::new()),
+            has_callbacks: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.sender.subscribe()
+    }
+
+    pub(crate) fn on_event(&self, callback: Callback) {
+        self.callbacks.lock().push(callback);
+        self.has_callbacks.store(true, Ordering::Release);
+    }
+
+    /// Sends the event `make` builds, if anybody listens. Cold path: the adaptor's decisions.
+    pub(crate) fn emit(&self, make: impl FnOnce() -> Event) {
+        let callbacks = self.has_callbacks.load(Ordering::Acquire);
+        if !callbacks && self.sender.receiver_count() == 0 {
+            return;
+        }
+        let event = make();
+        if callbacks {
+            let callbacks = self.callbacks.lock().clone();
+            for callback in callbacks {
+                callback(&event);
+            }
+        }
+        // No receiver left is not an error: nobody listens any more.
+        let _ = self.sender.send(event);
+    }
+}

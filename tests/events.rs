@@ -1,0 +1,122 @@
+//! The layer's decisions as typed events (`Monitor::subscribe`, `Monitor::on_event`), on tokio's
+//! paused clock: a scripted incident arrives whole and in order.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::Harness;
+use tower_outlier::dialect::Hsf;
+use tower_outlier::events::{Event, Readmission, Refusal};
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+
+/// Each event as one line: what happened to which key.
+fn line(event: &Event) -> String {
+    match event {
+        Event::Ejected {
+            key,
+            reason,
+            next_check_in,
+        } => format!(
+            "{key} ejected by {} ({} {:.2}), check in {next_check_in:?}",
+            reason.policy, reason.measure, reason.value
+        ),
+        Event::EjectionRefused {
+            key,
+            refusal,
+            reason,
+        } => format!("{key} kept in ({refusal:?}): {}", reason.measure),
+        Event::Readmitted { key, cause, trial } => {
+            format!("{key} re-admitted ({cause:?}), trial {trial:?}")
+        }
+        Event::Recovered { key } => format!("{key} recovered"),
+        Event::TrialFailed { key, failed_checks } => {
+            format!("{key} failed its trial ({failed_checks})")
+        }
+        Event::ProbeStarted { key } => format!("{key} probed"),
+        Event::ProbeFailed { key, .. } => format!("{key} failed its probe"),
+        Event::WeightChanged { key, from, to } => format!("{key} weight {from} -> {to}"),
+        Event::RulesApplied { version } => format!("rules {version} applied"),
+        Event::RulesRejected { .. } => "rules rejected".to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_subscriber_receives_every_event_of_an_incident_in_order() {
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .recovery_unit(Duration::from_secs(60))
+            .max_ejection_ratio(0.25)
+            .build()
+            .unwrap(),
+    ));
+    let monitor = layer.monitor();
+    let mut events = monitor.subscribe();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = seen.clone();
+    monitor.on_event(move |event| sink.lock().unwrap().push(line(event)));
+    let mut h = Harness::new(&layer, 4);
+
+    // #0 fails: ejected. #1 fails too: the budget (one of four) keeps it in.
+    h.calls(0, 10, 0).await;
+    h.calls(1, 10, 0).await;
+    // #0's check: back on trial; it fails again during the trial.
+    h.advance(Duration::from_secs(60)).await;
+    h.calls(0, 10, 0).await;
+    // Its second check, two units later: back, healthy, recovered after a trial period with
+    // enough calls in its window. (#1's refused judgement has long left its window.)
+    h.advance(Duration::from_secs(120)).await;
+    h.advance(Duration::from_secs(9)).await;
+    h.calls(0, 0, 10).await;
+    h.advance(Duration::from_secs(1)).await;
+    // New rules, one refused, one applied.
+    let rules = layer.rules();
+    let hsf = Hsf::service("svc:1.0");
+    assert!(rules
+        .apply(&hsf, r#"{"DEFAULT": {"maxIsolationRate": 2}}"#)
+        .is_err());
+    rules
+        .apply(&hsf, r#"{"DEFAULT": {"maxIsolationRate": 0.5}}"#)
+        .unwrap();
+    h.sync();
+
+    let expected = vec![
+        "0 ejected by error-rate (error rate 1.00), check in Some(60s)",
+        "1 kept in (Budget): error rate",
+        "0 re-admitted (PassiveTrial), trial Some(10s)",
+        "0 failed its trial (1)",
+        "0 ejected by error-rate (error rate 1.00), check in Some(120s)",
+        "0 re-admitted (PassiveTrial), trial Some(10s)",
+        "0 recovered",
+        "rules rejected",
+        "rules 1 applied",
+    ];
+    let mut received = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        received.push(line(&event));
+    }
+    assert_eq!(received, expected, "through the broadcast channel");
+    assert_eq!(*seen.lock().unwrap(), expected, "through the callback");
+    // The kinds carry their typed fields too.
+    let _ = (Readmission::PassiveTrial, Refusal::Budget);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_are_typed() {
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let mut events = layer.monitor().subscribe();
+    let mut h = Harness::new(&layer, 3);
+    h.calls(2, 10, 0).await;
+    let Ok(Event::Ejected { key, .. }) = events.try_recv() else {
+        panic!("no ejection event");
+    };
+    assert_eq!(key.downcast_ref::<usize>(), Some(&2));
+    assert_eq!(key.downcast_ref::<String>(), None);
+    let snapshot = layer.monitor().snapshot();
+    assert_eq!(snapshot.endpoints[2].key.downcast_ref::<usize>(), Some(&2));
+    assert_eq!(snapshot.endpoints[2].key, "2");
+}
