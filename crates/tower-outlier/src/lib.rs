@@ -66,6 +66,9 @@ pub mod future;
 pub mod grpc;
 pub mod hosts;
 mod layer;
+#[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub mod metrics;
 mod monitor;
 pub mod policy;
 pub mod probe;

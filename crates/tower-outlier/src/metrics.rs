@@ -1,0 +1,244 @@
+//! The layer's decisions as Prometheus metrics, through `prometheus-client` (the client
+//! linkerd2-proxy uses: typed metric families in a registry the application owns, encoded in the
+//! Prometheus text format with no exporter process of its own).
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `outlier_ejections_total` | counter | `policy`, `measure` |
+//! | `outlier_ejections_refused_total` | counter | `refusal` (`budget`, `last_endpoint`) |
+//! | `outlier_readmissions_total` | counter | `cause` |
+//! | `outlier_recoveries_total`, `outlier_trials_failed_total` | counter | — |
+//! | `outlier_probes_total` | counter | `result` (`started`, `failed`) |
+//! | `outlier_weight_changes_total` | counter | — |
+//! | `outlier_rules_total` | counter | `result` (`applied`, `rejected`) |
+//! | `outlier_endpoints` | gauge | `status` |
+//! | `outlier_ejections_active` | gauge | — |
+//! | `outlier_endpoint_weight`, `outlier_endpoint_error_rate` | gauge | `endpoint` |
+//!
+//! Label sets stay bounded under endpoint churn: the counters' labels are policy names,
+//! measures, causes and results, never endpoints; the per-endpoint gauges are read from the
+//! monitor at each scrape, so an endpoint the upstream removed is gone from the next scrape.
+
+use std::fmt;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::events::{Event, Refusal};
+use crate::monitor::{EndpointStatus, Monitor};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Registers the metrics of the layer `monitor` watches in an application's `prometheus_client`
+/// `registry` (the table in the module's documentation), and keeps them up to date from its
+/// events from now on (on the adaptor's task; the per-call path is untouched). Register once per
+/// layer; for several layers in one registry, give each a sub-registry
+/// (`registry.sub_registry_with_label(("service".into(), "orders".into()))`).
+///
+/// ```
+/// use prometheus_client::registry::Registry;
+/// # #[cfg(feature = "ejection")] {
+/// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+///
+/// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap()));
+/// let mut registry = Registry::default();
+/// tower_outlier::metrics::register(&mut registry, &layer.monitor());
+/// let mut text = String::new();
+/// prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+/// assert!(text.contains("outlier_ejections_active 0"));
+/// # }
+/// ```
+pub fn register(registry: &mut Registry, monitor: &Monitor) {
+    let counters = Arc::new(Counters::default());
+    registry.register(
+        "outlier_ejections",
+        "Endpoints ejected, by the policy and the measure that judged them",
+        counters.ejections.clone(),
+    );
+    registry.register(
+        "outlier_ejections_refused",
+        "Outliers kept in by the budget or as the last endpoint",
+        counters.refused.clone(),
+    );
+    registry.register(
+        "outlier_readmissions",
+        "Ejected endpoints re-admitted, by cause",
+        counters.readmissions.clone(),
+    );
+    registry.register(
+        "outlier_recoveries",
+        "Re-admitted endpoints whose trial passed",
+        counters.recoveries.clone(),
+    );
+    registry.register(
+        "outlier_trials_failed",
+        "Re-admitted endpoints judged outliers again during their trial",
+        counters.trials_failed.clone(),
+    );
+    registry.register(
+        "outlier_probes",
+        "Active probes of ejected endpoints, by result",
+        counters.probes.clone(),
+    );
+    registry.register(
+        "outlier_weight_changes",
+        "Endpoint weights changed by a policy",
+        counters.weight_changes.clone(),
+    );
+    registry.register(
+        "outlier_rules",
+        "Reconfigurations, by result",
+        counters.rules.clone(),
+    );
+    registry.register_collector(Box::new(Live {
+        monitor: monitor.clone(),
+    }));
+    monitor.on_event(move |event| counters.count(event));
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    ejections: Family<Labels, Counter>,
+    refused: Family<Labels, Counter>,
+    readmissions: Family<Labels, Counter>,
+    recoveries: Counter,
+    trials_failed: Counter,
+    probes: Family<Labels, Counter>,
+    weight_changes: Counter,
+    rules: Family<Labels, Counter>,
+}
+
+impl Counters {
+    fn count(&self, event: &Event) {
+        match event {
+            Event::Ejected { reason, .. } => {
+                self.ejections
+                    .get_or_create(&vec![
+                        ("policy", reason.policy.to_string()),
+                        ("measure", reason.measure.to_string()),
+                    ])
+                    .inc();
+            }
+            Event::EjectionRefused { refusal, .. } => {
+                let refusal = match refusal {
+                    Refusal::LastEndpoint => "last_endpoint",
+                    _ => "budget",
+                };
+                self.refused
+                    .get_or_create(&vec![("refusal", refusal.to_string())])
+                    .inc();
+            }
+            Event::Readmitted { cause, .. } => {
+                self.readmissions
+                    .get_or_create(&vec![("cause", format!("{cause:?}"))])
+                    .inc();
+            }
+            Event::Recovered { .. } => {
+                self.recoveries.inc();
+            }
+            Event::TrialFailed { .. } => {
+                self.trials_failed.inc();
+            }
+            Event::ProbeStarted { .. } => {
+                self.probes
+                    .get_or_create(&vec![("result", "started".to_string())])
+                    .inc();
+            }
+            Event::ProbeFailed { .. } => {
+                self.probes
+                    .get_or_create(&vec![("result", "failed".to_string())])
+                    .inc();
+            }
+            Event::WeightChanged { .. } => {
+                self.weight_changes.inc();
+            }
+            Event::RulesApplied { .. } => {
+                self.rules
+                    .get_or_create(&vec![("result", "applied".to_string())])
+                    .inc();
+            }
+            Event::RulesRejected { .. } => {
+                self.rules
+                    .get_or_create(&vec![("result", "rejected".to_string())])
+                    .inc();
+            }
+        }
+    }
+}
+
+/// The gauges read from the monitor at each scrape.
+struct Live {
+    monitor: Monitor,
+}
+
+impl fmt::Debug for Live {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Live").finish_non_exhaustive()
+    }
+}
+
+impl Collector for Live {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let snapshot = self.monitor.snapshot();
+        let mut by_status = [0i64; 4];
+        for endpoint in &snapshot.endpoints {
+            by_status[status_index(endpoint.status)] += 1;
+        }
+        let mut metric = encoder.encode_descriptor(
+            "outlier_endpoints",
+            "Endpoints the upstream holds, by status",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (status, count) in ["available", "trial", "ejected", "probing"]
+            .into_iter()
+            .zip(by_status)
+        {
+            let labels = [("status", status)];
+            ConstGauge::new(count).encode(metric.encode_family(&labels)?)?;
+        }
+        let active = ConstGauge::new(snapshot.ejected() as i64);
+        active.encode(encoder.encode_descriptor(
+            "outlier_ejections_active",
+            "Endpoints out of the balancer's set now",
+            None,
+            active.metric_type(),
+        )?)?;
+        let mut weights = encoder.encode_descriptor(
+            "outlier_endpoint_weight",
+            "Each endpoint's weight relative to its original (1 = full)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for endpoint in &snapshot.endpoints {
+            let labels = [("endpoint", endpoint.key.as_str())];
+            ConstGauge::new(endpoint.weight).encode(weights.encode_family(&labels)?)?;
+        }
+        let mut rates = encoder.encode_descriptor(
+            "outlier_endpoint_error_rate",
+            "Each endpoint's failure rate in its first policy's window",
+            None,
+            MetricType::Gauge,
+        )?;
+        for endpoint in &snapshot.endpoints {
+            let labels = [("endpoint", endpoint.key.as_str())];
+            ConstGauge::new(endpoint.error_rate).encode(rates.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+fn status_index(status: EndpointStatus) -> usize {
+    match status {
+        EndpointStatus::Available => 0,
+        EndpointStatus::Trial => 1,
+        EndpointStatus::Ejected => 2,
+        EndpointStatus::Probing => 3,
+    }
+}

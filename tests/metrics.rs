@@ -1,0 +1,111 @@
+//! The layer's Prometheus metrics (`tower_outlier::metrics`, feature `prometheus`), on tokio's
+//! paused clock: counters move with ejections and re-admissions, and endpoint churn leaves the
+//! label sets bounded.
+
+mod support;
+
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use support::Harness;
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+
+fn scrape(registry: &Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text
+}
+
+/// The value of the sample whose line starts with `series` (name and labels).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+fn layer() -> OutlierDetectionLayer {
+    OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .recovery_unit(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+    ))
+}
+
+#[tokio::test(start_paused = true)]
+async fn counters_move_with_an_ejection_and_a_readmission() {
+    let layer = layer();
+    let mut registry = Registry::default();
+    tower_outlier::metrics::register(&mut registry, &layer.monitor());
+    let mut h = Harness::new(&layer, 5);
+    let before = scrape(&registry);
+    assert_eq!(sample(&before, "outlier_ejections_active"), Some(0.0));
+    assert_eq!(
+        sample(&before, r#"outlier_endpoints{status="available"}"#),
+        Some(5.0)
+    );
+
+    h.calls(3, 10, 0).await;
+    let ejected = scrape(&registry);
+    assert_eq!(
+        sample(
+            &ejected,
+            r#"outlier_ejections_total{policy="error-rate",measure="error rate"}"#
+        ),
+        Some(1.0),
+        "{ejected}"
+    );
+    assert_eq!(sample(&ejected, "outlier_ejections_active"), Some(1.0));
+    assert_eq!(
+        sample(&ejected, r#"outlier_endpoint_error_rate{endpoint="3"}"#),
+        Some(1.0)
+    );
+
+    h.advance(Duration::from_secs(30)).await;
+    let back = scrape(&registry);
+    assert_eq!(
+        sample(&back, r#"outlier_readmissions_total{cause="PassiveTrial"}"#),
+        Some(1.0),
+        "{back}"
+    );
+    assert_eq!(sample(&back, "outlier_ejections_active"), Some(0.0));
+    assert_eq!(
+        sample(&back, r#"outlier_endpoints{status="trial"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&back, r#"outlier_endpoint_weight{endpoint="3"}"#),
+        Some(1.0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_thousand_churned_endpoints_leave_the_label_sets_bounded() {
+    let layer = layer();
+    let mut registry = Registry::default();
+    tower_outlier::metrics::register(&mut registry, &layer.monitor());
+    let mut h = Harness::new(&layer, 5);
+    for id in 5..10_005 {
+        h.insert(id);
+        h.sync();
+        // Every tenth newcomer fails before it goes: ejections with distinct keys.
+        if id % 10 == 0 && h.is_live(id) {
+            h.calls(id, 10, 0).await;
+        }
+        h.remove(id);
+        h.sync();
+    }
+    let text = scrape(&registry);
+    let series = text.lines().filter(|l| !l.starts_with('#')).count();
+    // Two per-endpoint series for each of the five endpoints left, and a fixed number of others.
+    assert!(series < 40, "{series} series:\n{text}");
+    assert!(!text.contains(r#"endpoint="5000""#));
+    assert!(
+        sample(
+            &text,
+            r#"outlier_ejections_total{policy="error-rate",measure="error rate"}"#
+        )
+        .unwrap()
+            >= 900.0,
+        "{text}"
+    );
+}
