@@ -285,6 +285,10 @@ mod through_p2c {
         // The window closes on the next request after it ends.
         load(&balancer, Duration::from_millis(20)).await;
         assert_eq!(weight_of_0(), 0.05, "degraded to 1/20");
+        let zero = monitor.snapshot().get("0").unwrap().clone();
+        assert!(zero.degraded);
+        assert_eq!(zero.absolute_weight, Some(5.0), "SOFARPC's 100 × 1/20");
+        assert!(!monitor.snapshot().get("1").unwrap().degraded);
 
         let before: Vec<usize> = backends.iter().map(|(_, b)| b.calls()).collect();
         load(&balancer, Duration::from_secs(5)).await;

@@ -266,6 +266,7 @@ pub enum Judgement {
 
 /// Why a policy judged an endpoint an outlier.
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Reason {
     /// The policy's name.
     pub policy: &'static str,

@@ -24,6 +24,7 @@ use crate::error::ConfigError;
 
 /// Counts of calls in a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct WindowCounts {
     /// Calls that finished (cancelled calls are not recorded).
     pub calls: u64,

@@ -51,6 +51,13 @@ impl EndpointKey {
     }
 }
 
+#[cfg(feature = "serde")]
+impl serde::Serialize for EndpointKey {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.text)
+    }
+}
+
 impl Deref for EndpointKey {
     type Target = str;
 

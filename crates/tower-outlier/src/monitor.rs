@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use tower_outlier_core::{Lock, LockGuard, Reason, WindowCounts};
@@ -17,6 +17,7 @@ const EVENTS_CAPACITY: usize = 1024;
 
 /// Where an endpoint stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub enum EndpointStatus {
     /// In the balancer's set, serving requests.
@@ -39,6 +40,7 @@ impl EndpointStatus {
 
 /// One policy's window, as a snapshot shows it.
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PolicyWindow {
     /// The policy's name.
     pub policy: &'static str,
@@ -48,6 +50,7 @@ pub struct PolicyWindow {
 
 /// The state of one endpoint at the time of a [`Monitor::snapshot`].
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct EndpointSnapshot {
     /// The endpoint's discover key: typed ([`EndpointKey::downcast_ref`]), and read as its
@@ -61,6 +64,8 @@ pub struct EndpointSnapshot {
     pub error_rate: f64,
     /// Time until the next recovery check (ejected) or the end of the trial (on trial).
     pub next_check_in: Option<Duration>,
+    /// The same as a point in time (the system clock at the snapshot plus `next_check_in`).
+    pub next_check_at: Option<SystemTime>,
     /// Consecutive failed recovery checks; the next interval is this plus one units, capped.
     pub failed_checks: u32,
     /// Why the endpoint was last ejected, if it ever was.
@@ -69,10 +74,15 @@ pub struct EndpointSnapshot {
     pub in_flight: usize,
     /// Relative weight (1.0 = the endpoint's original weight).
     pub weight: f64,
+    /// The absolute weight a weight policy gives it (SOFARPC's), if the layer has one.
+    pub absolute_weight: Option<f64>,
+    /// Whether a weight policy holds it degraded.
+    pub degraded: bool,
 }
 
 /// All endpoints of a layer, sorted by key.
 #[derive(Clone, Debug, PartialEq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Snapshot {
     /// One entry per endpoint the upstream currently holds.
@@ -174,6 +184,10 @@ impl Monitor {
     /// The current state of every endpoint.
     pub fn snapshot(&self) -> Snapshot {
         let now = Instant::now();
+        // Wall-clock time for the people and programs reading the snapshot; nothing is measured
+        // with it (measurements read the layer's `Clock`).
+        #[allow(clippy::disallowed_methods)]
+        let wall = SystemTime::now();
         let entries = self.registry.lock();
         let mut endpoints: Vec<EndpointSnapshot> = entries
             .values()
@@ -190,14 +204,19 @@ impl Monitor {
                         counts: policy.counts(at),
                     })
                     .collect();
+                let next_check_in = tracked
+                    .next_check
+                    .map(|at| at.saturating_duration_since(now));
+                let (absolute_weight, degraded) = weight_state(record);
                 Some(EndpointSnapshot {
                     key: tracked.key.clone(),
                     status: tracked.status,
                     error_rate: windows.first().map_or(0.0, |w| w.counts.failure_rate()),
                     windows,
-                    next_check_in: tracked
-                        .next_check
-                        .map(|at| at.saturating_duration_since(now)),
+                    next_check_in,
+                    next_check_at: next_check_in.map(|wait| wall + wait),
+                    absolute_weight,
+                    degraded,
                     failed_checks: tracked.failed_checks,
                     last_reason: tracked.last_reason.clone(),
                     weight: record.weight(),
@@ -252,6 +271,21 @@ impl Monitor {
     }
 }
 
+/// The absolute weight and the degraded flag of a weight policy's state, if the record has one.
+fn weight_state(record: &tower_outlier_core::EndpointRecord) -> (Option<f64>, bool) {
+    #[cfg(feature = "weight")]
+    for state in record.policies() {
+        if let Some(weight) = state
+            .as_any()
+            .downcast_ref::<tower_outlier_weight::WeightEndpoint>()
+        {
+            return (Some(weight.weight()), weight.is_degraded());
+        }
+    }
+    let _ = record;
+    (None, false)
+}
+
 impl Registry {
     pub(crate) fn lock(&self) -> LockGuard<'_, HashMap<u64, Tracked>> {
         self.entries.lock()
@@ -301,5 +335,50 @@ impl fmt::Debug for Monitor {
         f.debug_struct("Monitor")
             .field("tracked", &self.tracked())
             .finish()
+    }
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_serialize_with_typed_keys_as_text() {
+        let monitor = Monitor::new();
+        let key = EndpointKey::new(&std::net::SocketAddr::from(([10, 0, 0, 7], 8080)));
+        let snapshot = Snapshot {
+            endpoints: vec![EndpointSnapshot {
+                key,
+                status: EndpointStatus::Ejected,
+                windows: vec![PolicyWindow {
+                    policy: "error-rate",
+                    counts: WindowCounts {
+                        calls: 10,
+                        failures: 6,
+                        slow: 0,
+                    },
+                }],
+                error_rate: 0.6,
+                next_check_in: Some(Duration::from_secs(30)),
+                next_check_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(60)),
+                failed_checks: 0,
+                last_reason: None,
+                in_flight: 0,
+                weight: 1.0,
+                absolute_weight: None,
+                degraded: false,
+            }],
+            rules_version: 3,
+            rules_error: None,
+        };
+        let json = serde_json::to_value(&snapshot).unwrap();
+        assert_eq!(json["endpoints"][0]["key"], "10.0.0.7:8080");
+        assert_eq!(json["endpoints"][0]["status"], "Ejected");
+        assert_eq!(json["endpoints"][0]["windows"][0]["counts"]["failures"], 6);
+        assert_eq!(json["rules_version"], 3);
+        assert_eq!(
+            serde_json::to_value(monitor.snapshot()).unwrap()["endpoints"],
+            serde_json::json!([])
+        );
     }
 }
