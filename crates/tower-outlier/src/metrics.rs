@@ -216,8 +216,13 @@ impl Collector for Live {
             None,
             MetricType::Gauge,
         )?;
-        for endpoint in &snapshot.endpoints {
-            let labels = [("endpoint", endpoint.key.as_str())];
+        let names: Vec<String> = snapshot
+            .endpoints
+            .iter()
+            .map(|e| label_value(e.key.as_str()))
+            .collect();
+        for (endpoint, name) in snapshot.endpoints.iter().zip(&names) {
+            let labels = [("endpoint", name.as_str())];
             ConstGauge::new(endpoint.weight).encode(weights.encode_family(&labels)?)?;
         }
         let mut rates = encoder.encode_descriptor(
@@ -226,12 +231,27 @@ impl Collector for Live {
             None,
             MetricType::Gauge,
         )?;
-        for endpoint in &snapshot.endpoints {
-            let labels = [("endpoint", endpoint.key.as_str())];
+        for (endpoint, name) in snapshot.endpoints.iter().zip(&names) {
+            let labels = [("endpoint", name.as_str())];
             ConstGauge::new(endpoint.error_rate).encode(rates.encode_family(&labels)?)?;
         }
         Ok(())
     }
+}
+
+/// A label value as the text format needs it: the encoder writes values as they are, and a key's
+/// text (a `String` key prints with its quotes) may hold `"`, `\` or a line break.
+fn label_value(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
 }
 
 fn status_index(status: EndpointStatus) -> usize {
@@ -240,5 +260,17 @@ fn status_index(status: EndpointStatus) -> usize {
         EndpointStatus::Trial => 1,
         EndpointStatus::Ejected => 2,
         EndpointStatus::Probing => 3,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label_value;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(label_value("10.0.0.7:8080"), "10.0.0.7:8080");
+        assert_eq!(label_value("\"plain\""), "\\\"plain\\\"");
+        assert_eq!(label_value("a\\b\nc"), "a\\\\b\\nc");
     }
 }
