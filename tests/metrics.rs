@@ -109,3 +109,53 @@ async fn ten_thousand_churned_endpoints_leave_the_label_sets_bounded() {
         "{text}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn detector_counters_and_breaker_states_are_exported() {
+    use tower_outlier::detectors::Detector;
+    use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    let policy = DetectorPolicy::seeded(DetectorConfig::envoy().build().unwrap(), 1);
+    let breaker = SlowCallPolicy::new(
+        BreakerConfig::error_count(2)
+            .min_requests(3)
+            .open_duration(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    );
+    let layer = OutlierDetectionLayer::new(policy.clone()).with_policy(breaker);
+    let mut registry = Registry::default();
+    tower_outlier::metrics::register(&mut registry, &layer.monitor());
+    tower_outlier::metrics::register_detectors(&mut registry, &policy);
+    let mut h = Harness::new(&layer, 5);
+    // Five failures in a row: Envoy's 10 % of five refuses the ejection; the breaker opens but
+    // the same budget keeps it in too.
+    h.calls(0, 5, 0).await;
+    let text = scrape(&registry);
+    assert_eq!(policy.stats().overflow(Detector::Consecutive5xx), 1);
+    assert_eq!(
+        sample(
+            &text,
+            r#"outlier_detector_ejections_total{policy="envoy",detector="consecutive 5xx",result="overflow"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"outlier_endpoint_policy_state{endpoint="0",policy="slow-call",state="OPEN"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"outlier_endpoint_policy_state{endpoint="1",policy="slow-call",state="CLOSED"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}

@@ -198,6 +198,13 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
         None
     }
 
+    /// The state this policy holds the endpoint in, in the words of the system it follows, for
+    /// snapshots and metrics (a breaker's `"CLOSED"`, `"OPEN"`, `"HALF_OPEN"`). Cold path;
+    /// `None` (the default) for policies without such a state.
+    fn state_name(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The layer judged the endpoint an outlier (by this policy or another) but kept it in
     /// rotation: the budget was spent, or it is the last endpoint. A state holding calls back
     /// until the layer acts releases them here. Cold path; the default does nothing.

@@ -478,6 +478,16 @@ impl EndpointPolicy for DetectorEndpoint {
     fn gate(&self) -> Option<&dyn ProbeGate> {
         self.gate.as_ref().map(|_| self as &dyn ProbeGate)
     }
+
+    fn state_name(&self) -> Option<&'static str> {
+        // linkerd's breaker: open (counting), shut (ejected or waiting), probation (one probe).
+        let gate = self.gate.as_ref()?;
+        Some(match gate.state.load(Ordering::Acquire) {
+            CLOSED => "OPEN",
+            HALF_OPEN | PROBING => "PROBATION",
+            _ => "SHUT",
+        })
+    }
 }
 
 /// linkerd's probation: after the back-off the endpoint admits exactly one call, the probe, and

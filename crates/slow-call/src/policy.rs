@@ -173,6 +173,14 @@ impl EndpointPolicy for BreakerEndpoint {
         // The breaker's own state machine decides re-admission through its probe.
     }
 
+    fn state_name(&self) -> Option<&'static str> {
+        Some(match self.breaker.state() {
+            State::Closed => "CLOSED",
+            State::Open => "OPEN",
+            State::HalfOpen => "HALF_OPEN",
+        })
+    }
+
     fn check_at(&self, _now: Nanos) -> Option<Nanos> {
         // The breaker owns its timing: the endpoint is checked (re-admitted for the half-open
         // probe) exactly when the open duration ends.

@@ -14,6 +14,8 @@
 //! | `outlier_endpoints` | gauge | `status` |
 //! | `outlier_ejections_active` | gauge | — |
 //! | `outlier_endpoint_weight`, `outlier_endpoint_error_rate` | gauge | `endpoint` |
+//! | `outlier_endpoint_policy_state` | gauge (1) | `endpoint`, `policy`, `state` |
+//! | `outlier_detector_ejections_total` ([`register_detectors`]) | counter | `policy`, `detector`, `result` |
 //!
 //! Label sets stay bounded under endpoint churn: the counters' labels are policy names,
 //! measures, causes and results, never endpoints; the per-endpoint gauges are read from the
@@ -172,6 +174,56 @@ impl Counters {
     }
 }
 
+/// Registers the counters of a [`DetectorPolicy`](crate::DetectorPolicy) (Envoy's
+/// `ejections_detected_*`, `ejections_enforced_*` and overflow, per detector) in `registry`,
+/// read from the policy at each scrape as `outlier_detector_ejections_total{policy, detector,
+/// result}`, `result` being `detected`, `enforced`, `unenforced` or `overflow`.
+#[cfg(feature = "detectors")]
+#[cfg_attr(docsrs, doc(cfg(feature = "detectors")))]
+pub fn register_detectors(registry: &mut Registry, policy: &crate::DetectorPolicy) {
+    registry.register_collector(Box::new(Detectors {
+        policy: policy.clone(),
+    }));
+}
+
+#[cfg(feature = "detectors")]
+#[derive(Debug)]
+struct Detectors {
+    policy: crate::DetectorPolicy,
+}
+
+#[cfg(feature = "detectors")]
+impl Collector for Detectors {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        use prometheus_client::metrics::counter::ConstCounter;
+        use tower_outlier_core::Policy;
+        use tower_outlier_detectors::Detector;
+        let stats = self.policy.stats();
+        let mut metric = encoder.encode_descriptor(
+            "outlier_detector_ejections",
+            "What each detector found, and what became of it",
+            None,
+            MetricType::Counter,
+        )?;
+        for detector in Detector::ALL {
+            for (result, value) in [
+                ("detected", stats.detected(detector)),
+                ("enforced", stats.enforced(detector)),
+                ("unenforced", stats.unenforced(detector)),
+                ("overflow", stats.overflow(detector)),
+            ] {
+                let labels = [
+                    ("policy", self.policy.name()),
+                    ("detector", detector.measure()),
+                    ("result", result),
+                ];
+                ConstCounter::new(value).encode(metric.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The gauges read from the monitor at each scrape.
 struct Live {
     monitor: Monitor,
@@ -234,6 +286,25 @@ impl Collector for Live {
         for (endpoint, name) in snapshot.endpoints.iter().zip(&names) {
             let labels = [("endpoint", name.as_str())];
             ConstGauge::new(endpoint.error_rate).encode(rates.encode_family(&labels)?)?;
+        }
+        let mut states = encoder.encode_descriptor(
+            "outlier_endpoint_policy_state",
+            "The state a policy holds each endpoint in (1 for the current one): a slow-call \
+             breaker's CLOSED, OPEN or HALF_OPEN, linkerd's OPEN, SHUT or PROBATION",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (endpoint, name) in snapshot.endpoints.iter().zip(&names) {
+            for window in &endpoint.windows {
+                if let Some(state) = window.state {
+                    let labels = [
+                        ("endpoint", name.as_str()),
+                        ("policy", window.policy),
+                        ("state", state),
+                    ];
+                    ConstGauge::new(1i64).encode(states.encode_family(&labels)?)?;
+                }
+            }
         }
         Ok(())
     }

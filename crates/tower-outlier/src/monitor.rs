@@ -46,6 +46,9 @@ pub struct PolicyWindow {
     pub policy: &'static str,
     /// The counts in its window now.
     pub counts: WindowCounts,
+    /// The state the policy holds the endpoint in, if it has one (a slow-call breaker's
+    /// `"CLOSED"`, `"OPEN"`, `"HALF_OPEN"`; linkerd's `"OPEN"`, `"SHUT"`, `"PROBATION"`).
+    pub state: Option<&'static str>,
 }
 
 /// The state of one endpoint at the time of a [`Monitor::snapshot`].
@@ -202,6 +205,7 @@ impl Monitor {
                     .map(|(policy, name)| PolicyWindow {
                         policy: name,
                         counts: policy.counts(at),
+                        state: policy.state_name(),
                     })
                     .collect();
                 let next_check_in = tracked
@@ -357,6 +361,7 @@ mod tests {
                         failures: 6,
                         slow: 0,
                     },
+                    state: None,
                 }],
                 error_rate: 0.6,
                 next_check_in: Some(Duration::from_secs(30)),
