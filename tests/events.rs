@@ -39,6 +39,12 @@ fn line(event: &Event) -> String {
         Event::WeightChanged { key, from, to } => format!("{key} weight {from} -> {to}"),
         Event::RulesApplied { version } => format!("rules {version} applied"),
         Event::RulesRejected { .. } => "rules rejected".to_string(),
+        Event::PolicyStateChanged {
+            key,
+            policy,
+            from,
+            to,
+        } => format!("{key} {policy} {from:?} -> {to:?}"),
         other => format!("{other:?}"),
     }
 }
@@ -119,4 +125,36 @@ async fn keys_are_typed() {
     let snapshot = layer.monitor().snapshot();
     assert_eq!(snapshot.endpoints[2].key.downcast_ref::<usize>(), Some(&2));
     assert_eq!(snapshot.endpoints[2].key, "2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn breaker_states_are_reported_as_the_layer_sees_them() {
+    use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
+    let layer = OutlierDetectionLayer::new(SlowCallPolicy::new(
+        BreakerConfig::error_count(2)
+            .min_requests(3)
+            .open_duration(Duration::from_secs(5))
+            .build()
+            .unwrap(),
+    ));
+    let mut events = layer.monitor().subscribe();
+    let mut h = Harness::new(&layer, 3);
+    // Three errors open #0's breaker: ejected.
+    h.calls(0, 3, 0).await;
+    // After the open duration: re-admitted, and its probe (the next call) closes the breaker.
+    h.advance(Duration::from_secs(5)).await;
+    h.calls(0, 0, 1).await;
+    let mut received = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        received.push(line(&event));
+    }
+    assert_eq!(
+        received,
+        vec![
+            "0 slow-call Some(\"CLOSED\") -> Some(\"OPEN\")",
+            "0 ejected by slow-call (error count 3.00), check in Some(5s)",
+            "0 re-admitted (PassiveTrial), trial Some(1s)",
+            "0 slow-call Some(\"OPEN\") -> Some(\"CLOSED\")",
+        ]
+    );
 }

@@ -545,10 +545,11 @@ impl ProbeGate for DetectorEndpoint {
             gate.state.store(SHUT, Ordering::Release);
             Signal::Evaluate
         } else {
-            // The trip is over: the next one starts at the shortest back-off.
+            // The trip is over: the next one starts at the shortest back-off. The layer looks,
+            // to report the breaker closed (one wake-up per probe).
             self.ejections.store(0, Ordering::Relaxed);
             self.wake_gate(gate, CLOSED);
-            Signal::None
+            Signal::Evaluate
         }
     }
 

@@ -250,7 +250,7 @@ fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
         outcome: OK,
         latency: Duration::ZERO,
     };
-    assert_eq!(gate.record_probe(&passed, 13 * SECOND), Signal::None);
+    assert_eq!(gate.record_probe(&passed, 13 * SECOND), Signal::Evaluate);
     assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Call));
     // The next trip starts at the shortest back-off again.
     signals(&endpoint, &[REFUSED; 7]);

@@ -213,7 +213,10 @@ impl ProbeGate for BreakerEndpoint {
     }
 
     fn record_probe(&self, observation: &Observation, now: Nanos) -> Signal {
-        signal(self.breaker.complete(Admission::Probe, observation, now))
+        self.breaker.complete(Admission::Probe, observation, now);
+        // A probe always changes the breaker's state (closed, or open again): the layer looks, so
+        // it can eject again or report the change. Probes are rare; this costs one wake-up each.
+        Signal::Evaluate
     }
 
     fn probe_cancelled(&self, now: Nanos) {

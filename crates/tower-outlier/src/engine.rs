@@ -116,6 +116,11 @@ struct Sharing {
 /// The `ejected_by` of an endpoint ejected because another layer holds its host out.
 const MIRRORED: usize = usize::MAX;
 
+/// Each policy's state for the endpoint of `record` (cold path).
+fn policy_states(record: &EndpointRecord) -> Box<[Option<&'static str>]> {
+    record.policies().iter().map(|p| p.state_name()).collect()
+}
+
 /// `at + delay`, or about thirty years from `at` when that overflows: configuration may ask for
 /// absurd intervals (an HSF `isolationTime` near `u64::MAX` ms), and that must not panic.
 fn later(at: Instant, delay: Duration) -> Instant {
@@ -191,6 +196,8 @@ struct Entry<S, C> {
     name: EndpointKey,
     // The weight last reported in an event.
     weight: f64,
+    // Each policy's state last reported in an event.
+    states: Box<[Option<&'static str>]>,
 }
 
 impl<S, C> Entry<S, C> {
@@ -385,6 +392,7 @@ where
             policies: self.names.clone(),
         });
         let endpoint = OutlierEndpoint::new(service, shared);
+        let states = policy_states(endpoint.record());
         let host = self.sharing.as_ref().and_then(|s| s.host_of.host(&key));
         self.seed_rtt(&endpoint);
         self.queue
@@ -409,6 +417,7 @@ where
                 host,
                 name,
                 weight: 1.0,
+                states,
             },
         );
         // A larger set may have room for an ejection that was refused.
@@ -510,7 +519,37 @@ where
     }
 
     /// Judges one available endpoint and ejects it if a policy says so and the rules allow it.
+    /// Reports the policy states of `key`'s endpoint that changed since last reported.
+    fn report_states(&mut self, key: &K) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let now_states = policy_states(entry.endpoint.record());
+        if now_states == entry.states {
+            return;
+        }
+        for ((index, from), to) in entry.states.iter().enumerate().zip(now_states.iter()) {
+            if from != to {
+                let (name, policy) = (entry.name.clone(), self.names[index]);
+                let (from, to) = (*from, *to);
+                self.registry.events.emit(|| Event::PolicyStateChanged {
+                    key: name,
+                    policy,
+                    from,
+                    to,
+                });
+            }
+        }
+        entry.states = now_states;
+    }
+
     fn consider(&mut self, key: &K, now: Instant) {
+        self.report_states(key);
+        self.judge_and_eject(key, now);
+        self.report_states(key);
+    }
+
+    fn judge_and_eject(&mut self, key: &K, now: Instant) {
         let n = self.entries.len();
         let max = self.settings.budget.max_ejected(n);
         let available = self.available();

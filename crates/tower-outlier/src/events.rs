@@ -221,6 +221,21 @@ pub enum Event {
         /// The weight now.
         to: f64,
     },
+    /// A policy's state for the endpoint changed (a slow-call breaker's CLOSED, OPEN,
+    /// HALF_OPEN; linkerd's OPEN, SHUT, PROBATION), as the layer saw it at its decisions: when a
+    /// call crossed a threshold, a probe answered, the endpoint was ejected or re-admitted. A
+    /// state held only between two of those (a breaker half open while its probe runs) may not
+    /// show; `SlowCallPolicy::on_state_change` reports every transition, on the calls' tasks.
+    PolicyStateChanged {
+        /// The endpoint.
+        key: EndpointKey,
+        /// The policy.
+        policy: &'static str,
+        /// The state before (`None`: none yet).
+        from: Option<&'static str>,
+        /// The state now.
+        to: Option<&'static str>,
+    },
     /// An adaptor put new rules in force.
     RulesApplied {
         /// Their version.

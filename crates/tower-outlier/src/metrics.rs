@@ -11,6 +11,7 @@
 //! | `outlier_probes_total` | counter | `result` (`started`, `failed`) |
 //! | `outlier_weight_changes_total` | counter | — |
 //! | `outlier_rules_total` | counter | `result` (`applied`, `rejected`) |
+//! | `outlier_policy_state_changes_total` | counter | `policy`, `to` |
 //! | `outlier_endpoints` | gauge | `status` |
 //! | `outlier_ejections_active` | gauge | — |
 //! | `outlier_endpoint_weight`, `outlier_endpoint_error_rate` | gauge | `endpoint` |
@@ -98,6 +99,11 @@ pub fn register(registry: &mut Registry, monitor: &Monitor) {
         "Reconfigurations, by result",
         counters.rules.clone(),
     );
+    registry.register(
+        "outlier_policy_state_changes",
+        "Policy states entered (a breaker's OPEN, CLOSED...), as the layer saw them",
+        counters.state_changes.clone(),
+    );
     registry.register_collector(Box::new(Live {
         monitor: monitor.clone(),
     }));
@@ -114,6 +120,7 @@ struct Counters {
     probes: Family<Labels, Counter>,
     weight_changes: Counter,
     rules: Family<Labels, Counter>,
+    state_changes: Family<Labels, Counter>,
 }
 
 impl Counters {
@@ -168,6 +175,14 @@ impl Counters {
             Event::RulesRejected { .. } => {
                 self.rules
                     .get_or_create(&vec![("result", "rejected".to_string())])
+                    .inc();
+            }
+            Event::PolicyStateChanged { policy, to, .. } => {
+                self.state_changes
+                    .get_or_create(&vec![
+                        ("policy", policy.to_string()),
+                        ("to", to.unwrap_or("none").to_string()),
+                    ])
                     .inc();
             }
         }

@@ -294,6 +294,7 @@ where
         self.queue
             .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
         self.publish(key, next, None);
+        self.report_states(key);
         self.retry_refused(now);
     }
 
