@@ -62,6 +62,7 @@ use tower::timeout::Timeout;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_outlier::events::Event;
+use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::{
     EndpointSnapshot, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor,
     OutlierDetectionLayer, ServerErrors, Snapshot,
@@ -267,13 +268,22 @@ impl Demo {
         // HSF's preset: more than 50 % errors over at least 10 calls in a 10 s window ejects; at
         // most 20 % of the endpoints are out, and at least one; the first check comes 60 s after
         // the ejection (so here: never, while the example runs).
+        // Beside it, a Sentinel breaker whose state the page shows: it needs 1 000 calls a second
+        // to judge, so here it stays CLOSED and the error-rate policy does the ejecting.
+        let breaker = SlowCallPolicy::new(
+            BreakerConfig::error_ratio(0.5)
+                .min_requests(1_000)
+                .open_duration(Duration::from_secs(10))
+                .build()?,
+        );
         let outliers =
             OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?))
+                .with_policy(breaker)
                 .classifier(ServerErrors);
         let monitor = outliers.monitor();
         // Registered before any traffic: the counters count events from now on.
         let mut registry = Registry::default();
-        tower_outlier::metrics::register(&mut registry, &monitor);
+        tower_outlier::metrics::OutlierMetrics::register(&mut registry).watch("orders", &monitor);
         let events = Arc::new(Mutex::new(VecDeque::new()));
         let kept = events.clone();
         monitor.on_event(move |event| {
@@ -455,7 +465,8 @@ async fn page(State(state): State<AdminState>) -> impl IntoResponse {
     )
 }
 
-/// The snapshot as JSON, built by hand (the snapshot types have no serde derive). `now` turns
+/// The snapshot as JSON, built by hand to choose its shape (with the feature `serde`,
+/// `serde_json::to_value(&snapshot)` gives the snapshot as it is). `now` turns
 /// each relative next check into an absolute time.
 fn snapshot_json(snapshot: &Snapshot, now: SystemTime) -> Value {
     let endpoints: Vec<Value> = snapshot
@@ -478,6 +489,7 @@ fn endpoint_json(e: &EndpointSnapshot, now: SystemTime) -> Value {
         .map(|w| {
             json!({
                 "policy": w.policy,
+                "state": w.state,
                 "calls": w.counts.calls,
                 "failures": w.counts.failures,
                 "slow": w.counts.slow,
@@ -506,6 +518,8 @@ fn endpoint_json(e: &EndpointSnapshot, now: SystemTime) -> Value {
         "error_rate": e.error_rate,
         "windows": windows,
         "weight": e.weight,
+        "absolute_weight": e.absolute_weight,
+        "degraded": e.degraded,
         "in_flight": e.in_flight,
         "next_check": next_check,
         "failed_checks": e.failed_checks,
@@ -525,6 +539,8 @@ fn event_json(at: SystemTime, event: &Event) -> Value {
         Event::WeightChanged { key, .. } => ("weight_changed", Some(key)),
         Event::RulesApplied { .. } => ("rules_applied", None),
         Event::RulesRejected { .. } => ("rules_rejected", None),
+        Event::PolicyStateChanged { key, .. } => ("policy_state_changed", Some(key)),
+        Event::Removed { key, .. } => ("removed", Some(key)),
         _ => ("other", None),
     };
     json!({
@@ -572,7 +588,8 @@ fn render_page(snapshot: &Snapshot) -> String {
     );
     html.push_str(concat!(
         "<table>\n<thead><tr><th>endpoint</th><th>status</th><th>error rate</th>",
-        "<th>failed / calls</th><th>weight</th><th>next check</th><th>failed checks</th>",
+        "<th>failed / calls</th><th>weight</th><th>breaker</th><th>next check</th>",
+        "<th>failed checks</th>",
         "<th>last reason</th></tr></thead>\n<tbody>\n",
     ));
     for e in &snapshot.endpoints {
@@ -586,6 +603,12 @@ fn render_page(snapshot: &Snapshot) -> String {
             || "-".to_string(),
             |d| format!("in {:.1} s", d.as_secs_f64()),
         );
+        // A policy with a state of its own (a slow-call breaker) shows it; "-" otherwise.
+        let breaker = e
+            .windows
+            .iter()
+            .find_map(|w| w.state.map(|state| format!("{}: {state}", w.policy)))
+            .unwrap_or_else(|| "-".to_string());
         let reason = e.last_reason.as_ref().map_or_else(
             || "-".to_string(),
             |r| escape(&format!("{}: {r}", r.policy)),
@@ -594,13 +617,15 @@ fn render_page(snapshot: &Snapshot) -> String {
             html,
             "<tr class=\"{class}\"><td><code>{}</code></td><td class=\"status\">{}</td>\
              <td class=\"num\">{:.1} %</td><td class=\"num\">{} / {}</td>\
-             <td class=\"num\">{:.2}</td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+             <td class=\"num\">{:.2}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td>\
+             <td>{}</td></tr>",
             escape(e.key.as_str()),
             status_name(e.status),
             e.error_rate * 100.0,
             counts.failures,
             counts.calls,
             e.weight,
+            breaker,
             next,
             e.failed_checks,
             reason,
@@ -787,6 +812,12 @@ fn check_outliers(page: &Page, demo: &Demo) -> Result<(), Vec<String>> {
             }
             continue;
         }
+        if e["windows"][1]["policy"] != "slow-call" || e["windows"][1]["state"] != "CLOSED" {
+            problems.push(format!(
+                "{}'s breaker should show CLOSED: {e}",
+                upstream.name
+            ));
+        }
         let reason = &e["last_reason"];
         let next_in = e["next_check"]["in_seconds"].as_f64().unwrap_or(-1.0);
         let next_at = e["next_check"]["at_unix_ms"].as_u64().unwrap_or(0);
@@ -866,12 +897,18 @@ fn check_metrics(page: &Page, _: &Demo) -> Result<(), Vec<String>> {
     };
     for (series, expected) in [
         (
-            r#"outlier_ejections_total{policy="error-rate",measure="error rate"}"#,
+            r#"outlier_ejections_total{service="orders",policy="error-rate",measure="error rate"}"#,
             1.0,
         ),
-        ("outlier_ejections_active", 1.0),
-        (r#"outlier_endpoints{status="ejected"}"#, 1.0),
-        (r#"outlier_endpoints{status="available"}"#, 3.0),
+        (r#"outlier_ejections_active{service="orders"}"#, 1.0),
+        (
+            r#"outlier_endpoints{service="orders",status="ejected"}"#,
+            1.0,
+        ),
+        (
+            r#"outlier_endpoints{service="orders",status="available"}"#,
+            3.0,
+        ),
     ] {
         let value = sample(series);
         if value != Some(expected) {

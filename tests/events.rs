@@ -158,3 +158,50 @@ async fn breaker_states_are_reported_as_the_layer_sees_them() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn probes_weights_and_removals_are_events_too() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tower_outlier::probe::{probe_fn, ProbeFuture};
+
+    let healthy = Arc::new(AtomicBool::new(false));
+    let answer = healthy.clone();
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .recovery_unit(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    ))
+    .probe(probe_fn(
+        move |_: &usize, _: support::Backend| -> ProbeFuture {
+            let healthy = answer.load(Ordering::SeqCst);
+            Box::pin(async move { healthy })
+        },
+    ));
+    let mut events = layer.monitor().subscribe();
+    let mut h = Harness::new(&layer, 4);
+    h.calls(0, 10, 0).await;
+    // The first probe fails; the second, 20 s later, succeeds.
+    h.advance(Duration::from_secs(10)).await;
+    h.sync();
+    healthy.store(true, Ordering::SeqCst);
+    h.advance(Duration::from_secs(20)).await;
+    h.sync();
+    h.remove(3);
+    h.sync();
+    let mut received = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        received.push(line(&event));
+    }
+    assert_eq!(
+        received,
+        vec![
+            "0 ejected by error-rate (error rate 1.00), check in Some(10s)",
+            "0 probed",
+            "0 failed its probe",
+            "0 probed",
+            "0 re-admitted (ProbeSucceeded), trial None",
+            "Removed { key: 3, status: Available }",
+        ]
+    );
+}

@@ -38,9 +38,15 @@ async fn counters_move_with_an_ejection_and_a_readmission() {
     tower_outlier::metrics::register(&mut registry, &layer.monitor());
     let mut h = Harness::new(&layer, 5);
     let before = scrape(&registry);
-    assert_eq!(sample(&before, "outlier_ejections_active"), Some(0.0));
     assert_eq!(
-        sample(&before, r#"outlier_endpoints{status="available"}"#),
+        sample(&before, r#"outlier_ejections_active{service="default"}"#),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &before,
+            r#"outlier_endpoints{service="default",status="available"}"#
+        ),
         Some(5.0)
     );
 
@@ -49,31 +55,49 @@ async fn counters_move_with_an_ejection_and_a_readmission() {
     assert_eq!(
         sample(
             &ejected,
-            r#"outlier_ejections_total{policy="error-rate",measure="error rate"}"#
+            r#"outlier_ejections_total{service="default",policy="error-rate",measure="error rate"}"#
         ),
         Some(1.0),
         "{ejected}"
     );
-    assert_eq!(sample(&ejected, "outlier_ejections_active"), Some(1.0));
     assert_eq!(
-        sample(&ejected, r#"outlier_endpoint_error_rate{endpoint="3"}"#),
+        sample(&ejected, r#"outlier_ejections_active{service="default"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &ejected,
+            r#"outlier_endpoint_error_rate{service="default",endpoint="3"}"#
+        ),
         Some(1.0)
     );
 
     h.advance(Duration::from_secs(30)).await;
     let back = scrape(&registry);
     assert_eq!(
-        sample(&back, r#"outlier_readmissions_total{cause="PassiveTrial"}"#),
+        sample(
+            &back,
+            r#"outlier_readmissions_total{service="default",cause="passive_trial"}"#
+        ),
         Some(1.0),
         "{back}"
     );
-    assert_eq!(sample(&back, "outlier_ejections_active"), Some(0.0));
     assert_eq!(
-        sample(&back, r#"outlier_endpoints{status="trial"}"#),
+        sample(&back, r#"outlier_ejections_active{service="default"}"#),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &back,
+            r#"outlier_endpoints{service="default",status="trial"}"#
+        ),
         Some(1.0)
     );
     assert_eq!(
-        sample(&back, r#"outlier_endpoint_weight{endpoint="3"}"#),
+        sample(
+            &back,
+            r#"outlier_endpoint_weight{service="default",endpoint="3"}"#
+        ),
         Some(1.0)
     );
 }
@@ -102,7 +126,7 @@ async fn ten_thousand_churned_endpoints_leave_the_label_sets_bounded() {
     assert!(
         sample(
             &text,
-            r#"outlier_ejections_total{policy="error-rate",measure="error rate"}"#
+            r#"outlier_ejections_total{service="default",policy="error-rate",measure="error rate"}"#
         )
         .unwrap()
             >= 900.0,
@@ -126,8 +150,8 @@ async fn detector_counters_and_breaker_states_are_exported() {
     );
     let layer = OutlierDetectionLayer::new(policy.clone()).with_policy(breaker);
     let mut registry = Registry::default();
-    tower_outlier::metrics::register(&mut registry, &layer.monitor());
-    tower_outlier::metrics::register_detectors(&mut registry, &policy);
+    let metrics = tower_outlier::metrics::register(&mut registry, &layer.monitor());
+    metrics.watch_detectors("default", &policy);
     let mut h = Harness::new(&layer, 5);
     // Five failures in a row: Envoy's 10 % of five refuses the ejection; the breaker opens but
     // the same budget keeps it in too.
@@ -137,7 +161,7 @@ async fn detector_counters_and_breaker_states_are_exported() {
     assert_eq!(
         sample(
             &text,
-            r#"outlier_detector_ejections_total{policy="envoy",detector="consecutive 5xx",result="overflow"}"#
+            r#"outlier_detector_ejections_total{service="default",policy="envoy",detector="consecutive 5xx",result="overflow"}"#
         ),
         Some(1.0),
         "{text}"
@@ -145,7 +169,7 @@ async fn detector_counters_and_breaker_states_are_exported() {
     assert_eq!(
         sample(
             &text,
-            r#"outlier_endpoint_policy_state{endpoint="0",policy="slow-call",state="OPEN"}"#
+            r#"outlier_endpoint_policy_state{service="default",endpoint="0",policy="slow-call",state="OPEN"}"#
         ),
         Some(1.0),
         "{text}"
@@ -153,7 +177,45 @@ async fn detector_counters_and_breaker_states_are_exported() {
     assert_eq!(
         sample(
             &text,
-            r#"outlier_endpoint_policy_state{endpoint="1",policy="slow-call",state="CLOSED"}"#
+            r#"outlier_endpoint_policy_state{service="default",endpoint="1",policy="slow-call",state="CLOSED"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn several_layers_share_one_registry_under_service_labels() {
+    let (orders, payments) = (layer(), layer());
+    let mut registry = Registry::default();
+    let metrics = tower_outlier::metrics::OutlierMetrics::register(&mut registry);
+    metrics.watch("orders", &orders.monitor());
+    metrics.watch("pay\"ments", &payments.monitor());
+    let mut o = Harness::new(&orders, 5);
+    let _p = Harness::new(&payments, 5);
+    o.calls(1, 10, 0).await;
+    o.remove(4);
+    o.sync();
+    let text = scrape(&registry);
+    // One TYPE line per family, whatever the number of layers: a valid exposition.
+    let mut types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
+    let all = types.len();
+    types.sort();
+    types.dedup();
+    assert_eq!(types.len(), all, "{text}");
+    assert_eq!(
+        sample(&text, r#"outlier_ejections_active{service="orders"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, r#"outlier_ejections_active{service="pay\"ments"}"#),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"outlier_removals_total{service="orders",status="available"}"#
         ),
         Some(1.0),
         "{text}"

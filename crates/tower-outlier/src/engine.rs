@@ -198,6 +198,8 @@ struct Entry<S, C> {
     weight: f64,
     // Each policy's state last reported in an event.
     states: Box<[Option<&'static str>]>,
+    // A host ejection from another layer was refused here (reported once per episode).
+    mirror_refused: bool,
 }
 
 impl<S, C> Entry<S, C> {
@@ -418,6 +420,7 @@ where
                 name,
                 weight: 1.0,
                 states,
+                mirror_refused: false,
             },
         );
         // A larger set may have room for an ejection that was refused.
@@ -436,6 +439,10 @@ where
         self.registry.remove(entry.id);
         self.keys.remove(&entry.id);
         self.refused -= usize::from(entry.refused);
+        let (name, status) = (entry.name.clone(), entry.status.public());
+        self.registry
+            .events
+            .emit(|| Event::Removed { key: name, status });
         match entry.status {
             Status::Available | Status::Trial { .. } => {
                 self.queue.push_back(Change::Remove(key.clone()));
@@ -521,6 +528,9 @@ where
     /// Judges one available endpoint and ejects it if a policy says so and the rules allow it.
     /// Reports the policy states of `key`'s endpoint that changed since last reported.
     fn report_states(&mut self, key: &K) {
+        if !self.registry.events.listened() {
+            return;
+        }
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
@@ -655,14 +665,15 @@ where
         );
         let name = entry.name.clone();
         let event_reason = reason.clone();
+        self.publish(key, Some(next_check), Some(reason));
+        self.queue.push_back(Change::Remove(key.clone()));
+        self.share_host(host.as_deref(), true);
+        // After the monitor shows it: a callback reading a snapshot sees the ejection.
         self.registry.events.emit(|| Event::Ejected {
             key: name,
             reason: event_reason,
             next_check_in: Some(delay),
         });
-        self.publish(key, Some(next_check), Some(reason));
-        self.queue.push_back(Change::Remove(key.clone()));
-        self.share_host(host.as_deref(), true);
     }
 
     fn publish(&self, key: &K, next_check: Option<Instant>, reason: Option<Reason>) {
@@ -689,6 +700,14 @@ impl<K, S, C> Drop for Engine<K, S, C> {
             tracked.remove(&entry.id);
         }
         drop(tracked);
+        let mut gone: Vec<&Entry<S, C>> = self.entries.values().collect();
+        gone.sort_unstable_by_key(|entry| entry.id);
+        for entry in gone {
+            let (name, status) = (entry.name.clone(), entry.status.public());
+            self.registry
+                .events
+                .emit(|| Event::Removed { key: name, status });
+        }
         if let Some(sharing) = &self.sharing {
             sharing.registry.leave(sharing.member);
         }

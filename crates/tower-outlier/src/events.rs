@@ -221,6 +221,14 @@ pub enum Event {
         /// The weight now.
         to: f64,
     },
+    /// The upstream removed it, or its adaptor was dropped: the layer forgets it (a probe of it
+    /// in flight is abandoned).
+    Removed {
+        /// The endpoint.
+        key: EndpointKey,
+        /// Where it stood.
+        status: crate::EndpointStatus,
+    },
     /// A policy's state for the endpoint changed (a slow-call breaker's CLOSED, OPEN,
     /// HALF_OPEN; linkerd's OPEN, SHUT, PROBATION), as the layer saw it at its decisions: when a
     /// call crossed a threshold, a probe answered, the endpoint was ejected or re-admitted. A
@@ -269,6 +277,11 @@ impl EventHub {
 
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.sender.subscribe()
+    }
+
+    /// Whether anybody listens (a callback or a live receiver).
+    pub(crate) fn listened(&self) -> bool {
+        self.has_callbacks.load(Ordering::Acquire) || self.sender.receiver_count() > 0
     }
 
     pub(crate) fn on_event(&self, callback: Callback) {

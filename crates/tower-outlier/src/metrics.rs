@@ -2,7 +2,10 @@
 //! linkerd2-proxy uses: typed metric families in a registry the application owns, encoded in the
 //! Prometheus text format with no exporter process of its own).
 //!
-//! | metric | type | labels |
+//! Every series has a `service` label: one [`OutlierMetrics`] per registry watches any number of
+//! layers ([`OutlierMetrics::watch`]), each under its own service name.
+//!
+//! | metric | type | labels (besides `service`) |
 //! |---|---|---|
 //! | `outlier_ejections_total` | counter | `policy`, `measure` |
 //! | `outlier_ejections_refused_total` | counter | `refusal` (`budget`, `last_endpoint`) |
@@ -12,15 +15,18 @@
 //! | `outlier_weight_changes_total` | counter | — |
 //! | `outlier_rules_total` | counter | `result` (`applied`, `rejected`) |
 //! | `outlier_policy_state_changes_total` | counter | `policy`, `to` |
+//! | `outlier_removals_total` | counter | `status` (where the endpoint stood) |
 //! | `outlier_endpoints` | gauge | `status` |
 //! | `outlier_ejections_active` | gauge | — |
 //! | `outlier_endpoint_weight`, `outlier_endpoint_error_rate` | gauge | `endpoint` |
 //! | `outlier_endpoint_policy_state` | gauge (1) | `endpoint`, `policy`, `state` |
-//! | `outlier_detector_ejections_total` ([`register_detectors`]) | counter | `policy`, `detector`, `result` |
+//! | `outlier_detector_ejections_total` ([`OutlierMetrics::watch_detectors`]) | counter | `policy`, `detector`, `result` |
 //!
 //! Label sets stay bounded under endpoint churn: the counters' labels are policy names,
 //! measures, causes and results, never endpoints; the per-endpoint gauges are read from the
-//! monitor at each scrape, so an endpoint the upstream removed is gone from the next scrape.
+//! monitor at each scrape, so an endpoint the upstream removed is gone from the next scrape (and
+//! an endpoint two adaptors of one layer share a key with is shown once). Label values are
+//! escaped for the text format.
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,82 +38,154 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+use tower_outlier_core::Lock;
 
-use crate::events::{Event, Refusal};
+use crate::events::{Event, Readmission, Refusal};
 use crate::monitor::{EndpointStatus, Monitor};
 
 type Labels = Vec<(&'static str, String)>;
 
-/// Registers the metrics of the layer `monitor` watches in an application's `prometheus_client`
-/// `registry` (the table in the module's documentation), and keeps them up to date from its
-/// events from now on (on the adaptor's task; the per-call path is untouched). Register once per
-/// layer; for several layers in one registry, give each a sub-registry
-/// (`registry.sub_registry_with_label(("service".into(), "orders".into()))`).
+/// The outlier metrics of one `prometheus_client` registry: register once
+/// ([`register`](Self::register)), then [`watch`](Self::watch) each layer's [`Monitor`] under a
+/// service name. Counters follow the layers' events (on their adaptors' tasks; the per-call path
+/// is untouched); gauges are read from the monitors at each scrape.
 ///
 /// ```
 /// use prometheus_client::registry::Registry;
+/// use tower_outlier::metrics::OutlierMetrics;
 /// # #[cfg(feature = "ejection")] {
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///
-/// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap()));
+/// let orders = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap()));
+/// let payments = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap()));
 /// let mut registry = Registry::default();
-/// tower_outlier::metrics::register(&mut registry, &layer.monitor());
+/// let metrics = OutlierMetrics::register(&mut registry);
+/// metrics.watch("orders", &orders.monitor());
+/// metrics.watch("payments", &payments.monitor());
 /// let mut text = String::new();
 /// prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-/// assert!(text.contains("outlier_ejections_active 0"));
+/// assert!(text.contains(r#"outlier_ejections_active{service="payments"} 0"#));
 /// # }
 /// ```
-pub fn register(registry: &mut Registry, monitor: &Monitor) {
-    let counters = Arc::new(Counters::default());
-    registry.register(
-        "outlier_ejections",
-        "Endpoints ejected, by the policy and the measure that judged them",
-        counters.ejections.clone(),
-    );
-    registry.register(
-        "outlier_ejections_refused",
-        "Outliers kept in by the budget or as the last endpoint",
-        counters.refused.clone(),
-    );
-    registry.register(
-        "outlier_readmissions",
-        "Ejected endpoints re-admitted, by cause",
-        counters.readmissions.clone(),
-    );
-    registry.register(
-        "outlier_recoveries",
-        "Re-admitted endpoints whose trial passed",
-        counters.recoveries.clone(),
-    );
-    registry.register(
-        "outlier_trials_failed",
-        "Re-admitted endpoints judged outliers again during their trial",
-        counters.trials_failed.clone(),
-    );
-    registry.register(
-        "outlier_probes",
-        "Active probes of ejected endpoints, by result",
-        counters.probes.clone(),
-    );
-    registry.register(
-        "outlier_weight_changes",
-        "Endpoint weights changed by a policy",
-        counters.weight_changes.clone(),
-    );
-    registry.register(
-        "outlier_rules",
-        "Reconfigurations, by result",
-        counters.rules.clone(),
-    );
-    registry.register(
-        "outlier_policy_state_changes",
-        "Policy states entered (a breaker's OPEN, CLOSED...), as the layer saw them",
-        counters.state_changes.clone(),
-    );
-    registry.register_collector(Box::new(Live {
-        monitor: monitor.clone(),
-    }));
-    monitor.on_event(move |event| counters.count(event));
+#[derive(Clone, Debug)]
+pub struct OutlierMetrics {
+    counters: Arc<Counters>,
+    watched: Arc<Lock<Watched>>,
+}
+
+#[derive(Default)]
+struct Watched {
+    layers: Vec<(String, Monitor)>,
+    #[cfg(feature = "detectors")]
+    detectors: Vec<(String, crate::DetectorPolicy)>,
+}
+
+impl fmt::Debug for Watched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watched")
+            .field("layers", &self.layers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OutlierMetrics {
+    /// Registers the metric families (the table in the module's documentation) in `registry`.
+    /// Once per registry: the names would repeat otherwise.
+    pub fn register(registry: &mut Registry) -> Self {
+        let counters = Arc::new(Counters::default());
+        for (name, help, family) in [
+            (
+                "outlier_ejections",
+                "Endpoints ejected, by the policy and the measure that judged them",
+                &counters.ejections,
+            ),
+            (
+                "outlier_ejections_refused",
+                "Outliers kept in by the budget or as the last endpoint",
+                &counters.refused,
+            ),
+            (
+                "outlier_readmissions",
+                "Ejected endpoints re-admitted, by cause",
+                &counters.readmissions,
+            ),
+            (
+                "outlier_recoveries",
+                "Re-admitted endpoints whose trial passed",
+                &counters.recoveries,
+            ),
+            (
+                "outlier_trials_failed",
+                "Re-admitted endpoints judged outliers again during their trial",
+                &counters.trials_failed,
+            ),
+            (
+                "outlier_probes",
+                "Active probes of ejected endpoints, by result",
+                &counters.probes,
+            ),
+            (
+                "outlier_weight_changes",
+                "Endpoint weights changed by a policy",
+                &counters.weight_changes,
+            ),
+            (
+                "outlier_rules",
+                "Reconfigurations, by result",
+                &counters.rules,
+            ),
+            (
+                "outlier_policy_state_changes",
+                "Policy states entered (a breaker's OPEN, CLOSED...), as the layer saw them",
+                &counters.state_changes,
+            ),
+            (
+                "outlier_removals",
+                "Endpoints the upstream removed, by where they stood",
+                &counters.removals,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        let watched = Arc::new(Lock::new(Watched::default()));
+        registry.register_collector(Box::new(Live {
+            watched: watched.clone(),
+        }));
+        OutlierMetrics { counters, watched }
+    }
+
+    /// Counts the events of the layer `monitor` watches, and reads its gauges at each scrape,
+    /// under `service`.
+    pub fn watch(&self, service: &str, monitor: &Monitor) {
+        self.watched
+            .lock()
+            .layers
+            .push((service.to_owned(), monitor.clone()));
+        let (counters, service) = (self.counters.clone(), label_value(service));
+        monitor.on_event(move |event| counters.count(&service, event));
+    }
+
+    /// Exports the counters of a [`DetectorPolicy`](crate::DetectorPolicy) (Envoy's
+    /// `ejections_detected_*`, `ejections_enforced_*` and overflow, per detector) under
+    /// `service`, read from the policy at each scrape as
+    /// `outlier_detector_ejections_total{service, policy, detector, result}`, `result` being
+    /// `detected`, `enforced`, `unenforced` or `overflow`.
+    #[cfg(feature = "detectors")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "detectors")))]
+    pub fn watch_detectors(&self, service: &str, policy: &crate::DetectorPolicy) {
+        self.watched
+            .lock()
+            .detectors
+            .push((service.to_owned(), policy.clone()));
+    }
+}
+
+/// [`OutlierMetrics::register`] and [`OutlierMetrics::watch`] for a registry with one layer,
+/// under the service name `default`.
+pub fn register(registry: &mut Registry, monitor: &Monitor) -> OutlierMetrics {
+    let metrics = OutlierMetrics::register(registry);
+    metrics.watch("default", monitor);
+    metrics
 }
 
 #[derive(Debug, Default)]
@@ -115,133 +193,87 @@ struct Counters {
     ejections: Family<Labels, Counter>,
     refused: Family<Labels, Counter>,
     readmissions: Family<Labels, Counter>,
-    recoveries: Counter,
-    trials_failed: Counter,
+    recoveries: Family<Labels, Counter>,
+    trials_failed: Family<Labels, Counter>,
     probes: Family<Labels, Counter>,
-    weight_changes: Counter,
+    weight_changes: Family<Labels, Counter>,
     rules: Family<Labels, Counter>,
     state_changes: Family<Labels, Counter>,
+    removals: Family<Labels, Counter>,
 }
 
 impl Counters {
-    fn count(&self, event: &Event) {
-        match event {
-            Event::Ejected { reason, .. } => {
-                self.ejections
-                    .get_or_create(&vec![
-                        ("policy", reason.policy.to_string()),
-                        ("measure", reason.measure.to_string()),
-                    ])
-                    .inc();
-            }
+    fn count(&self, service: &str, event: &Event) {
+        let with = |pairs: &[(&'static str, &str)]| -> Labels {
+            let mut labels = vec![("service", service.to_owned())];
+            labels.extend(pairs.iter().map(|(k, v)| (*k, label_value(v))));
+            labels
+        };
+        let (family, labels) = match event {
+            Event::Ejected { reason, .. } => (
+                &self.ejections,
+                with(&[("policy", reason.policy), ("measure", reason.measure)]),
+            ),
             Event::EjectionRefused { refusal, .. } => {
                 let refusal = match refusal {
                     Refusal::LastEndpoint => "last_endpoint",
                     _ => "budget",
                 };
-                self.refused
-                    .get_or_create(&vec![("refusal", refusal.to_string())])
-                    .inc();
+                (&self.refused, with(&[("refusal", refusal)]))
             }
             Event::Readmitted { cause, .. } => {
-                self.readmissions
-                    .get_or_create(&vec![("cause", format!("{cause:?}"))])
-                    .inc();
+                (&self.readmissions, with(&[("cause", cause_label(*cause))]))
             }
-            Event::Recovered { .. } => {
-                self.recoveries.inc();
+            Event::Recovered { .. } => (&self.recoveries, with(&[])),
+            Event::TrialFailed { .. } => (&self.trials_failed, with(&[])),
+            Event::ProbeStarted { .. } => (&self.probes, with(&[("result", "started")])),
+            Event::ProbeFailed { .. } => (&self.probes, with(&[("result", "failed")])),
+            Event::WeightChanged { .. } => (&self.weight_changes, with(&[])),
+            Event::RulesApplied { .. } => (&self.rules, with(&[("result", "applied")])),
+            Event::RulesRejected { .. } => (&self.rules, with(&[("result", "rejected")])),
+            Event::PolicyStateChanged { policy, to, .. } => (
+                &self.state_changes,
+                with(&[("policy", policy), ("to", to.unwrap_or("none"))]),
+            ),
+            Event::Removed { status, .. } => {
+                (&self.removals, with(&[("status", status_label(*status))]))
             }
-            Event::TrialFailed { .. } => {
-                self.trials_failed.inc();
-            }
-            Event::ProbeStarted { .. } => {
-                self.probes
-                    .get_or_create(&vec![("result", "started".to_string())])
-                    .inc();
-            }
-            Event::ProbeFailed { .. } => {
-                self.probes
-                    .get_or_create(&vec![("result", "failed".to_string())])
-                    .inc();
-            }
-            Event::WeightChanged { .. } => {
-                self.weight_changes.inc();
-            }
-            Event::RulesApplied { .. } => {
-                self.rules
-                    .get_or_create(&vec![("result", "applied".to_string())])
-                    .inc();
-            }
-            Event::RulesRejected { .. } => {
-                self.rules
-                    .get_or_create(&vec![("result", "rejected".to_string())])
-                    .inc();
-            }
-            Event::PolicyStateChanged { policy, to, .. } => {
-                self.state_changes
-                    .get_or_create(&vec![
-                        ("policy", policy.to_string()),
-                        ("to", to.unwrap_or("none").to_string()),
-                    ])
-                    .inc();
-            }
+        };
+        family.get_or_create(&labels).inc();
+        // A probe that succeeded re-admits: counted under both.
+        if let Event::Readmitted {
+            cause: Readmission::ProbeSucceeded,
+            ..
+        } = event
+        {
+            self.probes
+                .get_or_create(&with(&[("result", "succeeded")]))
+                .inc();
         }
     }
 }
 
-/// Registers the counters of a [`DetectorPolicy`](crate::DetectorPolicy) (Envoy's
-/// `ejections_detected_*`, `ejections_enforced_*` and overflow, per detector) in `registry`,
-/// read from the policy at each scrape as `outlier_detector_ejections_total{policy, detector,
-/// result}`, `result` being `detected`, `enforced`, `unenforced` or `overflow`.
-#[cfg(feature = "detectors")]
-#[cfg_attr(docsrs, doc(cfg(feature = "detectors")))]
-pub fn register_detectors(registry: &mut Registry, policy: &crate::DetectorPolicy) {
-    registry.register_collector(Box::new(Detectors {
-        policy: policy.clone(),
-    }));
-}
-
-#[cfg(feature = "detectors")]
-#[derive(Debug)]
-struct Detectors {
-    policy: crate::DetectorPolicy,
-}
-
-#[cfg(feature = "detectors")]
-impl Collector for Detectors {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        use prometheus_client::metrics::counter::ConstCounter;
-        use tower_outlier_core::Policy;
-        use tower_outlier_detectors::Detector;
-        let stats = self.policy.stats();
-        let mut metric = encoder.encode_descriptor(
-            "outlier_detector_ejections",
-            "What each detector found, and what became of it",
-            None,
-            MetricType::Counter,
-        )?;
-        for detector in Detector::ALL {
-            for (result, value) in [
-                ("detected", stats.detected(detector)),
-                ("enforced", stats.enforced(detector)),
-                ("unenforced", stats.unenforced(detector)),
-                ("overflow", stats.overflow(detector)),
-            ] {
-                let labels = [
-                    ("policy", self.policy.name()),
-                    ("detector", detector.measure()),
-                    ("result", result),
-                ];
-                ConstCounter::new(value).encode(metric.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
+fn cause_label(cause: Readmission) -> &'static str {
+    match cause {
+        Readmission::ProbeSucceeded => "probe_succeeded",
+        Readmission::PassiveTrial => "passive_trial",
+        Readmission::BudgetShrank => "budget_shrank",
+        Readmission::LastEndpoint => "last_endpoint",
+        Readmission::PolicyOff => "policy_off",
+        Readmission::HostBack => "host_back",
     }
 }
 
-/// The gauges read from the monitor at each scrape.
+fn status_label(status: EndpointStatus) -> &'static str {
+    ["available", "trial", "ejected", "probing"][status_index(status)]
+}
+
+/// How a per-endpoint gauge reads its value from a snapshot.
+type EndpointGauge = fn(&crate::EndpointSnapshot) -> f64;
+
+/// The gauges read from the monitors at each scrape.
 struct Live {
-    monitor: Monitor,
+    watched: Arc<Lock<Watched>>,
 }
 
 impl fmt::Debug for Live {
@@ -250,57 +282,96 @@ impl fmt::Debug for Live {
     }
 }
 
+/// One watched layer's snapshot, with its label values escaped once.
+struct Scraped {
+    service: String,
+    snapshot: crate::Snapshot,
+    // Each endpoint's escaped key, `None` for a key already seen (two adaptors of one layer).
+    names: Vec<Option<String>>,
+}
+
 impl Collector for Live {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let snapshot = self.monitor.snapshot();
-        let mut by_status = [0i64; 4];
-        for endpoint in &snapshot.endpoints {
-            by_status[status_index(endpoint.status)] += 1;
-        }
+        let watched = self.watched.lock();
+        let layers: Vec<Scraped> = watched
+            .layers
+            .iter()
+            .map(|(service, monitor)| {
+                let snapshot = monitor.snapshot();
+                let mut seen = std::collections::HashSet::new();
+                let names = snapshot
+                    .endpoints
+                    .iter()
+                    .map(|e| {
+                        seen.insert(e.key.as_str())
+                            .then(|| label_value(e.key.as_str()))
+                    })
+                    .collect();
+                Scraped {
+                    service: label_value(service),
+                    snapshot,
+                    names,
+                }
+            })
+            .collect();
+        #[cfg(feature = "detectors")]
+        let detectors = watched.detectors.clone();
+        drop(watched);
+
         let mut metric = encoder.encode_descriptor(
             "outlier_endpoints",
             "Endpoints the upstream holds, by status",
             None,
             MetricType::Gauge,
         )?;
-        for (status, count) in ["available", "trial", "ejected", "probing"]
-            .into_iter()
-            .zip(by_status)
-        {
-            let labels = [("status", status)];
-            ConstGauge::new(count).encode(metric.encode_family(&labels)?)?;
+        for layer in &layers {
+            let mut by_status = [0i64; 4];
+            for endpoint in &layer.snapshot.endpoints {
+                by_status[status_index(endpoint.status)] += 1;
+            }
+            for (status, count) in ["available", "trial", "ejected", "probing"]
+                .into_iter()
+                .zip(by_status)
+            {
+                let labels = [("service", layer.service.as_str()), ("status", status)];
+                ConstGauge::new(count).encode(metric.encode_family(&labels)?)?;
+            }
         }
-        let active = ConstGauge::new(snapshot.ejected() as i64);
-        active.encode(encoder.encode_descriptor(
+        let mut active = encoder.encode_descriptor(
             "outlier_ejections_active",
             "Endpoints out of the balancer's set now",
             None,
-            active.metric_type(),
-        )?)?;
-        let mut weights = encoder.encode_descriptor(
-            "outlier_endpoint_weight",
-            "Each endpoint's weight relative to its original (1 = full)",
-            None,
             MetricType::Gauge,
         )?;
-        let names: Vec<String> = snapshot
-            .endpoints
-            .iter()
-            .map(|e| label_value(e.key.as_str()))
-            .collect();
-        for (endpoint, name) in snapshot.endpoints.iter().zip(&names) {
-            let labels = [("endpoint", name.as_str())];
-            ConstGauge::new(endpoint.weight).encode(weights.encode_family(&labels)?)?;
+        for layer in &layers {
+            let labels = [("service", layer.service.as_str())];
+            ConstGauge::new(layer.snapshot.ejected() as i64)
+                .encode(active.encode_family(&labels)?)?;
         }
-        let mut rates = encoder.encode_descriptor(
-            "outlier_endpoint_error_rate",
-            "Each endpoint's failure rate in its first policy's window",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (endpoint, name) in snapshot.endpoints.iter().zip(&names) {
-            let labels = [("endpoint", name.as_str())];
-            ConstGauge::new(endpoint.error_rate).encode(rates.encode_family(&labels)?)?;
+        let gauges: [(&str, &str, EndpointGauge); 2] = [
+            (
+                "outlier_endpoint_weight",
+                "Each endpoint's weight relative to its original (1 = full)",
+                |e| e.weight,
+            ),
+            (
+                "outlier_endpoint_error_rate",
+                "Each endpoint's failure rate in its first policy's window",
+                |e| e.error_rate,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for layer in &layers {
+                for (endpoint, key) in layer.snapshot.endpoints.iter().zip(&layer.names) {
+                    let Some(key) = key else { continue };
+                    let labels = [
+                        ("service", layer.service.as_str()),
+                        ("endpoint", key.as_str()),
+                    ];
+                    ConstGauge::new(value(endpoint)).encode(metric.encode_family(&labels)?)?;
+                }
+            }
         }
         let mut states = encoder.encode_descriptor(
             "outlier_endpoint_policy_state",
@@ -309,24 +380,71 @@ impl Collector for Live {
             None,
             MetricType::Gauge,
         )?;
-        for (endpoint, name) in snapshot.endpoints.iter().zip(&names) {
-            for window in &endpoint.windows {
-                if let Some(state) = window.state {
-                    let labels = [
-                        ("endpoint", name.as_str()),
-                        ("policy", window.policy),
-                        ("state", state),
-                    ];
-                    ConstGauge::new(1i64).encode(states.encode_family(&labels)?)?;
+        for layer in &layers {
+            for (endpoint, key) in layer.snapshot.endpoints.iter().zip(&layer.names) {
+                let Some(key) = key else { continue };
+                for window in &endpoint.windows {
+                    if let Some(state) = window.state {
+                        let (policy, state) = (label_value(window.policy), label_value(state));
+                        let labels = [
+                            ("service", layer.service.as_str()),
+                            ("endpoint", key.as_str()),
+                            ("policy", policy.as_str()),
+                            ("state", state.as_str()),
+                        ];
+                        ConstGauge::new(1i64).encode(states.encode_family(&labels)?)?;
+                    }
                 }
             }
         }
+        #[cfg(feature = "detectors")]
+        encode_detectors(&mut encoder, &detectors)?;
         Ok(())
     }
 }
 
+#[cfg(feature = "detectors")]
+fn encode_detectors(
+    encoder: &mut DescriptorEncoder,
+    detectors: &[(String, crate::DetectorPolicy)],
+) -> Result<(), fmt::Error> {
+    use prometheus_client::metrics::counter::ConstCounter;
+    use tower_outlier_core::Policy;
+    use tower_outlier_detectors::Detector;
+    if detectors.is_empty() {
+        return Ok(());
+    }
+    let mut metric = encoder.encode_descriptor(
+        "outlier_detector_ejections",
+        "What each detector found, and what became of it",
+        None,
+        MetricType::Counter,
+    )?;
+    for (service, policy) in detectors {
+        let stats = policy.stats();
+        let service = label_value(service);
+        for detector in Detector::ALL {
+            for (result, value) in [
+                ("detected", stats.detected(detector)),
+                ("enforced", stats.enforced(detector)),
+                ("unenforced", stats.unenforced(detector)),
+                ("overflow", stats.overflow(detector)),
+            ] {
+                let labels = [
+                    ("service", service.as_str()),
+                    ("policy", policy.name()),
+                    ("detector", detector.measure()),
+                    ("result", result),
+                ];
+                ConstCounter::new(value).encode(metric.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A label value as the text format needs it: the encoder writes values as they are, and a key's
-/// text (a `String` key prints with its quotes) may hold `"`, `\` or a line break.
+/// text (a `String` key prints with its quotes) may hold `"`, `\\` or a line break.
 fn label_value(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
     for c in text.chars() {

@@ -268,8 +268,9 @@ impl Monitor {
         self.registry.events.subscribe()
     }
 
-    /// Calls `callback` with every [`Event`], on the adaptor's task as it decides (keep it
-    /// short: metrics, logs). Callbacks see every event; none is dropped.
+    /// Calls `callback` with every [`Event`], on the adaptor's task as it decides (a refused
+    /// reconfiguration: on the task that offered it), with no lock of the layer held; keep it
+    /// short (metrics, logs). Callbacks see every event; none is dropped.
     pub fn on_event(&self, callback: impl Fn(&Event) + Send + Sync + 'static) {
         self.registry.events.on_event(Arc::new(callback));
     }
@@ -305,26 +306,28 @@ impl Registry {
         self.lock().remove(&id);
     }
 
-    /// An adaptor put `version` of the rules in force.
-    pub(crate) fn rules_in_force(&self, version: u64) {
+    /// An adaptor put `version` of the rules in force; whether it is the first to.
+    pub(crate) fn rules_in_force(&self, version: u64) -> bool {
         let mut rules = self.rules.lock();
+        let newer = version > rules.0;
         rules.0 = rules.0.max(version);
+        newer
     }
 
-    /// An adaptor applied `version` of the rules (not at start-up).
+    /// An adaptor applied `version` of the rules (not at start-up): one event per version, from
+    /// the first adaptor of the layer to apply it.
     pub(crate) fn rules_applied(&self, version: u64) {
-        self.rules_in_force(version);
-        self.events.emit(|| Event::RulesApplied { version });
+        if self.rules_in_force(version) {
+            self.events.emit(|| Event::RulesApplied { version });
+        }
     }
 
     /// The last reconfiguration was refused for `error`, or accepted (`None`).
     pub(crate) fn rules_error(&self, error: Option<String>) {
-        if let Some(error) = &error {
-            self.events.emit(|| Event::RulesRejected {
-                error: error.clone(),
-            });
+        self.rules.lock().1 = error.clone();
+        if let Some(error) = error {
+            self.events.emit(|| Event::RulesRejected { error });
         }
-        self.rules.lock().1 = error;
     }
 
     pub(crate) fn update(&self, id: u64, f: impl FnOnce(&mut Tracked)) {

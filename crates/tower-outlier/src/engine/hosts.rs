@@ -9,7 +9,7 @@ use tower::discover::Change;
 use tower_outlier_core::{Reason, WindowCounts};
 
 use super::{later, Engine, Status, MIRRORED};
-use crate::events::{Event, Readmission};
+use crate::events::{Event, Readmission, Refusal};
 
 /// How far away the check of an endpoint held out for its host is: it comes back when the host
 /// does, not on a schedule of its own.
@@ -72,6 +72,20 @@ where
         };
         if available <= 1 || ejected >= max {
             self.mirror_pending = true;
+            if !entry.mirror_refused {
+                entry.mirror_refused = true;
+                let refusal = if available <= 1 {
+                    Refusal::LastEndpoint
+                } else {
+                    Refusal::Budget
+                };
+                let name = entry.name.clone();
+                self.registry.events.emit(|| Event::EjectionRefused {
+                    key: name,
+                    reason: host_reason(),
+                    refusal,
+                });
+            }
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
@@ -85,6 +99,7 @@ where
         let next_check = later(now, UNTIL_THE_HOST_RETURNS);
         entry.set_status(Status::Ejected { next_check }, &mut self.deadlines);
         entry.ejected_by = MIRRORED;
+        entry.mirror_refused = false;
         self.refused -= usize::from(entry.refused);
         entry.refused = false;
         self.ejected += 1;
@@ -94,20 +109,24 @@ where
             host = ?entry.host,
             "endpoint ejected: its host is ejected in another service"
         );
-        let reason = Reason {
-            policy: "hosts",
-            measure: "host ejected in another service",
-            value: 1.0,
-            threshold: 1.0,
-            counts: WindowCounts::default(),
-        };
+        let reason = host_reason();
         let (name, event_reason) = (entry.name.clone(), reason.clone());
+        self.publish(key, None, Some(reason));
+        self.queue.push_back(Change::Remove(key.clone()));
         self.registry.events.emit(|| Event::Ejected {
             key: name,
             reason: event_reason,
             next_check_in: None,
         });
-        self.publish(key, None, Some(reason));
-        self.queue.push_back(Change::Remove(key.clone()));
+    }
+}
+
+fn host_reason() -> Reason {
+    Reason {
+        policy: "hosts",
+        measure: "host ejected in another service",
+        value: 1.0,
+        threshold: 1.0,
+        counts: WindowCounts::default(),
     }
 }

@@ -45,6 +45,8 @@ where
         self.fleet = fleet_schedules(&policies, now, &self.fleet);
         self.names = policies.iter().map(|p| p.name()).collect();
         self.settings = settings;
+        // Before its consequences (the ejections the new rules make below).
+        self.registry.rules_applied(self.settings.version);
         for key in self.keys_where(|_| true) {
             let Some(entry) = self.entries.get_mut(&key) else {
                 continue;
@@ -84,7 +86,6 @@ where
             self.consider(&key, now);
         }
         self.retry_refused(now);
-        self.registry.rules_applied(self.settings.version);
         tracing::info!(
             target: "tower_outlier",
             version = self.settings.version,
