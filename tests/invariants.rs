@@ -15,6 +15,17 @@ use tower_outlier::{
     Budget, BudgetFloor, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer,
 };
 
+/// How many seeds each test runs: a few in CI, as many as `SOAK_HISTORIES` asks for in a soak
+/// (`SOAK_HISTORIES=20000 cargo test --release --test invariants`: five histories a seed, three
+/// budgets with passive trials, active probes, reconfigurations — 100 000 histories).
+fn seeds(first: u64, default: u64) -> std::ops::Range<u64> {
+    let count = std::env::var("SOAK_HISTORIES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default);
+    first..first + count
+}
+
 async fn run<P: Probe<usize, Backend> + Clone>(
     seed: u64,
     layer: OutlierDetectionLayer<tower_outlier::NetworkErrors, P>,
@@ -128,7 +139,7 @@ async fn run<P: Probe<usize, Backend> + Clone>(
 
 #[tokio::test(start_paused = true)]
 async fn invariants_hold_with_passive_trials() {
-    for seed in 0..12 {
+    for seed in seeds(0, 12) {
         for (ratio, floor) in [
             (0.5, BudgetFloor::Zero),
             (0.3, BudgetFloor::One),
@@ -151,7 +162,7 @@ async fn invariants_hold_with_passive_trials() {
 
 #[tokio::test(start_paused = true)]
 async fn invariants_hold_through_reconfigurations() {
-    for seed in 200..224 {
+    for seed in seeds(2_000_000, 24) {
         // No budget of the layer's own: each version of the rules brings its budget.
         let config = ErrorRateConfig::hsf()
             .min_calls(5)
@@ -167,7 +178,7 @@ async fn invariants_hold_through_reconfigurations() {
 
 #[tokio::test(start_paused = true)]
 async fn invariants_hold_with_active_probes() {
-    for seed in 100..112 {
+    for seed in seeds(1_000_000, 12) {
         let budget = Budget::new(0.6, BudgetFloor::One).unwrap();
         // Probes that succeed or fail at random, some only after a while.
         let coin = Arc::new(AtomicU64::new(seed));
