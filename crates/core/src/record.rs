@@ -92,6 +92,9 @@ pub const RTT_DECAY: Duration = Duration::from_secs(10);
 
 const SAMPLE_TIME_GRANULARITY: Nanos = 1_000_000;
 
+// The smallest change of the latency estimate worth a store: far below any network round trip.
+const RTT_STORE_FLOOR: Nanos = 64;
+
 // What the last recorded call was, for the balancer's load reads.
 const LAST_SUCCEEDED: u8 = 0;
 const LAST_FAILED: u8 = 1;
@@ -314,9 +317,10 @@ impl EndpointRecord {
         if !fresh {
             self.latency.rtt_nanos.store(next, Ordering::Relaxed);
             self.latency.last_sample.store(now, Ordering::Relaxed);
-        } else if next.abs_diff(stored) > stored >> 6 {
-            // Changes under 1/64 (1.6 %) are not stored, so callers on several cores do not fight
-            // over the cache line in steady state.
+        } else if next.abs_diff(stored) > (stored >> 6).max(RTT_STORE_FLOOR) {
+            // Changes under 1/64 (1.6 %), or under 64 ns, are not stored, so callers on several
+            // cores do not fight over the cache line in steady state (without the floor, a
+            // service answering in tens of nanoseconds would store on nearly every call).
             self.latency.rtt_nanos.store(next, Ordering::Relaxed);
         }
     }
@@ -479,6 +483,28 @@ mod tests {
             (2.0 * MS as f64..2.5 * MS as f64).contains(&estimate),
             "estimate {estimate} ns"
         );
+    }
+
+    #[test]
+    fn estimates_of_tens_of_nanoseconds_are_not_rewritten_on_every_call() {
+        let record = record();
+        let start = record.clock().now();
+        let nanos = |ns| Observation {
+            outcome: Outcome::Success,
+            latency: Duration::from_nanos(ns),
+        };
+        // A sample after an idle stretch is always stored: 100 ns.
+        record.observe(&nanos(100), start + 2 * MS, 0);
+        assert_eq!(record.latency.rtt_nanos.load(Ordering::Relaxed), 100);
+        // Then, within the millisecond, calls of 60 to 90 ns move the estimate by less than 64 ns
+        // each: no store, so several cores calling do not share a written cache line.
+        for ns in [60, 90, 70, 80] {
+            record.observe(&nanos(ns), start + 2 * MS + 10, 0);
+        }
+        assert_eq!(record.latency.rtt_nanos.load(Ordering::Relaxed), 100);
+        // A change of more than 64 ns is stored.
+        record.observe(&nanos(1_000), start + 2 * MS + 20, 0);
+        assert_eq!(record.latency.rtt_nanos.load(Ordering::Relaxed), 1_000);
     }
 
     #[test]
