@@ -24,6 +24,13 @@ const CONSECUTIVE: u8 = 0b0000_0111;
 const STATISTICAL: u8 = 0b0111_1000;
 const FAILED_PROBE: u8 = 0b1000_0000;
 
+/// The detector whose condemnation an ejection acts on (the one `judge` reports first), if a
+/// detector's: a failed linkerd probe is none.
+fn ejecting(bits: u8) -> Option<Detector> {
+    let detectors = bits & (CONSECUTIVE | STATISTICAL);
+    (detectors != 0 && bits & FAILED_PROBE == 0).then(|| Detector::from_bit(detectors))
+}
+
 // The probe gate's states (linkerd).
 const CLOSED: u8 = 0;
 const OPEN: u8 = 1;
@@ -449,7 +456,7 @@ impl EndpointPolicy for DetectorEndpoint {
         self.out.store(true, Ordering::Relaxed);
         // The detection has been acted on: count it under the detector that made it.
         let bits = self.standing(now);
-        if let Some(detector) = Detector::ejecting(bits) {
+        if let Some(detector) = ejecting(bits) {
             self.shared.ejected(detector);
         }
         self.overflow_pending.store(false, Ordering::Relaxed);
@@ -463,7 +470,7 @@ impl EndpointPolicy for DetectorEndpoint {
     fn ejection_refused(&self, now: Nanos) {
         let bits = self.standing(now);
         if self.overflow_pending.swap(false, Ordering::Relaxed) {
-            if let Some(detector) = Detector::ejecting(bits) {
+            if let Some(detector) = ejecting(bits) {
                 self.shared.overflowed(detector);
             }
         }

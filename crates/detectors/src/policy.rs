@@ -68,13 +68,6 @@ impl Detector {
         Detector::ALL[(bits.trailing_zeros() as usize).min(Detector::ALL.len() - 1)]
     }
 
-    /// The detector whose condemnation an ejection acts on (the one `judge` reports), if a
-    /// detector's: a failed linkerd probe is none.
-    pub(crate) fn ejecting(bits: u8) -> Option<Detector> {
-        let detectors = bits & 0b0111_1111;
-        (detectors != 0 && bits & 0b1000_0000 == 0).then(|| Detector::from_bit(detectors))
-    }
-
     /// What the detector measures, in words (the `measure` of its ejections' reasons).
     pub fn measure(self) -> &'static str {
         match self {

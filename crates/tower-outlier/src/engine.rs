@@ -113,8 +113,23 @@ struct Sharing {
     seen: u64,
 }
 
-/// The `ejected_by` of an endpoint ejected because another layer holds its host out.
-const MIRRORED: usize = usize::MAX;
+/// What took an endpoint out of the balancer's set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ejector {
+    /// The layer's policy at this index.
+    Policy(usize),
+    /// Another layer sharing its host holds the host out (HSF ipDimension).
+    Host,
+}
+
+impl Ejector {
+    fn policy(self) -> Option<usize> {
+        match self {
+            Ejector::Policy(index) => Some(index),
+            Ejector::Host => None,
+        }
+    }
+}
 
 /// Each policy's state for the endpoint of `record` (cold path).
 fn policy_states(record: &EndpointRecord) -> Box<[Option<&'static str>]> {
@@ -183,7 +198,7 @@ struct Entry<S, C> {
     failed_checks: u32,
     schedule: Option<RecoverySchedule>,
     // The policy that ejected the endpoint: its window decides whether a trial saw enough calls.
-    ejected_by: usize,
+    ejected_by: Ejector,
     // This trial already counted as a failed check (the endpoint breached during it, even if the
     // budget kept it in): one re-admission, one check, however long the budget keeps it on trial.
     trial_breached: bool,
@@ -412,7 +427,7 @@ where
                 status: Status::Available,
                 failed_checks: 0,
                 schedule: None,
-                ejected_by: 0,
+                ejected_by: Ejector::Policy(0),
                 trial_breached: false,
                 trial_calls: 0,
                 refused: false,
@@ -453,7 +468,7 @@ where
                 self.ejected -= 1;
             }
         }
-        if !entry.status.is_available() && entry.ejected_by != MIRRORED {
+        if !entry.status.is_available() && entry.ejected_by != Ejector::Host {
             self.share_host(entry.host.as_deref(), false);
         }
         self.enforce_budget(now);
@@ -650,7 +665,7 @@ where
         let next_check = later(now, delay);
         entry.set_status(Status::Ejected { next_check }, &mut self.deadlines);
         entry.schedule = Some(schedule);
-        entry.ejected_by = policy;
+        entry.ejected_by = Ejector::Policy(policy);
         self.ejected += 1;
         let host = entry.host.clone();
         tracing::warn!(

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{Reason, WindowCounts};
 
-use super::{later, Engine, Status, MIRRORED};
+use super::{later, Ejector, Engine, Status};
 use crate::events::{Event, Readmission, Refusal};
 
 /// How far away the check of an endpoint held out for its host is: it comes back when the host
@@ -52,7 +52,7 @@ where
             host.as_deref()
                 .is_some_and(|host| registry.ejected_elsewhere(member, host))
         };
-        let back = self.keys_where(|e| e.ejected_by == MIRRORED && !elsewhere(&e.host));
+        let back = self.keys_where(|e| e.ejected_by == Ejector::Host && !elsewhere(&e.host));
         for key in back {
             let until = later(now, self.trial);
             self.readmit(&key, Status::Trial { until }, Readmission::HostBack, now);
@@ -98,7 +98,7 @@ where
         }
         let next_check = later(now, UNTIL_THE_HOST_RETURNS);
         entry.set_status(Status::Ejected { next_check }, &mut self.deadlines);
-        entry.ejected_by = MIRRORED;
+        entry.ejected_by = Ejector::Host;
         entry.mirror_refused = false;
         self.refused -= usize::from(entry.refused);
         entry.refused = false;

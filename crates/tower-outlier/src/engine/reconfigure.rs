@@ -66,11 +66,13 @@ where
                     .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
             }
         }
-        // Endpoints held out for their host (`MIRRORED`) come back with the host instead.
+        // Endpoints held out for their host come back with the host instead.
         let switched_off = self.keys_where(|e| {
             !e.status.is_available()
-                && e.ejected_by != super::MIRRORED
-                && policies.get(e.ejected_by).is_some_and(|p| !p.enabled())
+                && e.ejected_by
+                    .policy()
+                    .and_then(|index| policies.get(index))
+                    .is_some_and(|p| !p.enabled())
         });
         for key in switched_off {
             let until = super::later(now, self.trial);

@@ -89,9 +89,10 @@ where
             self.consider(key, now);
             return;
         }
-        let (seen, needed) = record
-            .policies()
-            .get(entry.ejected_by)
+        let (seen, needed) = entry
+            .ejected_by
+            .policy()
+            .and_then(|index| record.policies().get(index))
             .map_or((0, 0), |policy| {
                 (policy.counts(recorded_now).calls, policy.trial_calls())
             });
@@ -257,7 +258,7 @@ where
             return;
         }
         entry.endpoint.record().reset();
-        if entry.ejected_by != super::MIRRORED {
+        if entry.ejected_by != super::Ejector::Host {
             let host = entry.host.clone();
             self.share_host(host.as_deref(), false);
         }
