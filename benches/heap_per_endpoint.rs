@@ -1,7 +1,7 @@
 //! Heap held per endpoint, with 10 000 endpoints: through the layer's adaptor (each endpoint's
 //! record, policy states, monitor entry and the adaptor's maps, as a balancer holds the changes
 //! it yields) against tower's `PeakEwmaDiscover` over the same services. A counting allocator
-//! measures what stays allocated once every endpoint is discovered.
+//! measures what stays allocated once every endpoint is discovered and has answered one call.
 //!
 //! `cargo bench -p tower-outlier-benches --bench heap_per_endpoint`
 
@@ -10,6 +10,7 @@ mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::task::{Context, Poll};
@@ -24,6 +25,7 @@ use tower_outlier::weight::{WeightConfig, WeightPolicy};
 use tower_outlier::{
     DetectorConfig, DetectorPolicy, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer,
 };
+use tower_service::Service;
 
 struct Counting;
 
@@ -63,11 +65,14 @@ fn upstream() -> Upstream {
     futures::stream::iter(changes)
 }
 
-/// Drains `discover` the way a balancer does, keeping every change (and so every endpoint), and
-/// returns the bytes per endpoint allocated meanwhile, what it yielded still held.
-fn held_per_endpoint<D>(discover: D) -> f64
+/// Drains `discover` the way a balancer does, keeping every change (and so every endpoint), sends
+/// one call through each endpoint (what a called endpoint holds, such as its handle's lane, counts
+/// too), and returns the bytes per endpoint allocated meanwhile, what it yielded still held.
+fn held_per_endpoint<D, S, E>(discover: D) -> f64
 where
-    D: Stream + Unpin,
+    D: Stream<Item = Result<Change<usize, S>, E>> + Unpin,
+    S: Service<u64>,
+    E: std::fmt::Debug,
 {
     let before = LIVE.load(Ordering::Relaxed);
     let mut discover = discover;
@@ -75,9 +80,17 @@ where
     let waker = futures::task::noop_waker();
     let mut cx = Context::from_waker(&waker);
     while let Poll::Ready(Some(change)) = Pin::new(&mut discover).poll_next(&mut cx) {
-        held.push(change);
+        held.push(change.expect("discovery does not fail"));
     }
     assert_eq!(held.len(), ENDPOINTS);
+    for change in &mut held {
+        let Change::Insert(_, endpoint) = change else {
+            unreachable!("only inserts are discovered")
+        };
+        assert!(endpoint.poll_ready(&mut cx).is_ready());
+        let mut call = std::pin::pin!(endpoint.call(1));
+        assert!(call.as_mut().poll(&mut cx).is_ready());
+    }
     // The balancer's own list of what it holds is not the endpoints' cost.
     let list = (held.capacity() * std::mem::size_of_val(&held[0])) as isize;
     let after = LIVE.load(Ordering::Relaxed);

@@ -106,10 +106,10 @@ const LAST_OVERLOADED: u8 = 2;
 ///
 /// Shared through an `Arc` by the endpoint service, its clones and its in-flight response
 /// futures. Recording ([`observe`](Self::observe)) takes no lock and allocates nothing.
-// Aligned so that, inside an `Arc`, the reference counts (written by every call) do not share a
-// cache line with the fields every call reads, and the latency estimate (written by calls) does
-// not share one with either: callers on other cores then miss only on what they really share.
-#[repr(align(128))]
+// Not padded to cache lines: per call, the record is only read (the calls in flight are counted
+// on each handle's own lane, the windows split per core when cores contend, and the latency
+// estimate and last outcome are written only when they change), so cores sharing an endpoint do
+// not write the lines they share.
 pub struct EndpointRecord {
     clock: Clock,
     policies: Box<[Box<dyn EndpointPolicy>]>,
@@ -123,7 +123,6 @@ pub struct EndpointRecord {
 }
 
 /// Peak-sensitive EWMA of latencies, in nanoseconds, and when it last took a sample.
-#[repr(align(128))]
 struct Latency {
     rtt_nanos: AtomicU64,
     last_sample: AtomicU64,
@@ -259,11 +258,45 @@ impl EndpointRecord {
     /// permits are given back).
     #[inline]
     pub fn observe(&self, observation: &Observation, now: Nanos, probes: ProbePermits) {
+        self.record_observation(
+            observation,
+            duration_to_nanos(observation.latency),
+            now,
+            probes,
+        );
+    }
+
+    /// As [`observe`](Self::observe), for a call whose latency is already in nanoseconds (the
+    /// layer's own path: it saves converting the latency back from the observation's
+    /// `Duration`).
+    #[inline]
+    pub fn observe_call(&self, outcome: Outcome, latency: Nanos, now: Nanos, probes: ProbePermits) {
+        // `Duration::from_nanos` divides by 10^9 (as a multiply-high, but a long chain on every
+        // call); a call under a second needs no division.
+        let latency_duration = match u32::try_from(latency) {
+            Ok(nanos) if nanos < 1_000_000_000 => Duration::new(0, nanos),
+            _ => Duration::from_nanos(latency),
+        };
+        let observation = Observation {
+            outcome,
+            latency: latency_duration,
+        };
+        self.record_observation(&observation, latency, now, probes);
+    }
+
+    #[inline]
+    fn record_observation(
+        &self,
+        observation: &Observation,
+        latency: Nanos,
+        now: Nanos,
+        probes: ProbePermits,
+    ) {
         if observation.outcome == Outcome::Cancelled {
             self.cancel_probes(probes);
             return;
         }
-        self.sample_rtt(duration_to_nanos(observation.latency), now);
+        self.sample_rtt(latency, now);
         let last = match observation.outcome {
             Outcome::Failure(FailureKind::Overload) => LAST_OVERLOADED,
             Outcome::Failure(_) => LAST_FAILED,

@@ -1,22 +1,33 @@
 //! A lock-free, time-bucketed sliding window of call counts.
 //!
 //! The window is a ring of buckets; each bucket covers `span / buckets` of time and remembers which
-//! slice of time (its epoch) its counts belong to. Recording finds the bucket for `now`; if the
-//! bucket still holds an older epoch, the first recorder to claim it (one compare-and-swap) clears
-//! the old counts. Reading sums the buckets whose epochs fall inside the last `span`.
+//! slice of time (its epoch) its counts belong to. Reading sums the buckets whose epochs fall inside
+//! the last `span`.
 //!
-//! Recording takes no lock and allocates nothing: on the common path it is one atomic load and one
-//! or two `fetch_add`s. The price of having no lock is a documented imprecision at bucket
-//! boundaries: a recorder that read its timestamp just before a boundary and records just after
-//! another thread recycled the bucket may have its call counted in the new slice. That shifts one
-//! call by one bucket; it never loses one and never counts one twice. Sentinel's `LeapArray` has the
-//! same property.
+//! Recording takes no lock and allocates nothing. Its common path is two loads, a subtraction and
+//! a comparison (is `now` still in the newest slice?) and one atomic add on the bucket's packed
+//! counts; no division. Only the first recorder in a new slice divides, to find the bucket,
+//! and claims it (one compare-and-swap) by clearing the old counts.
+//!
+//! **Cores sharing a window.** An add that did not start from the count the recorder had just
+//! read means another core wrote the bucket meanwhile. The first time that happens the window grows one ring per core (up to 16) and each
+//! thread records in its own from then on, so cores that share an endpoint stop fighting over one
+//! cache line; reading sums the rings. A window only one core records into never grows.
+//!
+//! **Imprecision.** The price of having no lock is documented imprecision at bucket boundaries: a
+//! recorder that read its timestamp just before a boundary and records just after another thread
+//! recycled the bucket may have its call counted in the new slice. That shifts the call by one
+//! slice (by more only if the recorder was descheduled for a whole window); it never loses one and
+//! never counts one twice. Sentinel's `LeapArray` has the same property. A bucket counts at most
+//! about 4.29 billion calls per ring (2^32 − 2^16); calls past that in one slice are not counted.
 //!
 //! With one bucket the window is a fixed interval that restarts every `span`, which is exactly
 //! Sentinel's `statIntervalMs` behaviour.
 
+use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::clock::{duration_to_nanos, Nanos};
@@ -30,7 +41,7 @@ pub struct WindowCounts {
     pub calls: u64,
     /// Calls that finished as failures.
     pub failures: u64,
-    /// Calls slower than the policy's slow-call threshold.
+    /// Calls slower than the policy's slow-call threshold (0 for windows that do not count them).
     pub slow: u64,
 }
 
@@ -54,22 +65,76 @@ fn ratio(part: u64, whole: u64) -> f64 {
     }
 }
 
+// A bucket's calls in the low 32 bits of one word and its failures in the high 32, so a call is
+// one atomic update.
+const FAILURE: u64 = 1 << 32;
+const CALLS: u64 = u32::MAX as u64;
+// A bucket stops counting this far below its 32-bit limit, so recorders racing past the check can
+// never carry calls into failures.
+const SATURATED: u64 = CALLS - (1 << 16);
+
+// `Ring::newest` packs the epoch above the bucket index (`MAX_BUCKETS` = 2^10).
+const INDEX_BITS: u32 = 10;
+const INDEX: u64 = (1 << INDEX_BITS) - 1;
+
 struct Bucket {
     // The time slice (`now / bucket_nanos + 1`) these counts belong to; 0 means empty.
     epoch: AtomicU64,
-    calls: AtomicU64,
-    failures: AtomicU64,
-    slow: AtomicU64,
+    // Calls (low half) and failures (high half).
+    counts: AtomicU64,
 }
 
 impl Bucket {
     fn empty() -> Self {
         Bucket {
             epoch: AtomicU64::new(0),
-            calls: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
-            slow: AtomicU64::new(0),
+            counts: AtomicU64::new(0),
         }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        let counts = self.counts.load(Ordering::Relaxed);
+        (counts & CALLS, counts >> 32)
+    }
+}
+
+/// One ring of buckets: the whole window for one core (or for all, until they contend).
+struct Ring {
+    buckets: Box<[Bucket]>,
+    // Slow calls per bucket; empty when the window does not count them.
+    slow: Box<[AtomicU32]>,
+    // The newest slice claimed: its epoch above its bucket's index (0 before the first call).
+    newest: AtomicU64,
+}
+
+impl Ring {
+    fn new(buckets: usize, counts_slow: bool) -> Self {
+        Ring {
+            buckets: (0..buckets).map(|_| Bucket::empty()).collect(),
+            slow: if counts_slow {
+                (0..buckets).map(|_| AtomicU32::new(0)).collect()
+            } else {
+                Box::new([])
+            },
+            newest: AtomicU64::new(0),
+        }
+    }
+
+    fn slow(&self, index: usize) -> u64 {
+        self.slow
+            .get(index)
+            .map_or(0, |slow| u64::from(slow.load(Ordering::Relaxed)))
+    }
+
+    fn clear(&self) {
+        for (index, bucket) in self.buckets.iter().enumerate() {
+            bucket.epoch.store(0, Ordering::Release);
+            bucket.counts.store(0, Ordering::Relaxed);
+            if let Some(slow) = self.slow.get(index) {
+                slow.store(0, Ordering::Relaxed);
+            }
+        }
+        self.newest.store(0, Ordering::Relaxed);
     }
 }
 
@@ -114,12 +179,21 @@ impl WindowShape {
         Duration::from_nanos(self.bucket_nanos * self.buckets as u64)
     }
 
-    /// A new, empty window of this shape.
+    /// How many buckets a window of this shape slides by.
+    pub fn buckets(&self) -> usize {
+        self.buckets
+    }
+
+    /// A new, empty window of this shape counting calls and failures (its
+    /// [`WindowCounts::slow`] stays 0: `record`'s `slow` is ignored).
     pub fn window(&self) -> Window {
-        Window {
-            buckets: (0..self.buckets).map(|_| Bucket::empty()).collect(),
-            bucket_nanos: self.bucket_nanos,
-        }
+        Window::with_shape(*self, false)
+    }
+
+    /// A new, empty window of this shape that also counts slow calls (four bytes more per
+    /// bucket).
+    pub fn window_counting_slow(&self) -> Window {
+        Window::with_shape(*self, true)
     }
 }
 
@@ -138,7 +212,9 @@ impl WindowShape {
 /// assert_eq!(window.counts(11 * second).calls, 1);
 /// ```
 pub struct Window {
-    buckets: Box<[Bucket]>,
+    first: Ring,
+    // One ring per core past the first, made the first time cores contend on this window.
+    more: OnceLock<Box<[Ring]>>,
     bucket_nanos: u64,
 }
 
@@ -146,22 +222,35 @@ impl Window {
     /// Most buckets a window may have.
     pub const MAX_BUCKETS: usize = 1024;
 
-    /// A window covering `span`, split into `buckets` equal slices.
+    /// A window covering `span`, split into `buckets` equal slices, counting calls, failures and
+    /// slow calls.
     ///
     /// `span` must be at least one millisecond and `buckets` in `1..=1024`, and each bucket must
     /// cover at least one microsecond.
     pub fn new(span: Duration, buckets: usize) -> Result<Self, ConfigError> {
-        Ok(WindowShape::new(span, buckets)?.window())
+        Ok(WindowShape::new(span, buckets)?.window_counting_slow())
+    }
+
+    fn with_shape(shape: WindowShape, counts_slow: bool) -> Self {
+        Window {
+            first: Ring::new(shape.buckets, counts_slow),
+            more: OnceLock::new(),
+            bucket_nanos: shape.bucket_nanos,
+        }
     }
 
     /// The time the window covers.
     pub fn span(&self) -> Duration {
-        Duration::from_nanos(self.bucket_nanos * self.buckets.len() as u64)
+        Duration::from_nanos(self.bucket_nanos * self.first.buckets.len() as u64)
     }
 
     /// Number of buckets.
     pub fn buckets(&self) -> usize {
-        self.buckets.len()
+        self.first.buckets.len()
+    }
+
+    fn counts_slow(&self) -> bool {
+        !self.first.slow.is_empty()
     }
 
     #[inline]
@@ -169,11 +258,72 @@ impl Window {
         now / self.bucket_nanos + 1
     }
 
-    /// Records one finished call at time `now`. Lock-free and allocation-free.
+    fn rings(&self) -> impl Iterator<Item = &Ring> {
+        std::iter::once(&self.first).chain(self.more.get().into_iter().flat_map(|more| more.iter()))
+    }
+
+    /// Records one finished call at time `now`. Lock-free and allocation-free (but for the one
+    /// time cores first contend on this window: see the module documentation).
     #[inline]
     pub fn record(&self, now: Nanos, failed: bool, slow: bool) {
+        let ring = match self.more.get() {
+            None => &self.first,
+            Some(more) => match thread_stripe() as usize & more.len() {
+                0 => &self.first,
+                stripe => &more[stripe - 1],
+            },
+        };
+        if self.record_in(ring, now, failed, slow) {
+            self.contended();
+        }
+    }
+
+    /// Records in `ring`; true when another core wrote the same bucket meanwhile.
+    #[inline]
+    fn record_in(&self, ring: &Ring, now: Nanos, failed: bool, slow: bool) -> bool {
+        let newest = ring.newest.load(Ordering::Acquire);
+        let slice_start = (newest >> INDEX_BITS)
+            .wrapping_sub(1)
+            .wrapping_mul(self.bucket_nanos);
+        let index = if newest != 0 && now.wrapping_sub(slice_start) < self.bucket_nanos {
+            (newest & INDEX) as usize
+        } else {
+            match self.claim(ring, now) {
+                Some(index) => index,
+                None => return false,
+            }
+        };
+        let bucket = &ring.buckets[index];
+        let add = if failed { 1 + FAILURE } else { 1 };
+        let before = bucket.counts.load(Ordering::Relaxed);
+        if before & CALLS >= SATURATED {
+            return false;
+        }
+        // Another core wrote the bucket between the load and the add when the add did not start
+        // from what the load saw (an add does not wait on the load, as a compare-and-swap would).
+        let added_to = bucket.counts.fetch_add(add, Ordering::Relaxed);
+        let contended = added_to != before;
+        if contended && added_to & CALLS >= SATURATED {
+            bucket.counts.fetch_sub(add, Ordering::Relaxed);
+            return true;
+        }
+        if slow {
+            if let Some(count) = ring.slow.get(index) {
+                if count.fetch_add(1, Ordering::Relaxed) as u64 >= SATURATED {
+                    count.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        contended
+    }
+
+    /// The bucket of `now`'s slice in `ring`, cleared first if it held an older slice; `None`
+    /// when the call is older than the window.
+    #[cold]
+    fn claim(&self, ring: &Ring, now: Nanos) -> Option<usize> {
         let epoch = self.epoch_of(now);
-        let bucket = &self.buckets[(epoch % self.buckets.len() as u64) as usize];
+        let index = (epoch % ring.buckets.len() as u64) as usize;
+        let bucket = &ring.buckets[index];
         loop {
             let current = bucket.epoch.load(Ordering::Acquire);
             if current == epoch {
@@ -182,44 +332,62 @@ impl Window {
             if current > epoch {
                 // The slot already moved on a whole ring ahead of this timestamp, so the call is
                 // older than the window: it no longer belongs to any counted slice.
-                return;
+                return None;
             }
             // Take the stale counts before claiming the slot, and subtract exactly those after:
             // calls recorded by others between the claim and the subtraction survive.
-            let calls = bucket.calls.load(Ordering::Relaxed);
-            let failures = bucket.failures.load(Ordering::Relaxed);
-            let slow_calls = bucket.slow.load(Ordering::Relaxed);
+            let counts = bucket.counts.load(Ordering::Relaxed);
+            let slow = ring.slow(index) as u32;
             if bucket
                 .epoch
                 .compare_exchange(current, epoch, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                bucket.calls.fetch_sub(calls, Ordering::Relaxed);
-                bucket.failures.fetch_sub(failures, Ordering::Relaxed);
-                bucket.slow.fetch_sub(slow_calls, Ordering::Relaxed);
+                bucket.counts.fetch_sub(counts, Ordering::Relaxed);
+                if let Some(count) = ring.slow.get(index) {
+                    count.fetch_sub(slow, Ordering::Relaxed);
+                }
                 break;
             }
         }
-        bucket.calls.fetch_add(1, Ordering::Relaxed);
-        if failed {
-            bucket.failures.fetch_add(1, Ordering::Relaxed);
+        let slice = epoch << INDEX_BITS | index as u64;
+        if ring.newest.load(Ordering::Relaxed) < slice {
+            ring.newest.fetch_max(slice, Ordering::AcqRel);
         }
-        if slow {
-            bucket.slow.fetch_add(1, Ordering::Relaxed);
+        Some(index)
+    }
+
+    /// Cores contend on this window: give each its own ring, or move this thread to another.
+    #[cold]
+    fn contended(&self) {
+        if self.more.get().is_some() {
+            rehash_thread_stripe();
+            return;
         }
+        let counts_slow = self.counts_slow();
+        self.more.get_or_init(|| {
+            (1..stripes())
+                .map(|_| Ring::new(self.first.buckets.len(), counts_slow))
+                .collect()
+        });
     }
 
     /// The counts of the last `span` as seen at `now`.
     pub fn counts(&self, now: Nanos) -> WindowCounts {
         let newest = self.epoch_of(now);
-        let oldest = newest.saturating_sub(self.buckets.len() as u64 - 1).max(1);
+        let oldest = newest
+            .saturating_sub(self.first.buckets.len() as u64 - 1)
+            .max(1);
         let mut counts = WindowCounts::default();
-        for bucket in self.buckets.iter() {
-            let epoch = bucket.epoch.load(Ordering::Acquire);
-            if epoch >= oldest && epoch <= newest {
-                counts.calls += bucket.calls.load(Ordering::Relaxed);
-                counts.failures += bucket.failures.load(Ordering::Relaxed);
-                counts.slow += bucket.slow.load(Ordering::Relaxed);
+        for ring in self.rings() {
+            for (index, bucket) in ring.buckets.iter().enumerate() {
+                let epoch = bucket.epoch.load(Ordering::Acquire);
+                if epoch >= oldest && epoch <= newest {
+                    let (calls, failures) = bucket.counts();
+                    counts.calls += calls;
+                    counts.failures += failures;
+                    counts.slow += ring.slow(index);
+                }
             }
         }
         // A reader racing a recycle can see the new epoch before the old counts are subtracted;
@@ -230,44 +398,62 @@ impl Window {
     }
 
     /// Takes over what `previous` holds at `now`, when a configuration change replaces one window
-    /// by another (cold path): bucket by bucket when both have the same shape, otherwise all of
+    /// by another (cold path): slice by slice when both have the same shape, otherwise all of
     /// `previous`'s counts in the current bucket (they age out of the new window as one slice).
     pub fn absorb(&self, previous: &Window, now: Nanos) {
-        if previous.bucket_nanos == self.bucket_nanos
-            && previous.buckets.len() == self.buckets.len()
-        {
-            for (mine, theirs) in self.buckets.iter().zip(previous.buckets.iter()) {
-                mine.epoch
-                    .store(theirs.epoch.load(Ordering::Acquire), Ordering::Release);
-                for (to, from) in [
-                    (&mine.calls, &theirs.calls),
-                    (&mine.failures, &theirs.failures),
-                    (&mine.slow, &theirs.slow),
-                ] {
-                    to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.clear();
+        if previous.bucket_nanos == self.bucket_nanos && previous.buckets() == self.buckets() {
+            for index in 0..self.buckets() {
+                // Each ring's slot may hold another slice: keep the newest, summed over rings.
+                let epoch = previous
+                    .rings()
+                    .map(|ring| ring.buckets[index].epoch.load(Ordering::Acquire))
+                    .max()
+                    .unwrap_or(0);
+                let (mut calls, mut failures, mut slow) = (0, 0, 0);
+                for ring in previous.rings() {
+                    if epoch != 0 && ring.buckets[index].epoch.load(Ordering::Acquire) == epoch {
+                        let (c, f) = ring.buckets[index].counts();
+                        calls += c;
+                        failures += f;
+                        slow += ring.slow(index);
+                    }
                 }
+                self.set(index, epoch, calls, failures, slow);
             }
             return;
         }
         let counts = previous.counts(now);
         let epoch = self.epoch_of(now);
-        let bucket = &self.buckets[(epoch % self.buckets.len() as u64) as usize];
-        self.clear();
+        let index = (epoch % self.buckets() as u64) as usize;
+        self.set(index, epoch, counts.calls, counts.failures, counts.slow);
+    }
+
+    /// Sets a bucket of the first ring (cold path, counts clamped to what a bucket holds).
+    fn set(&self, index: usize, epoch: u64, calls: u64, failures: u64, slow: u64) {
+        let calls = calls.min(SATURATED);
+        let (failures, slow) = (failures.min(calls), slow.min(calls));
+        let bucket = &self.first.buckets[index];
         bucket.epoch.store(epoch, Ordering::Release);
-        bucket.calls.store(counts.calls, Ordering::Relaxed);
-        bucket.failures.store(counts.failures, Ordering::Relaxed);
-        bucket.slow.store(counts.slow, Ordering::Relaxed);
+        bucket
+            .counts
+            .store(calls | failures << 32, Ordering::Relaxed);
+        if let Some(count) = self.first.slow.get(index) {
+            count.store(slow as u32, Ordering::Relaxed);
+        }
+        if epoch != 0 {
+            self.first
+                .newest
+                .fetch_max(epoch << INDEX_BITS | index as u64, Ordering::AcqRel);
+        }
     }
 
     /// Forgets every recorded call.
     ///
     /// Used when an endpoint returns from ejection and must be judged only on what happens after.
     pub fn clear(&self) {
-        for bucket in self.buckets.iter() {
-            bucket.epoch.store(0, Ordering::Release);
-            bucket.calls.store(0, Ordering::Relaxed);
-            bucket.failures.store(0, Ordering::Relaxed);
-            bucket.slow.store(0, Ordering::Relaxed);
+        for ring in self.rings() {
+            ring.clear();
         }
     }
 }
@@ -276,9 +462,52 @@ impl fmt::Debug for Window {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Window")
             .field("span", &self.span())
-            .field("buckets", &self.buckets.len())
+            .field("buckets", &self.buckets())
+            .field("rings", &self.rings().count())
             .finish()
     }
+}
+
+/// How many rings a contended window splits into: one per core, a power of two, 2 to 16.
+fn stripes() -> usize {
+    static STRIPES: OnceLock<usize> = OnceLock::new();
+    *STRIPES.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(2, |cores| cores.get())
+            .clamp(2, 16)
+            .next_power_of_two()
+    })
+}
+
+thread_local! {
+    // This thread's ring in contended windows (0: not assigned yet).
+    static STRIPE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// This thread's stripe: threads are numbered in the order they first record, so the first
+/// `stripes()` threads to share a window get rings of their own.
+#[inline]
+fn thread_stripe() -> u32 {
+    STRIPE.with(|stripe| match stripe.get() {
+        0 => {
+            static NEXT: AtomicU32 = AtomicU32::new(1);
+            let assigned = NEXT.fetch_add(1, Ordering::Relaxed).max(1);
+            stripe.set(assigned);
+            assigned
+        }
+        assigned => assigned,
+    })
+}
+
+/// Moves this thread to another ring after it met another core on its own (xorshift).
+fn rehash_thread_stripe() {
+    STRIPE.with(|stripe| {
+        let mut x = stripe.get().max(1);
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        stripe.set(x.max(1));
+    });
 }
 
 #[cfg(test)]
@@ -394,6 +623,87 @@ mod tests {
             longer.counts(40 * second).calls,
             0,
             "they age out as one slice"
+        );
+    }
+
+    #[test]
+    fn contention_gives_cores_rings_of_their_own_and_loses_nothing() {
+        let w = std::sync::Arc::new(Window::new(Duration::from_secs(60), 6).unwrap());
+        assert_eq!(w.rings().count(), 1, "one ring until cores contend");
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let w = w.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200_000u64 {
+                        w.record(MS * (i % 30_000), (i + t) % 4 == 0, i % 2 == 0);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let c = w.counts(30_000 * MS);
+        assert_eq!((c.calls, c.failures, c.slow), (800_000, 200_000, 400_000));
+        // Whether the threads met depends on the scheduler; when they did, the window split.
+        let rings = w.rings().count();
+        assert!(rings == 1 || rings == stripes(), "{rings}");
+        // Forced apart, the rings still read as one window, slide, absorb and clear as one.
+        w.contended();
+        assert_eq!(w.rings().count(), stripes());
+        std::thread::scope(|scope| {
+            scope.spawn(|| w.record(59_000 * MS, true, false));
+        });
+        assert_eq!(w.counts(59_000 * MS).calls, 800_001);
+        let copy = Window::new(Duration::from_secs(60), 6).unwrap();
+        copy.absorb(&w, 59_000 * MS);
+        assert_eq!(copy.counts(59_000 * MS), w.counts(59_000 * MS));
+        assert_eq!(
+            copy.counts(70_000 * MS),
+            w.counts(70_000 * MS),
+            "slices keep their age"
+        );
+        w.clear();
+        assert_eq!(w.counts(59_000 * MS), WindowCounts::default());
+    }
+
+    #[test]
+    fn a_full_bucket_stops_counting_instead_of_overflowing() {
+        let w = Window::new(Duration::from_secs(1), 1).unwrap();
+        w.set(0, 1, SATURATED - 1, 7, 3);
+        for _ in 0..3 {
+            w.record(10 * MS, true, true);
+        }
+        let c = w.counts(10 * MS);
+        assert_eq!((c.calls, c.failures, c.slow), (SATURATED, 8, 4));
+    }
+
+    #[test]
+    fn only_slow_counting_windows_count_slow_calls() {
+        let shape = WindowShape::new(Duration::from_secs(1), 2).unwrap();
+        let plain = shape.window();
+        let slow = shape.window_counting_slow();
+        for w in [&plain, &slow] {
+            w.record(MS, false, true);
+        }
+        assert_eq!(plain.counts(MS).slow, 0);
+        assert_eq!(slow.counts(MS).slow, 1);
+        assert_eq!(plain.counts(MS).calls, 1);
+    }
+
+    #[test]
+    fn late_timestamps_find_their_own_slice() {
+        let w = Window::new(Duration::from_secs(10), 10).unwrap();
+        w.record(5_500 * MS, false, false);
+        // A recorder that read its clock before the boundary records after a newer call.
+        w.record(4_900 * MS, true, false);
+        w.record(5_600 * MS, false, false);
+        let c = w.counts(5_600 * MS);
+        assert_eq!((c.calls, c.failures), (3, 1));
+        assert_eq!(
+            w.counts(14_950 * MS).calls,
+            2,
+            "the late call aged with its own slice"
         );
     }
 }

@@ -139,7 +139,7 @@ impl Breaker {
             state: AtomicU8::new(CLOSED),
             open_until: AtomicU64::new(0),
             last_trigger: AtomicU64::new(0f64.to_bits()),
-            window: config.interval.window(),
+            window: config.interval.window_counting_slow(),
             suspect: AtomicBool::new(false),
             strategy: config.strategy,
             max_rt_nanos,
@@ -157,7 +157,7 @@ impl Breaker {
             && self.min_requests == config.min_requests
             && self.open_nanos == duration_to_nanos(config.open_duration)
             && self.window.span() == config.interval.span()
-            && self.window.buckets() == config.interval.window().buckets()
+            && self.window.buckets() == config.interval.buckets()
     }
 
     /// Takes over `previous`'s state and interval counts (a rule reloaded unchanged keeps its

@@ -1,12 +1,12 @@
 //! The endpoint service: wraps one discovered service, records its outcomes and reports its load.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use tower::load::Load;
-use tower_outlier_core::{EndpointRecord, Nanos, ProbePermits};
+use tower_outlier_core::{EndpointRecord, Lock, Nanos, ProbePermits};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
@@ -16,9 +16,10 @@ use crate::response::ResponseClassifier;
 pub(crate) struct Shared<C> {
     pub(crate) record: EndpointRecord,
     pub(crate) classifier: C,
-    // How many `OutlierEndpoint` values hold this record. Every other strong reference is an in-flight
-    // response future, so the in-flight count is derived instead of counted twice per call.
-    holders: AtomicUsize,
+    // Every lane made for a handle of this endpoint, to sum the calls in flight (cold path, and
+    // `Load` while more than one handle calls).
+    lanes: Lock<Vec<Weak<Lane<C>>>>,
+    live_lanes: AtomicUsize,
 }
 
 impl<C> Shared<C> {
@@ -26,15 +27,72 @@ impl<C> Shared<C> {
         Arc::new(Shared {
             record,
             classifier,
-            holders: AtomicUsize::new(0),
+            lanes: Lock::new(Vec::new()),
+            live_lanes: AtomicUsize::new(0),
         })
+    }
+
+    /// Calls in flight through every handle.
+    fn in_flight(&self) -> usize {
+        self.lanes
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            // Minus the reference just taken.
+            .map(|lane| lane.in_flight().saturating_sub(1))
+            .sum()
+    }
+}
+
+/// The calls one handle has in flight: each response future holds a reference, so the count is
+/// the reference count, and the cache line it lives on is written only by this handle's calls.
+/// A handle gets its lane at its first call, so cores calling through clones of one endpoint
+/// never write the same memory per call; copies that never call (the layer's own) have none.
+pub(crate) struct Lane<C> {
+    pub(crate) shared: Arc<Shared<C>>,
+    // Whether the handle that made this lane still holds it.
+    held: AtomicBool,
+    // The reference counts of `Arc<Lane>` come first: padding the allocation to a cache line
+    // keeps another lane's counts off it.
+    _line: [u64; 4],
+}
+
+impl<C> Lane<C> {
+    fn new(shared: Arc<Shared<C>>) -> Arc<Self> {
+        let lane = Arc::new(Lane {
+            shared,
+            held: AtomicBool::new(true),
+            _line: [0; 4],
+        });
+        let mut lanes = lane.shared.lanes.lock();
+        lanes.retain(|lane| lane.strong_count() > 0);
+        // Most endpoints get one lane: no room for more until a second handle calls.
+        lanes.reserve_exact(1);
+        lanes.push(Arc::downgrade(&lane));
+        lane.shared.live_lanes.store(lanes.len(), Ordering::Relaxed);
+        drop(lanes);
+        lane
+    }
+
+    /// References to this lane other than its handle's: its response futures, plus any the
+    /// caller holds.
+    fn in_flight(self: &Arc<Self>) -> usize {
+        Arc::strong_count(self) - usize::from(self.held.load(Ordering::Relaxed))
+    }
+}
+
+impl<C> Drop for Lane<C> {
+    fn drop(&mut self) {
+        let mut lanes = self.shared.lanes.lock();
+        lanes.retain(|lane| lane.strong_count() > 0);
+        self.shared.live_lanes.store(lanes.len(), Ordering::Relaxed);
     }
 }
 
 /// Lets the monitor read records without knowing the classifier type.
 pub(crate) trait HasRecord: Send + Sync {
     fn record(&self) -> &EndpointRecord;
-    fn in_flight(self: Arc<Self>) -> usize;
+    fn in_flight(&self) -> usize;
 }
 
 impl<C: Send + Sync> HasRecord for Shared<C> {
@@ -42,32 +100,53 @@ impl<C: Send + Sync> HasRecord for Shared<C> {
         &self.record
     }
 
-    fn in_flight(self: Arc<Self>) -> usize {
-        // Minus the reference this call itself holds.
-        in_flight(&self).saturating_sub(1)
+    fn in_flight(&self) -> usize {
+        Shared::in_flight(self)
     }
 }
 
-fn in_flight<C>(shared: &Arc<Shared<C>>) -> usize {
-    Arc::strong_count(shared).saturating_sub(shared.holders.load(Ordering::Relaxed))
-}
-
-/// One holder's reference; cloning and dropping it keeps `holders` exact. It also carries the
-/// probe permits this handle was granted by `poll_ready` for its next call, and gives them back
-/// if it is dropped first (a balancer evicting a ready endpoint).
+/// One handle's hold on the record; it also carries the probe permits this handle was granted
+/// by `poll_ready` for its next call, and gives them back if it is dropped first (a balancer
+/// evicting a ready endpoint).
 struct Holder<C> {
     shared: Arc<Shared<C>>,
+    lane: Option<Arc<Lane<C>>>,
     permits: ProbePermits,
     draws: Draws,
 }
 
 impl<C> Holder<C> {
     fn new(shared: Arc<Shared<C>>) -> Self {
-        shared.holders.fetch_add(1, Ordering::Relaxed);
         Holder {
             shared,
+            lane: None,
             permits: 0,
             draws: Draws::default(),
+        }
+    }
+
+    /// This handle's lane, made at its first call.
+    #[inline]
+    fn lane(&mut self) -> Arc<Lane<C>> {
+        match &self.lane {
+            Some(lane) => lane.clone(),
+            None => self.first_lane(),
+        }
+    }
+
+    #[cold]
+    fn first_lane(&mut self) -> Arc<Lane<C>> {
+        self.lane.insert(Lane::new(self.shared.clone())).clone()
+    }
+
+    /// Calls in flight through every handle of the endpoint.
+    #[inline]
+    fn in_flight(&self) -> usize {
+        match &self.lane {
+            // This handle's lane is the endpoint's only one: no need to look at the others.
+            Some(lane) if self.shared.live_lanes.load(Ordering::Relaxed) == 1 => lane.in_flight(),
+            None if self.shared.live_lanes.load(Ordering::Relaxed) == 0 => 0,
+            _ => self.shared.in_flight(),
         }
     }
 }
@@ -151,7 +230,9 @@ impl<C> Clone for Holder<C> {
 impl<C> Drop for Holder<C> {
     fn drop(&mut self) {
         self.shared.record.cancel_probes(self.permits);
-        self.shared.holders.fetch_sub(1, Ordering::Relaxed);
+        if let Some(lane) = &self.lane {
+            lane.held.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -212,7 +293,7 @@ impl<S, C> OutlierEndpoint<S, C> {
 
     /// Requests sent through this endpoint (or its clones) whose response futures are still alive.
     pub fn in_flight(&self) -> usize {
-        in_flight(&self.holder.shared)
+        self.holder.in_flight()
     }
 
     /// A reference to the inner service.
@@ -276,12 +357,7 @@ where
         self.holder.draws.dispatched();
         let start = self.record().clock().now();
         let probes = std::mem::take(&mut self.holder.permits);
-        ResponseFuture::new(
-            self.inner.call(request),
-            self.holder.shared.clone(),
-            start,
-            probes,
-        )
+        ResponseFuture::new(self.inner.call(request), self.holder.lane(), start, probes)
     }
 }
 
@@ -339,5 +415,75 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         }
         let rtt = record.rtt_estimate(now) + COST_FLOOR_NANOS;
         Cost(rtt * (in_flight as f64 + 1.0) / weight)
+    }
+}
+
+#[cfg(all(test, feature = "ejection"))]
+mod tests {
+    use std::future::Future;
+    use std::task::{Context, Poll};
+
+    use tower::load::Load;
+
+    use futures::future::{pending, Pending};
+    use tower_service::Service;
+
+    use crate::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+
+    #[derive(Clone)]
+    struct Hang;
+
+    impl Service<()> for Hang {
+        type Response = ();
+        type Error = std::io::Error;
+        type Future = Pending<Result<(), std::io::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: ()) -> Self::Future {
+            pending()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_in_flight_are_counted_across_every_handle() {
+        let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+            ErrorRateConfig::hsf().build().unwrap(),
+        ));
+        let mut first = layer.endpoint(Hang);
+        let mut second = first.clone();
+        let idle = first.clone();
+        assert_eq!(idle.in_flight(), 0, "no handle has called yet");
+        let one = first.call(());
+        assert_eq!(first.in_flight(), 1, "one lane: read on its own");
+        let two = second.call(());
+        let three = second.call(());
+        for handle in [&first, &second, &idle] {
+            assert_eq!(handle.in_flight(), 3, "lanes are summed for every handle");
+        }
+        drop(second);
+        assert_eq!(
+            first.in_flight(),
+            3,
+            "a dropped handle's calls are still in flight"
+        );
+        drop((two, three));
+        assert_eq!(first.in_flight(), 1);
+        assert_eq!(idle.in_flight(), 1);
+        // Polled and then dropped, a call leaves the count as well.
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut one = Box::pin(one);
+        assert!(one.as_mut().poll(&mut cx).is_pending());
+        drop(one);
+        assert_eq!(first.in_flight(), 0);
+        let load_idle = first.load().value();
+        let _pending = first.call(());
+        assert!(
+            first.load().value() > load_idle,
+            "in-flight calls raise the cost"
+        );
     }
 }

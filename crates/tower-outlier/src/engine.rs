@@ -699,8 +699,8 @@ where
                 t.status = status;
                 t.next_check = next_check;
                 t.failed_checks = failed_checks;
-                if reason.is_some() {
-                    t.last_reason = reason;
+                if let Some(reason) = reason {
+                    t.last_reason = Some(Box::new(reason));
                 }
             });
         }

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 use tower_outlier_core::{Nanos, ProbePermits};
 
-use crate::endpoint::Shared;
+use crate::endpoint::Lane;
 use crate::response::{Recorder, ResponseClassifier};
 
 pin_project! {
@@ -29,29 +29,24 @@ pin_project! {
 /// The record to report to, taken when the future completes; dropped before, it gives back the
 /// call's probe permits.
 struct Completion<C> {
-    shared: Option<Arc<Shared<C>>>,
+    lane: Option<Arc<Lane<C>>>,
     probes: ProbePermits,
 }
 
 impl<C> Drop for Completion<C> {
     fn drop(&mut self) {
-        if let Some(shared) = self.shared.take() {
-            shared.record.cancel_probes(self.probes);
+        if let Some(lane) = self.lane.take() {
+            lane.shared.record.cancel_probes(self.probes);
         }
     }
 }
 
 impl<F, C> ResponseFuture<F, C> {
-    pub(crate) fn new(
-        inner: F,
-        shared: Arc<Shared<C>>,
-        start: Nanos,
-        probes: ProbePermits,
-    ) -> Self {
+    pub(crate) fn new(inner: F, lane: Arc<Lane<C>>, start: Nanos, probes: ProbePermits) -> Self {
         ResponseFuture {
             inner,
             completion: Completion {
-                shared: Some(shared),
+                lane: Some(lane),
                 probes,
             },
             start,
@@ -69,16 +64,16 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        if this.completion.shared.is_none() {
+        if this.completion.lane.is_none() {
             // Polled after it completed. `Future` allows anything here but a panic is the
             // caller's to have, not ours: stay pending, as the trait permits.
             return Poll::Pending;
         }
         let result = std::task::ready!(this.inner.poll(cx));
-        let Some(shared) = this.completion.shared.take() else {
+        let Some(lane) = this.completion.lane.take() else {
             return Poll::Pending;
         };
-        let recorder = Recorder::new(shared, *this.start, this.completion.probes);
+        let recorder = Recorder::new(lane, *this.start, this.completion.probes);
         Poll::Ready(C::complete(result, recorder))
     }
 }
@@ -86,7 +81,7 @@ where
 impl<F, C> fmt::Debug for ResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("done", &self.completion.shared.is_none())
+            .field("done", &self.completion.lane.is_none())
             .finish_non_exhaustive()
     }
 }

@@ -163,7 +163,8 @@ pub(crate) struct Tracked {
     pub(crate) status: EndpointStatus,
     pub(crate) next_check: Option<Instant>,
     pub(crate) failed_checks: u32,
-    pub(crate) last_reason: Option<Reason>,
+    // Boxed: most endpoints are never ejected, and the monitor keeps one entry per endpoint.
+    pub(crate) last_reason: Option<Box<Reason>>,
     // The names of the policies of the layer that built the endpoint's adaptor, in order.
     pub(crate) policies: Arc<[&'static str]>,
 }
@@ -222,7 +223,7 @@ impl Monitor {
                     absolute_weight,
                     degraded,
                     failed_checks: tracked.failed_checks,
-                    last_reason: tracked.last_reason.clone(),
+                    last_reason: tracked.last_reason.as_deref().cloned(),
                     weight: record.weight(),
                     in_flight: shared.in_flight(),
                 })

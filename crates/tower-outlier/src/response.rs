@@ -7,14 +7,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tower_outlier_core::classify::{ClassifyFn, Predicate};
-use tower_outlier_core::{
-    Classify, Nanos, NetworkErrors, Observation, Outcome, ProbePermits, ServerErrors,
-};
+use tower_outlier_core::{Classify, Nanos, NetworkErrors, Outcome, ProbePermits, ServerErrors};
 
-use crate::endpoint::Shared;
+use crate::endpoint::Lane;
 
 /// Decides the outcome of a finished call and hands the caller its response.
 ///
@@ -98,7 +95,7 @@ immediate! {
 /// Dropped without recording, the call counts as cancelled (neither success nor failure) and any
 /// probe permit it held is given back.
 pub struct Recorder<C> {
-    shared: Arc<Shared<C>>,
+    lane: Arc<Lane<C>>,
     start: Nanos,
     // Fixed when the response headers arrived, for outcomes decided at the end of the body.
     latency: Option<Nanos>,
@@ -107,9 +104,9 @@ pub struct Recorder<C> {
 }
 
 impl<C> Recorder<C> {
-    pub(crate) fn new(shared: Arc<Shared<C>>, start: Nanos, probes: ProbePermits) -> Self {
+    pub(crate) fn new(lane: Arc<Lane<C>>, start: Nanos, probes: ProbePermits) -> Self {
         Recorder {
-            shared,
+            lane,
             start,
             latency: None,
             probes,
@@ -120,13 +117,13 @@ impl<C> Recorder<C> {
     /// The endpoint's classifier.
     #[inline]
     pub fn classifier(&self) -> &C {
-        &self.shared.classifier
+        &self.lane.shared.classifier
     }
 
     /// Fixes the call's latency at now (the time to the response headers), for an outcome that
     /// will be recorded later.
     pub fn freeze_latency(&mut self) {
-        let now = self.shared.record.clock().now();
+        let now = self.lane.shared.record.clock().now();
         self.latency = Some(now.saturating_sub(self.start));
     }
 
@@ -134,7 +131,7 @@ impl<C> Recorder<C> {
     #[inline]
     pub fn record(mut self, outcome: Outcome) {
         self.recorded = true;
-        let record = &self.shared.record;
+        let record = &self.lane.shared.record;
         if outcome == Outcome::Cancelled {
             record.cancel_probes(self.probes);
             return;
@@ -143,18 +140,14 @@ impl<C> Recorder<C> {
         let latency = self
             .latency
             .unwrap_or_else(|| now.saturating_sub(self.start));
-        let observation = Observation {
-            outcome,
-            latency: Duration::from_nanos(latency),
-        };
-        record.observe(&observation, now, self.probes);
+        record.observe_call(outcome, latency, now, self.probes);
     }
 }
 
 impl<C> Drop for Recorder<C> {
     fn drop(&mut self) {
         if !self.recorded {
-            self.shared.record.cancel_probes(self.probes);
+            self.lane.shared.record.cancel_probes(self.probes);
         }
     }
 }
