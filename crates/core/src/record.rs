@@ -49,9 +49,7 @@ impl Notifier {
     /// is spent, or one endpoint is left), gathering evidence against an endpoint only costs
     /// callers failed requests, so [`EndpointRecord::calls_wanted`] asks for none.
     pub fn set_room_to_eject(&self, room: bool) {
-        if self.room_to_eject.load(Ordering::Relaxed) != room {
-            self.room_to_eject.store(room, Ordering::Relaxed);
-        }
+        store_if_changed(&self.room_to_eject, room);
     }
 
     /// Whether an ejection would be allowed now (true until the layer says otherwise).
@@ -83,6 +81,26 @@ impl fmt::Debug for Notifier {
             .field("dirty", &self.dirty.load(Ordering::Relaxed))
             .field("room_to_eject", &self.room_to_eject())
             .finish()
+    }
+}
+
+/// Stores `value` in `flag` unless it already holds it.
+///
+/// A flag that per-call paths read stays in every reading core's cache while it does not change;
+/// an unconditional store would take the line away from all of them each time.
+///
+/// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use tower_outlier_core::store_if_changed;
+///
+/// let suspect = AtomicBool::new(false);
+/// store_if_changed(&suspect, true);
+/// assert!(suspect.load(Ordering::Relaxed));
+/// ```
+#[inline]
+pub fn store_if_changed(flag: &AtomicBool, value: bool) {
+    if flag.load(Ordering::Relaxed) != value {
+        flag.store(value, Ordering::Relaxed);
     }
 }
 

@@ -109,10 +109,28 @@ struct Ring {
 
 impl Ring {
     fn new(buckets: usize, counts_slow: bool) -> Self {
+        Ring::with_padding(buckets, counts_slow, 0)
+    }
+
+    /// A ring for one more core, its arrays followed by a cache line of padding: the rings of a
+    /// window are allocated one after another, and without it the last buckets of one could share
+    /// a line with the first of the next, which another core writes. The padding is never used
+    /// (indices stay below the window's bucket count).
+    fn for_another_core(buckets: usize, counts_slow: bool) -> Self {
+        Ring::with_padding(buckets, counts_slow, 64)
+    }
+
+    fn with_padding(buckets: usize, counts_slow: bool, padding_bytes: usize) -> Self {
+        let bucket_padding = padding_bytes / std::mem::size_of::<Bucket>();
+        let slow_padding = padding_bytes / std::mem::size_of::<AtomicU32>();
         Ring {
-            buckets: (0..buckets).map(|_| Bucket::empty()).collect(),
+            buckets: (0..buckets + bucket_padding)
+                .map(|_| Bucket::empty())
+                .collect(),
             slow: if counts_slow {
-                (0..buckets).map(|_| AtomicU32::new(0)).collect()
+                (0..buckets + slow_padding)
+                    .map(|_| AtomicU32::new(0))
+                    .collect()
             } else {
                 Box::new([])
             },
@@ -322,7 +340,7 @@ impl Window {
     #[cold]
     fn claim(&self, ring: &Ring, now: Nanos) -> Option<usize> {
         let epoch = self.epoch_of(now);
-        let index = (epoch % ring.buckets.len() as u64) as usize;
+        let index = (epoch % self.buckets() as u64) as usize;
         let bucket = &ring.buckets[index];
         loop {
             let current = bucket.epoch.load(Ordering::Acquire);
@@ -367,7 +385,7 @@ impl Window {
         let counts_slow = self.counts_slow();
         self.more.get_or_init(|| {
             (1..stripes())
-                .map(|_| Ring::new(self.first.buckets.len(), counts_slow))
+                .map(|_| Ring::for_another_core(self.buckets(), counts_slow))
                 .collect()
         });
     }

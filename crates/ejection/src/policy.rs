@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    Budget, EndpointPolicy, Judgement, Nanos, Observation, Policy, Reason, RecoverySchedule,
-    Signal, Window, WindowCounts,
+    store_if_changed, Budget, EndpointPolicy, Judgement, Nanos, Observation, Policy, Reason,
+    RecoverySchedule, Signal, Window, WindowCounts,
 };
 
 use crate::config::ErrorRateConfig;
@@ -108,6 +108,23 @@ impl ErrorRateEndpoint {
     fn outlier(&self, counts: WindowCounts) -> bool {
         counts.calls >= self.min_calls && counts.failure_rate() > self.threshold
     }
+
+    /// Whether the window, just recorded in, makes the endpoint an outlier. Kept out of
+    /// `record` so that a plain success runs without the registers this needs.
+    #[inline(never)]
+    fn check(&self, now: Nanos) -> Signal {
+        let counts = self.window.counts(now);
+        if counts.calls < self.min_calls {
+            store_if_changed(&self.suspect, counts.failure_rate() > self.threshold);
+            return Signal::None;
+        }
+        store_if_changed(&self.suspect, false);
+        if self.outlier(counts) {
+            Signal::Evaluate
+        } else {
+            Signal::None
+        }
+    }
 }
 
 impl EndpointPolicy for ErrorRateEndpoint {
@@ -123,18 +140,7 @@ impl EndpointPolicy for ErrorRateEndpoint {
         if !failed && !self.suspect.load(Ordering::Relaxed) {
             return Signal::None;
         }
-        let counts = self.window.counts(now);
-        if counts.calls < self.min_calls {
-            self.suspect
-                .store(counts.failure_rate() > self.threshold, Ordering::Relaxed);
-            return Signal::None;
-        }
-        self.suspect.store(false, Ordering::Relaxed);
-        if self.outlier(counts) {
-            Signal::Evaluate
-        } else {
-            Signal::None
-        }
+        self.check(now)
     }
 
     fn judge(&self, now: Nanos) -> Judgement {

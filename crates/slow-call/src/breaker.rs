@@ -7,7 +7,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::task::AtomicWaker;
-use tower_outlier_core::{duration_to_nanos, Nanos, Observation, Window, WindowCounts};
+use tower_outlier_core::{
+    duration_to_nanos, store_if_changed, Nanos, Observation, Window, WindowCounts,
+};
 
 use crate::config::{BreakerConfig, Strategy};
 
@@ -341,10 +343,10 @@ impl Breaker {
             Strategy::ErrorCount { count } => (counts.failures > count, counts.failures as f64),
         };
         if counts.calls < self.min_requests {
-            self.suspect.store(trip, Ordering::Relaxed);
+            store_if_changed(&self.suspect, trip);
             return false;
         }
-        self.suspect.store(false, Ordering::Relaxed);
+        store_if_changed(&self.suspect, false);
         if !trip {
             return false;
         }

@@ -12,7 +12,7 @@ use tower_outlier_core::{BoxError, Classify, Nanos, Observation, Outcome};
 
 use crate::breaker::Admission;
 use crate::error::BrokenCircuit;
-use crate::service::Shared;
+use crate::service::Lane;
 
 pin_project! {
     /// The response future of a [`CircuitBreaker`](crate::CircuitBreaker).
@@ -33,7 +33,8 @@ pin_project! {
 
 /// What to report when the call completes; dropped unreported, a probe gives back its permit.
 struct Completion<C> {
-    shared: Arc<Shared<C>>,
+    // The calling handle's lane, not the shared state: see `Lane`.
+    lane: Arc<Lane<C>>,
     admission: Admission,
     start: Nanos,
 }
@@ -41,8 +42,9 @@ struct Completion<C> {
 impl<C> Drop for Completion<C> {
     fn drop(&mut self) {
         if self.admission == Admission::Probe {
-            let now = self.shared.clock.now();
-            self.shared.breaker.probe_cancelled(now);
+            let shared = &self.lane.shared;
+            let now = shared.clock.now();
+            shared.breaker.probe_cancelled(now);
         }
     }
 }
@@ -50,14 +52,14 @@ impl<C> Drop for Completion<C> {
 impl<F, C> ResponseFuture<F, C> {
     pub(crate) fn called(
         future: F,
-        shared: Arc<Shared<C>>,
+        lane: Arc<Lane<C>>,
         admission: Admission,
         start: Nanos,
     ) -> Self {
         ResponseFuture {
             kind: Kind::Called { future },
             completion: Some(Completion {
-                shared,
+                lane,
                 admission,
                 start,
             }),
@@ -93,7 +95,7 @@ where
                     // Disarm the drop guard: this completion reports itself.
                     let admission =
                         std::mem::replace(&mut completion.admission, Admission::Rejected);
-                    let shared = &completion.shared;
+                    let shared = &completion.lane.shared;
                     let now = shared.clock.now();
                     let outcome = shared.classifier.classify(result.as_ref());
                     if outcome == Outcome::Cancelled {

@@ -11,10 +11,45 @@ use crate::breaker::{Admission, Breaker, State};
 use crate::error::BrokenCircuit;
 use crate::future::ResponseFuture;
 
+/// What the service, its clones and its response futures share.
 pub(crate) struct Shared<C> {
     pub(crate) breaker: Breaker,
     pub(crate) classifier: C,
     pub(crate) clock: Clock,
+}
+
+/// What response futures hold to reach the shared state. A future holds a reference to its
+/// handle's lane, so the reference counts written per call are the lane's, on a cache line only
+/// that handle's calls write: once each has its own lane, cores calling through clones of one
+/// breaker share no written memory on the closed path (the breaker's state is only read, and its
+/// window gives each core a ring of its own once they contend). A lane counts nothing else:
+/// unlike the outlier endpoint's, a breaker needs no calls in flight.
+///
+/// Aligned to 128 bytes (a pair of lines, which adjacent-line prefetch moves together) so that no
+/// other allocation shares the line its counts are on: an `Arc<Lane>` is 256 bytes, the counts
+/// alone in the first half. Only handles that call more than once make one.
+#[repr(align(128))]
+pub(crate) struct Lane<C> {
+    pub(crate) shared: Arc<Shared<C>>,
+}
+
+impl<C> Lane<C> {
+    fn new(shared: Arc<Shared<C>>) -> Arc<Self> {
+        Arc::new(Lane { shared })
+    }
+}
+
+/// Whose lane a handle's futures hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LaneUse {
+    /// The lane of the handle it was cloned from (the layer's handle: the lane made with the
+    /// breaker); no call yet. A clone already wrote that lane's counts, so a handle cloned per
+    /// request (`clone().oneshot(..)`) gains nothing from a lane of its own: it calls once.
+    Inherited,
+    /// The inherited lane, through which it called once.
+    InheritedCalled,
+    /// Its own, made at its second admitted call (a rejected call holds nothing).
+    Own,
 }
 
 /// A service guarded by a circuit breaker; built by
@@ -24,34 +59,66 @@ pub(crate) struct Shared<C> {
 /// [`BrokenCircuit`] when the breaker rejected the call.
 pub struct CircuitBreaker<S, C> {
     inner: S,
-    shared: Arc<Shared<C>>,
+    // The handle reaches the shared state through its lane too: cloning a handle then writes one
+    // reference count, as cloning the shared state did.
+    lane: Arc<Lane<C>>,
+    lane_use: LaneUse,
 }
 
 impl<S, C> CircuitBreaker<S, C> {
     pub(crate) fn new(inner: S, breaker: Breaker, classifier: C, clock: Clock) -> Self {
         CircuitBreaker {
             inner,
-            shared: Arc::new(Shared {
+            lane: Lane::new(Arc::new(Shared {
                 breaker,
                 classifier,
                 clock,
-            }),
+            })),
+            lane_use: LaneUse::Inherited,
         }
+    }
+
+    #[inline]
+    fn shared(&self) -> &Shared<C> {
+        &self.lane.shared
+    }
+
+    /// The lane this admitted call's response future holds: the inherited one on the handle's
+    /// first call, its own from the second on.
+    #[inline]
+    fn lane(&mut self) -> Arc<Lane<C>> {
+        if self.lane_use == LaneUse::Own {
+            return self.lane.clone();
+        }
+        self.first_calls()
+    }
+
+    // Cold: a handle comes here on its first two calls only (a handle cloned per request, on
+    // every request, where the clone itself costs more).
+    #[cold]
+    fn first_calls(&mut self) -> Arc<Lane<C>> {
+        if self.lane_use == LaneUse::Inherited {
+            self.lane_use = LaneUse::InheritedCalled;
+        } else {
+            self.lane = Lane::new(self.lane.shared.clone());
+            self.lane_use = LaneUse::Own;
+        }
+        self.lane.clone()
     }
 
     /// The breaker's current state.
     pub fn state(&self) -> State {
-        self.shared.breaker.state()
+        self.shared().breaker.state()
     }
 
     /// The breaker's statistics interval as it stands now.
     pub fn counts(&self) -> tower_outlier_core::WindowCounts {
-        self.shared.breaker.counts(self.shared.clock.now())
+        self.shared().breaker.counts(self.shared().clock.now())
     }
 
     /// The breaker itself.
     pub fn breaker(&self) -> &Breaker {
-        &self.shared.breaker
+        &self.shared().breaker
     }
 
     /// A reference to the inner service.
@@ -74,7 +141,9 @@ impl<S: Clone, C> Clone for CircuitBreaker<S, C> {
     fn clone(&self) -> Self {
         CircuitBreaker {
             inner: self.inner.clone(),
-            shared: self.shared.clone(),
+            // The clone makes a lane of its own if it calls more than once.
+            lane: self.lane.clone(),
+            lane_use: LaneUse::Inherited,
         }
     }
 }
@@ -83,7 +152,7 @@ impl<S: fmt::Debug, C> fmt::Debug for CircuitBreaker<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CircuitBreaker")
             .field("inner", &self.inner)
-            .field("breaker", &self.shared.breaker)
+            .field("breaker", &self.shared().breaker)
             .finish()
     }
 }
@@ -106,17 +175,107 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
-        let now = self.shared.clock.now();
-        match self.shared.breaker.acquire(now) {
+        let shared = self.shared();
+        let now = shared.clock.now();
+        match shared.breaker.acquire(now) {
             Admission::Rejected => {
-                ResponseFuture::rejected(BrokenCircuit::new(self.shared.breaker.state()))
+                ResponseFuture::rejected(BrokenCircuit::new(shared.breaker.state()))
             }
-            admission => ResponseFuture::called(
-                self.inner.call(request),
-                self.shared.clone(),
-                admission,
-                now,
-            ),
+            admission => {
+                let future = self.inner.call(request);
+                ResponseFuture::called(future, self.lane(), admission, now)
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tower::{service_fn, Layer, Service};
+
+    use crate::{BreakerConfig, CircuitBreakerLayer, State};
+
+    #[derive(Clone, Copy)]
+    enum Reply {
+        Succeed,
+        Fail,
+        Hang,
+    }
+
+    fn layer() -> CircuitBreakerLayer {
+        CircuitBreakerLayer::new(
+            BreakerConfig::error_count(0)
+                .min_requests(1)
+                .open_duration(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        )
+    }
+
+    async fn answer(reply: Reply) -> Result<(), std::io::Error> {
+        match reply {
+            Reply::Succeed => Ok(()),
+            Reply::Fail => Err(std::io::ErrorKind::ConnectionReset.into()),
+            Reply::Hang => std::future::pending().await,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn futures_hold_their_handle_s_own_lane_from_its_second_call() {
+        let mut service = layer().layer(service_fn(answer));
+        let inherited = service.lane.clone();
+        let shared = service.lane.shared.clone();
+        let lanes = || Arc::strong_count(&shared) - 1;
+        let mut clone = service.clone();
+        assert_eq!(Arc::strong_count(&inherited), 3, "handles share a lane");
+        let first = service.call(Reply::Hang);
+        assert_eq!(
+            Arc::strong_count(&inherited),
+            4,
+            "a first call holds the inherited lane"
+        );
+        let more: Vec<_> = (0..3).map(|_| service.call(Reply::Hang)).collect();
+        assert!(!Arc::ptr_eq(&service.lane, &inherited));
+        assert_eq!(
+            Arc::strong_count(&service.lane),
+            4,
+            "the handle and 3 calls"
+        );
+        assert_eq!(
+            Arc::strong_count(&inherited),
+            3,
+            "the clone, the test, the first call"
+        );
+        assert_eq!(lanes(), 2, "futures hold lanes, not the shared state");
+        let theirs: Vec<_> = (0..2).map(|_| clone.call(Reply::Hang)).collect();
+        assert_eq!(lanes(), 3, "a clone makes a lane of its own");
+        drop((first, more, theirs, service, clone));
+        assert_eq!(Arc::strong_count(&inherited), 1);
+        drop(inherited);
+        assert_eq!(lanes(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_holding_a_lane_decides_and_gives_back_its_permit() {
+        let mut service = layer().layer(service_fn(answer));
+        // The first call goes through the inherited lane and opens the breaker.
+        assert!(service.call(Reply::Fail).await.is_err());
+        assert_eq!(service.state(), State::Open);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // The second makes the lane: a probe dropped unfinished lets the next call probe.
+        drop(service.call(Reply::Hang));
+        assert_eq!(service.state(), State::Open);
+        assert_eq!(service.lane_use, super::LaneUse::Own);
+        let probe = service.call(Reply::Succeed);
+        assert_eq!(service.state(), State::HalfOpen);
+        assert!(
+            service.call(Reply::Succeed).await.is_err(),
+            "one probe at a time"
+        );
+        assert!(probe.await.is_ok());
+        assert_eq!(service.state(), State::Closed);
     }
 }

@@ -1,7 +1,7 @@
 //! The endpoint service: wraps one discovered service, records its outcomes and reports its load.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
@@ -45,13 +45,14 @@ impl<C> Shared<C> {
 }
 
 /// The calls one handle has in flight: each response future holds a reference, so the count is
-/// the reference count, and the cache line it lives on is written only by this handle's calls.
-/// A handle gets its lane at its first call, so cores calling through clones of one endpoint
-/// never write the same memory per call; copies that never call (the layer's own) have none.
+/// the reference count less the handles holding the lane, and the cache line it lives on is
+/// written only by this handle's calls. A handle that calls more than once gets a lane of its
+/// own, so cores calling through clones of one endpoint never write the same memory per call;
+/// copies that never call (the layer's own) have none.
 pub(crate) struct Lane<C> {
     pub(crate) shared: Arc<Shared<C>>,
-    // Whether the handle that made this lane still holds it.
-    held: AtomicBool,
+    // Handles holding this lane: the one that made it, and its clones until they make their own.
+    holders: AtomicUsize,
     // The reference counts of `Arc<Lane>` come first: padding the allocation to a cache line
     // keeps another lane's counts off it.
     _line: [u64; 4],
@@ -61,7 +62,7 @@ impl<C> Lane<C> {
     fn new(shared: Arc<Shared<C>>) -> Arc<Self> {
         let lane = Arc::new(Lane {
             shared,
-            held: AtomicBool::new(true),
+            holders: AtomicUsize::new(1),
             _line: [0; 4],
         });
         let mut lanes = lane.shared.lanes.lock();
@@ -74,10 +75,10 @@ impl<C> Lane<C> {
         lane
     }
 
-    /// References to this lane other than its handle's: its response futures, plus any the
-    /// caller holds.
+    /// References to this lane other than its handles': its response futures, plus any the
+    /// caller holds. (A handle cloned or dropped meanwhile can blur the count by one.)
     fn in_flight(self: &Arc<Self>) -> usize {
-        Arc::strong_count(self) - usize::from(self.held.load(Ordering::Relaxed))
+        Arc::strong_count(self).saturating_sub(self.holders.load(Ordering::Relaxed))
     }
 }
 
@@ -111,8 +112,22 @@ impl<C: Send + Sync> HasRecord for Shared<C> {
 struct Holder<C> {
     shared: Arc<Shared<C>>,
     lane: Option<Arc<Lane<C>>>,
+    lane_use: LaneUse,
     permits: ProbePermits,
     draws: Draws,
+}
+
+/// Whose lane a handle's calls use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LaneUse {
+    /// The lane of the handle it was cloned from (if that one had one), not called through yet.
+    /// A handle cloned per request (`clone().oneshot(..)`) calls once: a lane of its own would
+    /// only add an allocation and a lock to every request.
+    Inherited,
+    /// The inherited lane, called through once.
+    InheritedCalled,
+    /// Its own: made at its first call when it had no lane, or at its second.
+    Own,
 }
 
 impl<C> Holder<C> {
@@ -120,22 +135,32 @@ impl<C> Holder<C> {
         Holder {
             shared,
             lane: None,
+            lane_use: LaneUse::Inherited,
             permits: 0,
             draws: Draws::default(),
         }
     }
 
-    /// This handle's lane, made at its first call.
+    /// The lane this call's response future holds.
     #[inline]
     fn lane(&mut self) -> Arc<Lane<C>> {
-        match &self.lane {
-            Some(lane) => lane.clone(),
-            None => self.first_lane(),
+        match (&self.lane, self.lane_use) {
+            (Some(lane), LaneUse::Own) => lane.clone(),
+            _ => self.early_lane(),
         }
     }
 
+    // Cold: a handle comes here on its first two calls only.
     #[cold]
-    fn first_lane(&mut self) -> Arc<Lane<C>> {
+    fn early_lane(&mut self) -> Arc<Lane<C>> {
+        if let (Some(inherited), LaneUse::Inherited) = (&self.lane, self.lane_use) {
+            self.lane_use = LaneUse::InheritedCalled;
+            return inherited.clone();
+        }
+        if let Some(inherited) = self.lane.take() {
+            inherited.holders.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.lane_use = LaneUse::Own;
         self.lane.insert(Lane::new(self.shared.clone())).clone()
     }
 
@@ -223,7 +248,12 @@ impl Draws {
 
 impl<C> Clone for Holder<C> {
     fn clone(&self) -> Self {
-        Holder::new(self.shared.clone())
+        let mut clone = Holder::new(self.shared.clone());
+        if let Some(lane) = &self.lane {
+            lane.holders.fetch_add(1, Ordering::Relaxed);
+            clone.lane = Some(lane.clone());
+        }
+        clone
     }
 }
 
@@ -231,7 +261,7 @@ impl<C> Drop for Holder<C> {
     fn drop(&mut self) {
         self.shared.record.cancel_probes(self.permits);
         if let Some(lane) = &self.lane {
-            lane.held.store(false, Ordering::Relaxed);
+            lane.holders.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -275,14 +305,6 @@ impl<S, C> OutlierEndpoint<S, C> {
         OutlierEndpoint {
             inner,
             holder: Holder::new(shared),
-        }
-    }
-
-    /// The same endpoint record around another service (an upstream replacement).
-    pub(crate) fn with_service(&self, inner: S) -> Self {
-        OutlierEndpoint {
-            inner,
-            holder: self.holder.clone(),
         }
     }
 
@@ -421,6 +443,7 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
 #[cfg(all(test, feature = "ejection"))]
 mod tests {
     use std::future::Future;
+    use std::sync::atomic::Ordering;
     use std::task::{Context, Poll};
 
     use tower::load::Load;
@@ -428,6 +451,7 @@ mod tests {
     use futures::future::{pending, Pending};
     use tower_service::Service;
 
+    use super::OutlierEndpoint;
     use crate::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 
     #[derive(Clone)]
@@ -445,6 +469,50 @@ mod tests {
         fn call(&mut self, _: ()) -> Self::Future {
             pending()
         }
+    }
+
+    fn lanes<S, C>(endpoint: &OutlierEndpoint<S, C>) -> usize {
+        endpoint.holder.shared.live_lanes.load(Ordering::Relaxed)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handle_gets_a_lane_of_its_own_only_when_it_calls_again() {
+        let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+            ErrorRateConfig::hsf().build().unwrap(),
+        ));
+        let mut balancer_handle = layer.endpoint(Hang);
+        assert_eq!(
+            lanes(&balancer_handle),
+            0,
+            "a handle that never called has none"
+        );
+        let _first = balancer_handle.call(());
+        assert_eq!(
+            lanes(&balancer_handle),
+            1,
+            "no lane to inherit: made at the first call"
+        );
+        // Cloned per request and called once: the clone's call uses the lane it inherited.
+        let mut calls = Vec::new();
+        for _ in 0..100 {
+            calls.push(balancer_handle.clone().call(()));
+        }
+        assert_eq!(lanes(&balancer_handle), 1);
+        assert_eq!(balancer_handle.in_flight(), 101);
+        // A clone that keeps calling makes its own at its second call.
+        let mut worker = balancer_handle.clone();
+        let _second = worker.call(());
+        assert_eq!(lanes(&worker), 1);
+        let _third = worker.call(());
+        assert_eq!(lanes(&worker), 2);
+        assert_eq!(balancer_handle.in_flight(), 103);
+        drop(calls);
+        drop(worker);
+        assert_eq!(
+            balancer_handle.in_flight(),
+            3,
+            "the worker's calls outlive it"
+        );
     }
 
     #[tokio::test(start_paused = true)]

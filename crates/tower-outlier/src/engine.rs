@@ -82,16 +82,16 @@ pub(crate) struct ProbeStart<K> {
 
 pub(crate) struct Engine<K, S, C> {
     settings: Arc<Settings>,
-    // The policies' names, shared by every endpoint's monitor entry.
+    // The policies' names, for events and this adaptor's roster in the monitor.
     names: Arc<[&'static str]>,
     trial: Duration,
     classifier: C,
     notifier: Arc<Notifier>,
     registry: Arc<Registry>,
+    // This adaptor's endpoints in the monitor.
+    roster: u64,
     entries: HashMap<K, Entry<S, C>>,
-    // Each entry's key by its id, so a deadline can name its endpoint by a number.
-    keys: HashMap<u64, K>,
-    deadlines: Deadlines,
+    deadlines: Deadlines<K>,
     ejected: usize,
     // How many entries have `refused` set, so the common case (none) skips the scan.
     refused: usize,
@@ -111,6 +111,9 @@ struct Sharing {
     member: u64,
     // The registry version last acted on.
     seen: u64,
+    // The host of each endpoint that has one, by the endpoint's id: here rather than in every
+    // entry, as only a layer that shares hosts has any.
+    hosts: HashMap<u64, Box<str>>,
 }
 
 /// What took an endpoint out of the balancer's set.
@@ -131,9 +134,15 @@ impl Ejector {
     }
 }
 
-/// Each policy's state for the endpoint of `record` (cold path).
+/// Each policy's state for the endpoint of `record` (cold path), or none at all, which holds no
+/// memory, while no policy has one (most policies never do).
 fn policy_states(record: &EndpointRecord) -> Box<[Option<&'static str>]> {
-    record.policies().iter().map(|p| p.state_name()).collect()
+    let states: Box<[_]> = record.policies().iter().map(|p| p.state_name()).collect();
+    if states.iter().all(Option::is_none) {
+        Box::default()
+    } else {
+        states
+    }
 }
 
 /// `at + delay`, or about thirty years from `at` when that overflows: configuration may ask for
@@ -192,10 +201,43 @@ struct FleetSchedule {
 }
 
 struct Entry<S, C> {
-    endpoint: OutlierEndpoint<S, C>,
+    // What a handle for the balancer is made of ([`Entry::endpoint`]): the layer's own handle
+    // would never call, so it keeps no handle's per-call state (a lane, draws, permits).
+    service: S,
+    shared: Arc<Shared<C>>,
     id: u64,
-    status: Status,
+    // The ejection the endpoint is out for, or on trial after. Most endpoints are available
+    // most of the time, so what only an ejection needs is held only while one lasts.
+    episode: Option<Box<Episode>>,
+    refused: bool,
+    // A host ejection from another layer was refused here (reported once per episode).
+    mirror_refused: bool,
+    // What events last reported of the endpoint; `None` while that is how every endpoint starts
+    // (weight 1, no policy state), as most stay.
+    reported: Option<Box<Reported>>,
+}
+
+/// An endpoint's weight and policy states as events last reported them.
+struct Reported {
+    weight: f64,
+    // As [`policy_states`] gives them.
+    states: Box<[Option<&'static str>]>,
+}
+
+impl Reported {
+    fn is_start(&self) -> bool {
+        self.weight == 1.0 && self.states.is_empty()
+    }
+}
+
+/// An ejection and the recovery after it: from the ejection until the endpoint is available
+/// again without condition (its trial passed or a probe succeeded). An endpoint ejected again
+/// during its trial stays in the same episode, its failed checks with it.
+struct Episode {
+    stage: Stage,
+    // Recovery checks failed in a row.
     failed_checks: u32,
+    // The ejecting policy's, for the intervals between checks (none for a host's ejection).
     schedule: Option<RecoverySchedule>,
     // The policy that ejected the endpoint: its window decides whether a trial saw enough calls.
     ejected_by: Ejector,
@@ -204,43 +246,170 @@ struct Entry<S, C> {
     trial_breached: bool,
     // Calls the ejecting policy's window held at the end of each period of this trial so far.
     trial_calls: u64,
-    refused: bool,
-    // The endpoint's host, when the layer shares hosts.
-    host: Option<String>,
-    // The typed key events and the monitor carry.
-    name: EndpointKey,
-    // The weight last reported in an event.
-    weight: f64,
-    // Each policy's state last reported in an event.
-    states: Box<[Option<&'static str>]>,
-    // A host ejection from another layer was refused here (reported once per episode).
-    mirror_refused: bool,
+}
+
+/// Where an endpoint is in an [`Episode`].
+#[derive(Clone, Copy)]
+enum Stage {
+    Trial { until: Instant },
+    Ejected { next_check: Instant },
+    Probing,
+}
+
+impl Stage {
+    fn deadline(self) -> Option<Instant> {
+        match self {
+            Stage::Trial { until } => Some(until),
+            Stage::Ejected { next_check } => Some(next_check),
+            Stage::Probing => None,
+        }
+    }
+}
+
+impl Episode {
+    /// Moves on to `stage`, scheduling its deadline for entry `id` (under `key`) if it has one.
+    /// Every move goes through here, so no deadline is ever missing from the heap.
+    fn set_stage<K: Clone>(
+        &mut self,
+        stage: Stage,
+        key: &K,
+        id: u64,
+        deadlines: &mut Deadlines<K>,
+    ) {
+        if let Some(at) = stage.deadline() {
+            deadlines.push(at, key.clone(), id);
+        }
+        self.stage = stage;
+    }
 }
 
 impl<S, C> Entry<S, C> {
-    /// Moves to `status`, scheduling its deadline if it has one. Every status change goes
-    /// through here, so no deadline is ever missing from the heap.
-    fn set_status(&mut self, status: Status, deadlines: &mut Deadlines) {
-        if let Some(at) = status.deadline() {
-            deadlines.push(at, self.id);
+    /// The endpoint's record: its policies' windows, latency estimate and weight.
+    fn record(&self) -> &EndpointRecord {
+        &self.shared.record
+    }
+
+    /// A new handle on the endpoint for the balancer (what cloning one gives).
+    fn endpoint(&self) -> OutlierEndpoint<S, C>
+    where
+        S: Clone,
+    {
+        OutlierEndpoint::new(self.service.clone(), self.shared.clone())
+    }
+
+    fn status(&self) -> Status {
+        match self.episode.as_deref().map(|episode| episode.stage) {
+            None => Status::Available,
+            Some(Stage::Trial { until }) => Status::Trial { until },
+            Some(Stage::Ejected { next_check }) => Status::Ejected { next_check },
+            Some(Stage::Probing) => Status::Probing,
         }
-        self.status = status;
+    }
+
+    fn reported_weight(&self) -> f64 {
+        self.reported
+            .as_ref()
+            .map_or(1.0, |reported| reported.weight)
+    }
+
+    fn reported_states(&self) -> &[Option<&'static str>] {
+        self.reported
+            .as_ref()
+            .map_or(&[], |reported| &reported.states)
+    }
+
+    /// Notes what an event reported (or, for states, would have had anybody listened).
+    fn set_reported(&mut self, note: impl FnOnce(&mut Reported)) {
+        let reported = self.reported.get_or_insert_with(|| {
+            Box::new(Reported {
+                weight: 1.0,
+                states: Box::default(),
+            })
+        });
+        note(reported);
+        if reported.is_start() {
+            self.reported = None;
+        }
+    }
+
+    fn failed_checks(&self) -> u32 {
+        self.episode
+            .as_ref()
+            .map_or(0, |episode| episode.failed_checks)
+    }
+
+    /// What ejected the endpoint, while it is out or on trial.
+    fn ejected_by(&self) -> Option<Ejector> {
+        self.episode.as_ref().map(|episode| episode.ejected_by)
+    }
+
+    /// Whether the endpoint is out (ejected or probing) for an ejection of its own, not for its
+    /// host: such an endpoint holds its host out in the registry it shares.
+    fn holds_host_out(&self) -> bool {
+        !self.status().is_available() && self.ejected_by() != Some(Ejector::Host)
+    }
+
+    /// Takes the endpoint out for `ejected_by` until `next_check`: an episode starts, or the one
+    /// of its trial goes on.
+    fn eject<K: Clone>(
+        &mut self,
+        key: &K,
+        ejected_by: Ejector,
+        next_check: Instant,
+        deadlines: &mut Deadlines<K>,
+    ) -> &mut Episode {
+        let stage = Stage::Ejected { next_check };
+        let episode = self.episode.get_or_insert_with(|| {
+            Box::new(Episode {
+                stage,
+                failed_checks: 0,
+                schedule: None,
+                ejected_by,
+                trial_breached: false,
+                trial_calls: 0,
+            })
+        });
+        episode.ejected_by = ejected_by;
+        episode.set_stage(stage, key, self.id, deadlines);
+        episode
+    }
+
+    /// Brings the endpoint back: on a new trial until `trial_until`, or (`None`) available
+    /// without condition, which ends the episode (its failed checks with it).
+    fn readmit<K: Clone>(
+        &mut self,
+        key: &K,
+        trial_until: Option<Instant>,
+        deadlines: &mut Deadlines<K>,
+    ) {
+        match trial_until {
+            // Only an endpoint that is out comes back, so it is in an episode.
+            Some(until) => {
+                if let Some(episode) = self.episode.as_deref_mut() {
+                    episode.trial_breached = false;
+                    episode.trial_calls = 0;
+                    episode.set_stage(Stage::Trial { until }, key, self.id, deadlines);
+                }
+            }
+            None => self.episode = None,
+        }
     }
 }
 
-/// Whether the deadline `at` popped for entry `id` is still that entry's deadline (the heap keeps
-/// deadlines its entries have since moved past).
-fn deadline_is_current<'a, K: Hash + Eq, S, C>(
-    entries: &'a HashMap<K, Entry<S, C>>,
-    keys: &'a HashMap<u64, K>,
-) -> impl Fn(u64, Instant) -> bool + 'a {
-    move |id, at| {
-        keys.get(&id)
-            .and_then(|key| entries.get(key))
-            .is_some_and(|e| e.status.deadline() == Some(at))
+/// Whether the deadline `at` popped for entry `id` under `key` is still that entry's deadline
+/// (the heap keeps deadlines its entries have since moved past, or of entries since removed).
+fn deadline_is_current<K: Hash + Eq, S, C>(
+    entries: &HashMap<K, Entry<S, C>>,
+) -> impl Fn(&K, u64, Instant) -> bool + '_ {
+    move |key, id, at| {
+        entries
+            .get(key)
+            .is_some_and(|e| e.id == id && e.status().deadline() == Some(at))
     }
 }
 
+/// Where an endpoint stands, as the engine reads it from its [`Episode`], if any.
+#[derive(Clone, Copy)]
 enum Status {
     Available,
     Trial { until: Instant },
@@ -249,19 +418,19 @@ enum Status {
 }
 
 impl Status {
-    fn is_available(&self) -> bool {
+    fn is_available(self) -> bool {
         matches!(self, Status::Available | Status::Trial { .. })
     }
 
-    fn deadline(&self) -> Option<Instant> {
+    fn deadline(self) -> Option<Instant> {
         match self {
-            Status::Trial { until } => Some(*until),
-            Status::Ejected { next_check } => Some(*next_check),
+            Status::Trial { until } => Some(until),
+            Status::Ejected { next_check } => Some(next_check),
             Status::Available | Status::Probing => None,
         }
     }
 
-    fn public(&self) -> EndpointStatus {
+    fn public(self) -> EndpointStatus {
         match self {
             Status::Available => EndpointStatus::Available,
             Status::Trial { .. } => EndpointStatus::Trial,
@@ -286,14 +455,17 @@ impl<K, S, C> Engine<K, S, C> {
             seen: 0,
             registry,
             host_of,
+            hosts: HashMap::new(),
         });
         if settings.rules.version() != settings.version {
             // Published between reading the rules and subscribing: apply on the first poll.
             notifier.notify();
         }
         registry.rules_in_force(settings.version);
+        let names: Arc<[&'static str]> = settings.policies.iter().map(|p| p.name()).collect();
         Engine {
-            names: settings.policies.iter().map(|p| p.name()).collect(),
+            roster: registry.join(names.clone()),
+            names,
             trial: trial_period(&settings.policies),
             fleet: fleet_schedules(&settings.policies, start, &[]),
             settings,
@@ -301,7 +473,6 @@ impl<K, S, C> Engine<K, S, C> {
             notifier,
             registry,
             entries: HashMap::new(),
-            keys: HashMap::new(),
             deadlines: Deadlines::default(),
             ejected: 0,
             refused: 0,
@@ -364,16 +535,15 @@ where
     /// When [`advance`](Self::advance) next has something to do: the earliest trial end,
     /// recovery check or fleet evaluation.
     pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
-        let (entries, keys) = (&self.entries, &self.keys);
-        let current = deadline_is_current(entries, keys);
+        let entries = &self.entries;
         self.deadlines.compact(entries.len(), || {
             entries
-                .values()
-                .filter_map(|e| Some((e.status.deadline()?, e.id)))
+                .iter()
+                .filter_map(|(key, e)| Some((e.status().deadline()?, key.clone(), e.id)))
                 .collect()
         });
         self.deadlines
-            .next(current)
+            .next(deadline_is_current(entries))
             .into_iter()
             .chain(self.fleet.iter().map(|f| f.next))
             .min()
@@ -381,10 +551,10 @@ where
 
     pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
         if let Some(entry) = self.entries.get_mut(&key) {
-            entry.endpoint = entry.endpoint.with_service(service);
-            if entry.status.is_available() {
+            entry.service = service;
+            if entry.status().is_available() {
                 self.queue
-                    .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
+                    .push_back(Change::Insert(key.clone(), entry.endpoint()));
             }
             tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream replaced the service");
             return;
@@ -398,46 +568,33 @@ where
         let shared = Shared::new(record, self.classifier.clone());
         let weak: std::sync::Weak<dyn HasRecord> =
             Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
-        let name = EndpointKey::new(&key);
-        let id = self.registry.insert(Tracked {
-            key: name.clone(),
-            record: weak,
-            status: EndpointStatus::Available,
-            next_check: None,
-            failed_checks: 0,
-            last_reason: None,
-            policies: self.names.clone(),
-        });
-        let endpoint = OutlierEndpoint::new(service, shared);
-        let states = policy_states(endpoint.record());
-        let host = self.sharing.as_ref().and_then(|s| s.host_of.host(&key));
-        self.seed_rtt(&endpoint);
-        self.queue
-            .push_back(Change::Insert(key.clone(), endpoint.clone()));
-        self.keys.insert(id, key.clone());
-        let held_out = match (&self.sharing, &host) {
-            (Some(sharing), Some(host)) => sharing.registry.ejected_elsewhere(sharing.member, host),
-            _ => false,
-        };
-        self.entries.insert(
+        // The monitor holds the typed key, for its snapshots and the events about the endpoint.
+        let typed = EndpointKey::new(&key);
+        let id = self.registry.insert(self.roster, Tracked::new(typed, weak));
+        if let Some(sharing) = &mut self.sharing {
+            if let Some(host) = sharing.host_of.host(&key) {
+                sharing.hosts.insert(id, host.into_boxed_str());
+            }
+        }
+        self.seed_rtt(&shared.record);
+        self.queue.push_back(Change::Insert(
             key.clone(),
-            Entry {
-                endpoint,
-                id,
-                status: Status::Available,
-                failed_checks: 0,
-                schedule: None,
-                ejected_by: Ejector::Policy(0),
-                trial_breached: false,
-                trial_calls: 0,
-                refused: false,
-                host,
-                name,
-                weight: 1.0,
-                states,
-                mirror_refused: false,
-            },
-        );
+            OutlierEndpoint::new(service.clone(), shared.clone()),
+        ));
+        let held_out = self.host_out_elsewhere(id);
+        let states = policy_states(&shared.record);
+        let mut entry = Entry {
+            service,
+            shared,
+            id,
+            episode: None,
+            refused: false,
+            mirror_refused: false,
+            reported: None,
+        };
+        // The states it starts in are no change to report.
+        entry.set_reported(|reported| reported.states = states);
+        self.entries.insert(key.clone(), entry);
         // A larger set may have room for an ejection that was refused.
         self.retry_refused(now);
         // Joining on a host another service holds out.
@@ -451,14 +608,16 @@ where
             tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream removed an unknown endpoint");
             return;
         };
-        self.registry.remove(entry.id);
-        self.keys.remove(&entry.id);
+        let tracked = self.registry.remove(self.roster, entry.id);
         self.refused -= usize::from(entry.refused);
-        let (name, status) = (entry.name.clone(), entry.status.public());
-        self.registry
-            .events
-            .emit(|| Event::Removed { key: name, status });
-        match entry.status {
+        if let Some(tracked) = tracked {
+            let status = entry.status().public();
+            self.registry.events.emit(|| Event::Removed {
+                key: tracked.key,
+                status,
+            });
+        }
+        match entry.status() {
             Status::Available | Status::Trial { .. } => {
                 self.queue.push_back(Change::Remove(key.clone()));
             }
@@ -468,8 +627,11 @@ where
                 self.ejected -= 1;
             }
         }
-        if !entry.status.is_available() && entry.ejected_by != Ejector::Host {
-            self.share_host(entry.host.as_deref(), false);
+        if entry.holds_host_out() {
+            self.share_host(entry.id, false);
+        }
+        if let Some(sharing) = &mut self.sharing {
+            sharing.hosts.remove(&entry.id);
         }
         self.enforce_budget(now);
         self.retry_refused(now);
@@ -479,16 +641,15 @@ where
     /// competes for traffic on equal terms: the samples from before its ejection (or none at all)
     /// would otherwise starve it, and a passive trial needs traffic to judge. A sample of the
     /// fleet is enough for a starting point and keeps inserting n endpoints linear in n.
-    fn seed_rtt(&self, endpoint: &OutlierEndpoint<S, C>) {
+    fn seed_rtt(&self, record: &EndpointRecord) {
         const SAMPLE: usize = 32;
-        let record = endpoint.record();
         let now = record.clock().now();
         let (sum, count) = self
             .entries
             .values()
-            .filter(|e| e.status.is_available())
+            .filter(|e| e.status().is_available())
             .take(SAMPLE)
-            .map(|e| e.endpoint.record().rtt_estimate(now))
+            .map(|e| e.record().rtt_estimate(now))
             .fold((0.0, 0usize), |(sum, n), rtt| (sum + rtt, n + 1));
         if count > 0 {
             record.seed_rtt(sum / count as f64, now);
@@ -509,7 +670,7 @@ where
     }
 
     pub(crate) fn signalled(&mut self, now: Instant) {
-        let flagged = self.keys_where(|e| e.endpoint.record().take_flag());
+        let flagged = self.keys_where(|e| e.record().take_flag());
         for key in flagged {
             self.consider(&key, now);
         }
@@ -549,23 +710,28 @@ where
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
-        let now_states = policy_states(entry.endpoint.record());
-        if now_states == entry.states {
+        let now_states = policy_states(entry.record());
+        if *now_states == *entry.reported_states() {
             return;
         }
-        for ((index, from), to) in entry.states.iter().enumerate().zip(now_states.iter()) {
+        let state =
+            |states: &[Option<&'static str>], index: usize| states.get(index).copied().flatten();
+        for (index, &policy) in self.names.iter().enumerate() {
+            let (from, to) = (
+                state(entry.reported_states(), index),
+                state(&now_states, index),
+            );
             if from != to {
-                let (name, policy) = (entry.name.clone(), self.names[index]);
-                let (from, to) = (*from, *to);
-                self.registry.events.emit(|| Event::PolicyStateChanged {
-                    key: name,
-                    policy,
-                    from,
-                    to,
-                });
+                self.registry
+                    .emit_about(self.roster, entry.id, |key| Event::PolicyStateChanged {
+                        key,
+                        policy,
+                        from,
+                        to,
+                    });
             }
         }
-        entry.states = now_states;
+        entry.set_reported(|reported| reported.states = now_states);
     }
 
     fn consider(&mut self, key: &K, now: Instant) {
@@ -582,30 +748,35 @@ where
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
-        if !entry.status.is_available() {
+        if !entry.status().is_available() {
             self.refused -= usize::from(entry.refused);
             entry.refused = false;
             return;
         }
-        let record = entry.endpoint.record();
+        let record = &entry.shared.record;
         let Some((policy, reason)) = record.judge(record.clock().now()) else {
             self.refused -= usize::from(entry.refused);
             entry.refused = false;
             return;
         };
-        let trial_breached_now =
-            matches!(entry.status, Status::Trial { .. }) && !entry.trial_breached;
-        if trial_breached_now {
-            // Breaching during the trial is a failed recovery check, whether or not the rules
-            // below let the endpoint be ejected again.
-            entry.failed_checks = entry.failed_checks.saturating_add(1);
-            entry.trial_breached = true;
-            let (name, failed_checks) = (entry.name.clone(), entry.failed_checks);
-            self.registry.events.emit(|| Event::TrialFailed {
-                key: name,
-                failed_checks,
-            });
-        }
+        let trial_breached_now = match entry.episode.as_deref_mut() {
+            Some(episode)
+                if matches!(episode.stage, Stage::Trial { .. }) && !episode.trial_breached =>
+            {
+                // Breaching during the trial is a failed recovery check, whether or not the
+                // rules below let the endpoint be ejected again.
+                episode.failed_checks = episode.failed_checks.saturating_add(1);
+                episode.trial_breached = true;
+                let failed_checks = episode.failed_checks;
+                self.registry
+                    .emit_about(self.roster, entry.id, |key| Event::TrialFailed {
+                        key,
+                        failed_checks,
+                    });
+                true
+            }
+            _ => false,
+        };
         let refusal = if available <= 1 {
             Some(Refusal::LastEndpoint)
         } else if ejected >= max {
@@ -633,18 +804,18 @@ where
                     endpoints = n,
                     "ejection refused: {why}"
                 );
-                let name = entry.name.clone();
                 let reason = reason.clone();
-                self.registry.events.emit(|| Event::EjectionRefused {
-                    key: name,
-                    reason,
-                    refusal,
-                });
+                self.registry
+                    .emit_about(self.roster, entry.id, |key| Event::EjectionRefused {
+                        key,
+                        reason,
+                        refusal,
+                    });
             }
             self.refused += usize::from(!entry.refused);
             entry.refused = true;
             if trial_breached_now {
-                let trial_until = entry.status.deadline();
+                let trial_until = entry.status().deadline();
                 self.publish(key, trial_until, Some(reason));
             }
             return;
@@ -654,54 +825,49 @@ where
         let schedule = self.settings.policies[policy].recovery();
         // The ejecting state's own deadline, when it has one, owns the timing of the check.
         let recorded_now = record.clock().now();
+        let failed_checks = entry.failed_checks();
         let delay = match record
             .policies()
             .get(policy)
             .and_then(|p| p.check_at(recorded_now))
         {
             Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
-            None => schedule.delay(entry.failed_checks),
+            None => schedule.delay(failed_checks),
         };
         let next_check = later(now, delay);
-        entry.set_status(Status::Ejected { next_check }, &mut self.deadlines);
-        entry.schedule = Some(schedule);
-        entry.ejected_by = Ejector::Policy(policy);
+        let ejected_by = Ejector::Policy(policy);
+        let episode = entry.eject(key, ejected_by, next_check, &mut self.deadlines);
+        episode.schedule = Some(schedule);
         self.ejected += 1;
-        let host = entry.host.clone();
         tracing::warn!(
             target: "tower_outlier",
             endpoint = ?key,
             policy = reason.policy,
             reason = %reason,
             error_rate = reason.value,
-            failed_checks = entry.failed_checks,
+            failed_checks,
             next_check_in = ?delay,
             "endpoint ejected"
         );
-        let name = entry.name.clone();
-        let event_reason = reason.clone();
+        let (id, event_reason) = (entry.id, reason.clone());
         self.publish(key, Some(next_check), Some(reason));
         self.queue.push_back(Change::Remove(key.clone()));
-        self.share_host(host.as_deref(), true);
+        self.share_host(id, true);
         // After the monitor shows it: a callback reading a snapshot sees the ejection.
-        self.registry.events.emit(|| Event::Ejected {
-            key: name,
-            reason: event_reason,
-            next_check_in: Some(delay),
-        });
+        self.registry
+            .emit_about(self.roster, id, |key| Event::Ejected {
+                key,
+                reason: event_reason,
+                next_check_in: Some(delay),
+            });
     }
 
     fn publish(&self, key: &K, next_check: Option<Instant>, reason: Option<Reason>) {
         if let Some(entry) = self.entries.get(key) {
-            let status = entry.status.public();
-            let failed_checks = entry.failed_checks;
-            self.registry.update(entry.id, |t| {
-                t.status = status;
-                t.next_check = next_check;
-                t.failed_checks = failed_checks;
-                if let Some(reason) = reason {
-                    t.last_reason = Some(Box::new(reason));
-                }
+            let status = entry.status().public();
+            let failed_checks = entry.failed_checks();
+            self.registry.update(self.roster, entry.id, |tracked| {
+                tracked.publish(status, next_check, failed_checks, reason);
             });
         }
     }
@@ -710,18 +876,17 @@ where
 impl<K, S, C> Drop for Engine<K, S, C> {
     fn drop(&mut self) {
         // The monitor outlives the adaptor; it must not keep listing endpoints nobody tracks.
-        let mut tracked = self.registry.lock();
-        for entry in self.entries.values() {
-            tracked.remove(&entry.id);
-        }
-        drop(tracked);
+        let mut tracked = self.registry.leave(self.roster);
         let mut gone: Vec<&Entry<S, C>> = self.entries.values().collect();
         gone.sort_unstable_by_key(|entry| entry.id);
         for entry in gone {
-            let (name, status) = (entry.name.clone(), entry.status.public());
-            self.registry
-                .events
-                .emit(|| Event::Removed { key: name, status });
+            if let Some(tracked) = tracked.remove(&entry.id) {
+                let status = entry.status().public();
+                self.registry.events.emit(|| Event::Removed {
+                    key: tracked.key,
+                    status,
+                });
+            }
         }
         if let Some(sharing) = &self.sharing {
             sharing.registry.leave(sharing.member);

@@ -16,17 +16,22 @@ use tower_outlier_core::{Lock, Reason};
 /// (a `SocketAddr`, a `Uri`, your own type), and it reads as its `Debug` text (`as_str`, `Deref`
 /// to `str`, comparisons with `&str`) where text is enough.
 #[derive(Clone)]
-pub struct EndpointKey {
-    text: Arc<str>,
-    value: Arc<dyn Any + Send + Sync>,
+pub struct EndpointKey(Arc<KeyInner<dyn Any + Send + Sync>>);
+
+// The text and the key behind one pointer: the layer keeps a copy of every endpoint's key.
+struct KeyInner<V: ?Sized> {
+    text: Box<str>,
+    // Last, as it is unsized behind the pointer.
+    value: V,
 }
 
 impl EndpointKey {
     pub(crate) fn new<K: fmt::Debug + Clone + Send + Sync + 'static>(key: &K) -> Self {
-        EndpointKey {
-            text: format!("{key:?}").into(),
-            value: Arc::new(key.clone()),
-        }
+        let inner: Arc<KeyInner<dyn Any + Send + Sync>> = Arc::new(KeyInner {
+            text: format!("{key:?}").into_boxed_str(),
+            value: key.clone(),
+        });
+        EndpointKey(inner)
     }
 
     /// The key, if it is a `K`.
@@ -42,19 +47,19 @@ impl EndpointKey {
     /// # }
     /// ```
     pub fn downcast_ref<K: 'static>(&self) -> Option<&K> {
-        self.value.downcast_ref()
+        self.0.value.downcast_ref()
     }
 
     /// The key as `Debug` prints it.
     pub fn as_str(&self) -> &str {
-        &self.text
+        &self.0.text
     }
 }
 
 #[cfg(feature = "serde")]
 impl serde::Serialize for EndpointKey {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.text)
+        serializer.serialize_str(&self.0.text)
     }
 }
 
@@ -62,25 +67,25 @@ impl Deref for EndpointKey {
     type Target = str;
 
     fn deref(&self) -> &str {
-        &self.text
+        &self.0.text
     }
 }
 
 impl fmt::Debug for EndpointKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
+        f.write_str(&self.0.text)
     }
 }
 
 impl fmt::Display for EndpointKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
+        f.write_str(&self.0.text)
     }
 }
 
 impl PartialEq for EndpointKey {
     fn eq(&self, other: &Self) -> bool {
-        self.text == other.text
+        self.0.text == other.0.text
     }
 }
 
@@ -88,19 +93,19 @@ impl Eq for EndpointKey {}
 
 impl PartialEq<str> for EndpointKey {
     fn eq(&self, other: &str) -> bool {
-        &*self.text == other
+        &*self.0.text == other
     }
 }
 
 impl PartialEq<&str> for EndpointKey {
     fn eq(&self, other: &&str) -> bool {
-        &*self.text == *other
+        &*self.0.text == *other
     }
 }
 
 impl Hash for EndpointKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.text.hash(state);
+        self.0.text.hash(state);
     }
 }
 
@@ -112,7 +117,7 @@ impl PartialOrd for EndpointKey {
 
 impl Ord for EndpointKey {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.text.cmp(&other.text)
+        self.0.text.cmp(&other.0.text)
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
-use tower_outlier_core::{Lock, LockGuard, Reason, WindowCounts};
+use tower_outlier_core::{Lock, Reason, WindowCounts};
 
 use crate::endpoint::HasRecord;
 use crate::events::{EndpointKey, Event, EventHub};
@@ -151,22 +151,90 @@ pub struct Monitor {
 }
 
 pub(crate) struct Registry {
+    // The ids of adaptors and endpoints: an endpoint's is its place in the order of discovery.
     next_id: AtomicU64,
-    entries: Lock<HashMap<u64, Tracked>>,
+    // Each adaptor's endpoints, by the adaptor's id.
+    rosters: Lock<HashMap<u64, Roster>>,
     rules: Lock<(u64, Option<String>)>,
     pub(crate) events: EventHub,
 }
 
+/// The endpoints of one adaptor.
+struct Roster {
+    // The names of the adaptor's policies, in order: every endpoint of the adaptor has them, so
+    // they are held once.
+    policies: Arc<[&'static str]>,
+    endpoints: HashMap<u64, Tracked>,
+}
+
 pub(crate) struct Tracked {
     pub(crate) key: EndpointKey,
-    pub(crate) record: Weak<dyn HasRecord>,
-    pub(crate) status: EndpointStatus,
-    pub(crate) next_check: Option<Instant>,
-    pub(crate) failed_checks: u32,
-    // Boxed: most endpoints are never ejected, and the monitor keeps one entry per endpoint.
-    pub(crate) last_reason: Option<Box<Reason>>,
-    // The names of the policies of the layer that built the endpoint's adaptor, in order.
-    pub(crate) policies: Arc<[&'static str]>,
+    record: Weak<dyn HasRecord>,
+    // Where the adaptor last put the endpoint, from its first ejection on (`None`: available,
+    // never ejected). Boxed: most endpoints never are, and the monitor keeps one entry per
+    // endpoint.
+    standing: Option<Box<Standing>>,
+}
+
+/// Where the adaptor put an endpoint, and why it last ejected it.
+struct Standing {
+    status: EndpointStatus,
+    next_check: Option<Instant>,
+    failed_checks: u32,
+    last_reason: Option<Reason>,
+}
+
+impl Standing {
+    /// Where every endpoint starts.
+    const INITIAL: Standing = Standing {
+        status: EndpointStatus::Available,
+        next_check: None,
+        failed_checks: 0,
+        last_reason: None,
+    };
+}
+
+impl Tracked {
+    /// A newly discovered endpoint: available.
+    pub(crate) fn new(key: EndpointKey, record: Weak<dyn HasRecord>) -> Self {
+        Tracked {
+            key,
+            record,
+            standing: None,
+        }
+    }
+
+    /// Records where the adaptor put the endpoint, and `reason` if it has just been judged an
+    /// outlier (the last reason stays otherwise).
+    pub(crate) fn publish(
+        &mut self,
+        status: EndpointStatus,
+        next_check: Option<Instant>,
+        failed_checks: u32,
+        reason: Option<Reason>,
+    ) {
+        let initial = status == EndpointStatus::Available
+            && next_check.is_none()
+            && failed_checks == 0
+            && reason.is_none();
+        if initial && self.standing.is_none() {
+            // Nothing to hold: it stands where every endpoint starts.
+            return;
+        }
+        let standing = self
+            .standing
+            .get_or_insert_with(|| Box::new(Standing::INITIAL));
+        standing.status = status;
+        standing.next_check = next_check;
+        standing.failed_checks = failed_checks;
+        if let Some(reason) = reason {
+            standing.last_reason = Some(reason);
+        }
+    }
+
+    fn standing(&self) -> &Standing {
+        self.standing.as_deref().unwrap_or(&Standing::INITIAL)
+    }
 }
 
 impl Monitor {
@@ -174,7 +242,7 @@ impl Monitor {
         Monitor {
             registry: Arc::new(Registry {
                 next_id: AtomicU64::new(0),
-                entries: Lock::new(HashMap::new()),
+                rosters: Lock::new(HashMap::new()),
                 rules: Lock::new((0, None)),
                 events: EventHub::new(EVENTS_CAPACITY),
             }),
@@ -192,45 +260,52 @@ impl Monitor {
         // with it (measurements read the layer's `Clock`).
         #[allow(clippy::disallowed_methods)]
         let wall = SystemTime::now();
-        let entries = self.registry.lock();
-        let mut endpoints: Vec<EndpointSnapshot> = entries
-            .values()
-            .filter_map(|tracked| {
+        let rosters = self.registry.rosters.lock();
+        let tracked = rosters.values().flat_map(|roster| {
+            let names = &roster.policies;
+            roster
+                .endpoints
+                .values()
+                .map(move |tracked| (names, tracked))
+        });
+        let mut endpoints: Vec<EndpointSnapshot> = tracked
+            .filter_map(|(names, tracked)| {
                 let shared = tracked.record.upgrade()?;
                 let record = shared.record();
                 let at = record.clock().now();
                 let windows: Vec<PolicyWindow> = record
                     .policies()
                     .iter()
-                    .zip(tracked.policies.iter())
+                    .zip(names.iter())
                     .map(|(policy, name)| PolicyWindow {
                         policy: name,
                         counts: policy.counts(at),
                         state: policy.state_name(),
                     })
                     .collect();
-                let next_check_in = tracked
+                let standing = tracked.standing();
+                let next_check_in = standing
                     .next_check
                     .map(|at| at.saturating_duration_since(now));
                 let (absolute_weight, degraded) = weight_state(record);
                 Some(EndpointSnapshot {
                     key: tracked.key.clone(),
-                    status: tracked.status,
+                    status: standing.status,
                     error_rate: windows.first().map_or(0.0, |w| w.counts.failure_rate()),
                     windows,
                     next_check_in,
                     next_check_at: next_check_in.map(|wait| wall + wait),
                     absolute_weight,
                     degraded,
-                    failed_checks: tracked.failed_checks,
-                    last_reason: tracked.last_reason.as_deref().cloned(),
+                    failed_checks: standing.failed_checks,
+                    last_reason: standing.last_reason.clone(),
                     weight: record.weight(),
                     in_flight: shared.in_flight(),
                 })
             })
             .collect();
         endpoints.sort_by(|a, b| a.key.cmp(&b.key));
-        drop(entries);
+        drop(rosters);
         let (rules_version, rules_error) = self.registry.rules.lock().clone();
         Snapshot {
             endpoints,
@@ -241,7 +316,8 @@ impl Monitor {
 
     /// How many endpoints the layer tracks (every adaptor it built, all keys the upstreams hold).
     pub fn tracked(&self) -> usize {
-        self.registry.lock().len()
+        let rosters = self.registry.rosters.lock();
+        rosters.values().map(|roster| roster.endpoints.len()).sum()
     }
 
     /// A receiver of every [`Event`] from now on, in the order the adaptors decided them. It holds
@@ -293,18 +369,77 @@ fn weight_state(record: &tower_outlier_core::EndpointRecord) -> (Option<f64>, bo
 }
 
 impl Registry {
-    pub(crate) fn lock(&self) -> LockGuard<'_, HashMap<u64, Tracked>> {
-        self.entries.lock()
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn insert(&self, tracked: Tracked) -> u64 {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, tracked);
+    /// A new adaptor, with no endpoint yet and the policies named `policies`: its roster's id.
+    pub(crate) fn join(&self, policies: Arc<[&'static str]>) -> u64 {
+        let roster = self.next_id();
+        let endpoints = HashMap::new();
+        let joined = Roster {
+            policies,
+            endpoints,
+        };
+        self.rosters.lock().insert(roster, joined);
+        roster
+    }
+
+    /// The adaptor of `roster` is gone, and so are its endpoints: they are returned.
+    pub(crate) fn leave(&self, roster: u64) -> HashMap<u64, Tracked> {
+        let removed = self.rosters.lock().remove(&roster);
+        removed.map(|roster| roster.endpoints).unwrap_or_default()
+    }
+
+    /// A new endpoint of the adaptor of `roster`: its id.
+    pub(crate) fn insert(&self, roster: u64, tracked: Tracked) -> u64 {
+        let id = self.next_id();
+        if let Some(roster) = self.rosters.lock().get_mut(&roster) {
+            roster.endpoints.insert(id, tracked);
+        }
         id
     }
 
-    pub(crate) fn remove(&self, id: u64) {
-        self.lock().remove(&id);
+    /// Sends the event `make` builds about endpoint `id` of `roster` from the key the monitor
+    /// holds for it, if anybody listens.
+    pub(crate) fn emit_about(&self, roster: u64, id: u64, make: impl FnOnce(EndpointKey) -> Event) {
+        if !self.events.listened() {
+            return;
+        }
+        let key = self
+            .rosters
+            .lock()
+            .get(&roster)
+            .and_then(|roster| roster.endpoints.get(&id))
+            .map(|tracked| tracked.key.clone());
+        if let Some(key) = key {
+            self.events.emit(|| make(key));
+        }
+    }
+
+    pub(crate) fn remove(&self, roster: u64, id: u64) -> Option<Tracked> {
+        let mut rosters = self.rosters.lock();
+        rosters.get_mut(&roster)?.endpoints.remove(&id)
+    }
+
+    /// New rules in the adaptor of `roster`: its policies are named `policies`, and each endpoint
+    /// has a new record. All at once, so no snapshot reads a record with another's names.
+    pub(crate) fn reconfigure(
+        &self,
+        roster: u64,
+        policies: Arc<[&'static str]>,
+        records: impl IntoIterator<Item = (u64, Weak<dyn HasRecord>)>,
+    ) {
+        let mut rosters = self.rosters.lock();
+        let Some(roster) = rosters.get_mut(&roster) else {
+            return;
+        };
+        roster.policies = policies;
+        for (id, record) in records {
+            if let Some(tracked) = roster.endpoints.get_mut(&id) {
+                tracked.record = record;
+            }
+        }
     }
 
     /// An adaptor put `version` of the rules in force; whether it is the first to.
@@ -331,8 +466,12 @@ impl Registry {
         }
     }
 
-    pub(crate) fn update(&self, id: u64, f: impl FnOnce(&mut Tracked)) {
-        if let Some(tracked) = self.lock().get_mut(&id) {
+    pub(crate) fn update(&self, roster: u64, id: u64, f: impl FnOnce(&mut Tracked)) {
+        let mut rosters = self.rosters.lock();
+        let tracked = rosters
+            .get_mut(&roster)
+            .and_then(|roster| roster.endpoints.get_mut(&id));
+        if let Some(tracked) = tracked {
             f(tracked);
         }
     }

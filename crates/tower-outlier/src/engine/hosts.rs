@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{Reason, WindowCounts};
 
-use super::{later, Ejector, Engine, Status};
+use super::{later, Ejector, Engine};
 use crate::events::{Event, Readmission, Refusal};
 
 /// How far away the check of an endpoint held out for its host is: it comes back when the host
@@ -22,11 +22,23 @@ where
     S: Clone,
     C: Clone + Send + Sync + 'static,
 {
-    /// Tells the registry this adaptor holds `host` out, or no longer does.
-    pub(super) fn share_host(&self, host: Option<&str>, out: bool) {
-        if let (Some(sharing), Some(host)) = (&self.sharing, host) {
-            sharing.registry.set(sharing.member, host, out);
+    /// Tells the registry this adaptor holds the host of endpoint `id` out, or no longer does.
+    pub(super) fn share_host(&self, id: u64, out: bool) {
+        if let Some(sharing) = &self.sharing {
+            if let Some(host) = sharing.hosts.get(&id) {
+                sharing.registry.set(sharing.member, host, out);
+            }
         }
+    }
+
+    /// Whether another adaptor sharing the host of endpoint `id` holds it out.
+    pub(super) fn host_out_elsewhere(&self, id: u64) -> bool {
+        self.sharing.as_ref().is_some_and(|sharing| {
+            sharing
+                .hosts
+                .get(&id)
+                .is_some_and(|host| sharing.registry.ejected_elsewhere(sharing.member, host))
+        })
     }
 
     /// Follows the other adaptors sharing hosts with this one, if they changed anything (or an
@@ -47,17 +59,15 @@ where
         }
         sharing.seen = version;
         self.mirror_pending = false;
-        let (registry, member) = (sharing.registry.clone(), sharing.member);
-        let elsewhere = |host: &Option<String>| {
-            host.as_deref()
-                .is_some_and(|host| registry.ejected_elsewhere(member, host))
-        };
-        let back = self.keys_where(|e| e.ejected_by == Ejector::Host && !elsewhere(&e.host));
+        let back = self.keys_where(|e| {
+            e.ejected_by() == Some(Ejector::Host) && !self.host_out_elsewhere(e.id)
+        });
         for key in back {
             let until = later(now, self.trial);
-            self.readmit(&key, Status::Trial { until }, Readmission::HostBack, now);
+            self.readmit(&key, Some(until), Readmission::HostBack, now);
         }
-        let held_out = self.keys_where(|e| e.status.is_available() && elsewhere(&e.host));
+        let held_out =
+            self.keys_where(|e| e.status().is_available() && self.host_out_elsewhere(e.id));
         for key in held_out {
             self.mirror(&key, now);
         }
@@ -70,6 +80,7 @@ where
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
+        let host = self.sharing.as_ref().and_then(|s| s.hosts.get(&entry.id));
         if available <= 1 || ejected >= max {
             self.mirror_pending = true;
             if !entry.mirror_refused {
@@ -79,17 +90,17 @@ where
                 } else {
                     Refusal::Budget
                 };
-                let name = entry.name.clone();
-                self.registry.events.emit(|| Event::EjectionRefused {
-                    key: name,
-                    reason: host_reason(),
-                    refusal,
-                });
+                self.registry
+                    .emit_about(self.roster, entry.id, |key| Event::EjectionRefused {
+                        key,
+                        reason: host_reason(),
+                        refusal,
+                    });
             }
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
-                host = ?entry.host,
+                host = ?host,
                 ejected,
                 budget = max,
                 "host ejected in another service, kept in until there is room to eject here"
@@ -97,8 +108,7 @@ where
             return;
         }
         let next_check = later(now, UNTIL_THE_HOST_RETURNS);
-        entry.set_status(Status::Ejected { next_check }, &mut self.deadlines);
-        entry.ejected_by = Ejector::Host;
+        entry.eject(key, Ejector::Host, next_check, &mut self.deadlines);
         entry.mirror_refused = false;
         self.refused -= usize::from(entry.refused);
         entry.refused = false;
@@ -106,18 +116,19 @@ where
         tracing::warn!(
             target: "tower_outlier",
             endpoint = ?key,
-            host = ?entry.host,
+            host = ?host,
             "endpoint ejected: its host is ejected in another service"
         );
         let reason = host_reason();
-        let (name, event_reason) = (entry.name.clone(), reason.clone());
+        let (id, event_reason) = (entry.id, reason.clone());
         self.publish(key, None, Some(reason));
         self.queue.push_back(Change::Remove(key.clone()));
-        self.registry.events.emit(|| Event::Ejected {
-            key: name,
-            reason: event_reason,
-            next_check_in: None,
-        });
+        self.registry
+            .emit_about(self.roster, id, |key| Event::Ejected {
+                key,
+                reason: event_reason,
+                next_check_in: None,
+            });
     }
 }
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tower::discover::Change;
 
-use super::{fleet_schedules, trial_period, Engine, Settings, Status};
-use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
+use super::{fleet_schedules, trial_period, Ejector, Engine, Settings, Status};
+use crate::endpoint::{HasRecord, Shared};
 use crate::events::Readmission;
 
 impl<K, S, C> Engine<K, S, C>
@@ -47,44 +47,43 @@ where
         self.settings = settings;
         // Before its consequences (the ejections the new rules make below).
         self.registry.rules_applied(self.settings.version);
+        let mut records = Vec::with_capacity(self.entries.len());
         for key in self.keys_where(|_| true) {
             let Some(entry) = self.entries.get_mut(&key) else {
                 continue;
             };
-            let record = entry.endpoint.record().successor(&policies);
+            let record = entry.record().successor(&policies);
             let shared = Shared::new(record, self.classifier.clone());
             let weak: std::sync::Weak<dyn HasRecord> =
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
-            let names = self.names.clone();
-            self.registry.update(entry.id, |tracked| {
-                tracked.record = weak;
-                tracked.policies = names;
-            });
-            entry.endpoint = OutlierEndpoint::new(entry.endpoint.get_ref().clone(), shared);
-            if entry.status.is_available() {
+            records.push((entry.id, weak));
+            entry.shared = shared;
+            if entry.status().is_available() {
                 self.queue
-                    .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
+                    .push_back(Change::Insert(key.clone(), entry.endpoint()));
             }
         }
+        self.registry
+            .reconfigure(self.roster, self.names.clone(), records);
         // Endpoints held out for their host come back with the host instead.
         let switched_off = self.keys_where(|e| {
-            !e.status.is_available()
-                && e.ejected_by
-                    .policy()
+            !e.status().is_available()
+                && e.ejected_by()
+                    .and_then(Ejector::policy)
                     .and_then(|index| policies.get(index))
                     .is_some_and(|p| !p.enabled())
         });
         for key in switched_off {
             let until = super::later(now, self.trial);
             if let Some(entry) = self.entries.get(&key) {
-                if matches!(entry.status, Status::Probing) {
+                if matches!(entry.status(), Status::Probing) {
                     self.cancelled.push(entry.id);
                 }
             }
-            self.readmit(&key, Status::Trial { until }, Readmission::PolicyOff, now);
+            self.readmit(&key, Some(until), Readmission::PolicyOff, now);
         }
         self.enforce_budget(now);
-        for key in self.keys_where(|e| e.status.is_available()) {
+        for key in self.keys_where(|e| e.status().is_available()) {
             self.consider(&key, now);
         }
         self.retry_refused(now);

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
-use super::{deadline_is_current, later, Engine, ProbeStart, Status};
+use super::{deadline_is_current, later, Engine, ProbeStart, Stage, Status};
 use crate::events::{Event, Readmission};
 use crate::probe::ProbeFuture;
 
@@ -25,23 +25,20 @@ where
         probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
     ) {
         let evaluated = self.evaluate_fleet(now);
-        let current = deadline_is_current(&self.entries, &self.keys);
-        let due: Vec<K> = self
+        let due = self
             .deadlines
-            .pop_due(now, current)
-            .into_iter()
-            .filter_map(|id| self.keys.get(&id).cloned())
-            .collect();
+            .pop_due(now, deadline_is_current(&self.entries));
         for key in due {
             let Some(entry) = self.entries.get_mut(&key) else {
                 continue;
             };
             // An earlier endpoint's check may have changed this one (a re-admission freed the
             // budget and it was ejected anew): only a deadline still due counts.
-            if entry.status.deadline().is_none_or(|at| at > now) {
+            let status = entry.status();
+            if status.deadline().is_none_or(|at| at > now) {
                 continue;
             }
-            match entry.status {
+            match status {
                 Status::Trial { .. } => self.trial_ended(&key, now),
                 Status::Ejected { .. } => self.check(key, now, probe),
                 Status::Available | Status::Probing => {}
@@ -65,54 +62,58 @@ where
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
-        let record = entry.endpoint.record();
+        let Some(episode) = entry.episode.as_deref_mut() else {
+            return;
+        };
+        let record = &entry.shared.record;
         let recorded_now = record.clock().now();
         let until = later(now, self.trial);
         if record.judge(recorded_now).is_some() {
-            if !entry.trial_breached {
-                entry.failed_checks = entry.failed_checks.saturating_add(1);
-                entry.trial_breached = true;
-                let (name, failed_checks) = (entry.name.clone(), entry.failed_checks);
-                self.registry.events.emit(|| Event::TrialFailed {
-                    key: name,
-                    failed_checks,
-                });
+            if !episode.trial_breached {
+                episode.failed_checks = episode.failed_checks.saturating_add(1);
+                episode.trial_breached = true;
+                let failed_checks = episode.failed_checks;
+                self.registry
+                    .emit_about(self.roster, entry.id, |key| Event::TrialFailed {
+                        key,
+                        failed_checks,
+                    });
             }
-            entry.set_status(Status::Trial { until }, &mut self.deadlines);
+            episode.set_stage(Stage::Trial { until }, key, entry.id, &mut self.deadlines);
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
-                failed_checks = entry.failed_checks,
+                failed_checks = episode.failed_checks,
                 "trial failed: the endpoint is still an outlier"
             );
             self.publish(key, Some(until), None);
             self.consider(key, now);
             return;
         }
-        let (seen, needed) = entry
+        let (seen, needed) = episode
             .ejected_by
             .policy()
             .and_then(|index| record.policies().get(index))
             .map_or((0, 0), |policy| {
                 (policy.counts(recorded_now).calls, policy.trial_calls())
             });
-        entry.trial_calls = entry.trial_calls.saturating_add(seen);
-        if entry.trial_calls < needed {
-            entry.set_status(Status::Trial { until }, &mut self.deadlines);
+        episode.trial_calls = episode.trial_calls.saturating_add(seen);
+        if episode.trial_calls < needed {
+            episode.set_stage(Stage::Trial { until }, key, entry.id, &mut self.deadlines);
             tracing::debug!(
                 target: "tower_outlier",
                 endpoint = ?key,
-                calls = entry.trial_calls,
+                calls = episode.trial_calls,
                 needed,
                 "trial extended: too few calls to judge"
             );
             self.publish(key, Some(until), None);
         } else {
-            entry.set_status(Status::Available, &mut self.deadlines);
-            entry.failed_checks = 0;
+            // Recovered: the episode ends, and its failed checks with it.
+            entry.episode = None;
             tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint recovered: trial passed");
-            let name = entry.name.clone();
-            self.registry.events.emit(|| Event::Recovered { key: name });
+            self.registry
+                .emit_about(self.roster, entry.id, |key| Event::Recovered { key });
             self.publish(key, None, None);
         }
     }
@@ -142,12 +143,12 @@ where
             let members: Vec<FleetMember<'_, dyn EndpointPolicy>> = in_order
                 .into_iter()
                 .map(|(key, entry)| {
-                    let record = entry.endpoint.record();
+                    let record = entry.record();
                     FleetMember {
                         key: key as &dyn fmt::Debug,
                         state: &*record.policies()[schedule.policy],
                         record,
-                        available: entry.status.is_available(),
+                        available: entry.status().is_available(),
                     }
                 })
                 .collect();
@@ -162,18 +163,18 @@ where
 
     /// Reports the weights a fleet evaluation changed (in discovery order).
     fn report_weights(&mut self) {
-        for key in self.keys_where(|e| e.endpoint.record().weight() != e.weight) {
+        for key in self.keys_where(|e| e.record().weight() != e.reported_weight()) {
             let Some(entry) = self.entries.get_mut(&key) else {
                 continue;
             };
-            let (from, to) = (entry.weight, entry.endpoint.record().weight());
-            entry.weight = to;
-            let name = entry.name.clone();
-            self.registry.events.emit(|| Event::WeightChanged {
-                key: name,
-                from,
-                to,
-            });
+            let (from, to) = (entry.reported_weight(), entry.record().weight());
+            entry.set_reported(|reported| reported.weight = to);
+            self.registry
+                .emit_about(self.roster, entry.id, |key| Event::WeightChanged {
+                    key,
+                    from,
+                    to,
+                });
         }
     }
 
@@ -187,32 +188,30 @@ where
         let Some(entry) = self.entries.get_mut(&key) else {
             return;
         };
-        match probe(&key, entry.endpoint.get_ref()) {
+        let Some(episode) = entry.episode.as_deref_mut() else {
+            return;
+        };
+        match probe(&key, &entry.service) {
             Some(probe) => {
                 // A probe that hangs longer than one recovery unit is a failed check.
-                let timeout = entry.schedule.map_or(Duration::from_secs(10), |s| s.unit());
-                entry.set_status(Status::Probing, &mut self.deadlines);
+                let timeout = episode
+                    .schedule
+                    .map_or(Duration::from_secs(10), |s| s.unit());
+                episode.set_stage(Stage::Probing, &key, entry.id, &mut self.deadlines);
                 self.probes.push_back(ProbeStart {
                     key: key.clone(),
                     id: entry.id,
                     probe,
                     timeout,
                 });
-                tracing::info!(target: "tower_outlier", endpoint = ?key, failed_checks = entry.failed_checks, "probing ejected endpoint");
-                let name = entry.name.clone();
+                tracing::info!(target: "tower_outlier", endpoint = ?key, failed_checks = episode.failed_checks, "probing ejected endpoint");
                 self.registry
-                    .events
-                    .emit(|| Event::ProbeStarted { key: name });
+                    .emit_about(self.roster, entry.id, |key| Event::ProbeStarted { key });
                 self.publish(&key, None, None);
             }
             None => {
                 let until = later(now, self.trial);
-                self.readmit(
-                    &key,
-                    Status::Trial { until },
-                    Readmission::PassiveTrial,
-                    now,
-                );
+                self.readmit(&key, Some(until), Readmission::PassiveTrial, now);
             }
         }
     }
@@ -221,80 +220,92 @@ where
         let Some(entry) = self.entries.get_mut(&key) else {
             return;
         };
-        if entry.id != id || !matches!(entry.status, Status::Probing) {
+        if entry.id != id {
+            return;
+        }
+        let Some(episode) = entry.episode.as_deref_mut() else {
+            return;
+        };
+        if !matches!(episode.stage, Stage::Probing) {
             return;
         }
         if healthy {
-            entry.failed_checks = 0;
-            self.readmit(&key, Status::Available, Readmission::ProbeSucceeded, now);
+            // Available without condition: the episode ends, and its failed checks with it.
+            self.readmit(&key, None, Readmission::ProbeSucceeded, now);
         } else {
-            entry.failed_checks = entry.failed_checks.saturating_add(1);
-            let delay = entry
+            episode.failed_checks = episode.failed_checks.saturating_add(1);
+            let delay = episode
                 .schedule
-                .map_or(Duration::from_secs(10), |s| s.delay(entry.failed_checks));
+                .map_or(Duration::from_secs(10), |s| s.delay(episode.failed_checks));
             let next_check = later(now, delay);
-            entry.set_status(Status::Ejected { next_check }, &mut self.deadlines);
+            let stage = Stage::Ejected { next_check };
+            episode.set_stage(stage, &key, entry.id, &mut self.deadlines);
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
-                failed_checks = entry.failed_checks,
+                failed_checks = episode.failed_checks,
                 next_check_in = ?delay,
                 "probe failed: endpoint stays ejected"
             );
-            let name = entry.name.clone();
-            self.registry.events.emit(|| Event::ProbeFailed {
-                key: name,
-                next_check_in: delay,
-            });
+            self.registry
+                .emit_about(self.roster, entry.id, |key| Event::ProbeFailed {
+                    key,
+                    next_check_in: delay,
+                });
             self.publish(&key, Some(next_check), None);
         }
     }
 
-    pub(super) fn readmit(&mut self, key: &K, status: Status, cause: Readmission, now: Instant) {
+    /// Brings back an endpoint that is out: on trial until `trial_until`, or (`None`) available
+    /// without condition.
+    pub(super) fn readmit(
+        &mut self,
+        key: &K,
+        trial_until: Option<Instant>,
+        cause: Readmission,
+        now: Instant,
+    ) {
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
-        if entry.status.is_available() {
+        if entry.status().is_available() {
             return;
         }
-        entry.endpoint.record().reset();
-        if entry.ejected_by != super::Ejector::Host {
-            let host = entry.host.clone();
-            self.share_host(host.as_deref(), false);
+        entry.record().reset();
+        if entry.holds_host_out() {
+            let id = entry.id;
+            self.share_host(id, false);
         }
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
         self.refused -= usize::from(entry.refused);
         entry.refused = false;
-        entry.trial_breached = false;
-        entry.trial_calls = 0;
-        let endpoint = entry.endpoint.clone();
-        self.seed_rtt(&endpoint);
+        let shared = entry.shared.clone();
+        self.seed_rtt(&shared.record);
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
-        let next = status.deadline();
-        entry.set_status(status, &mut self.deadlines);
+        entry.readmit(key, trial_until, &mut self.deadlines);
         self.ejected -= 1;
         tracing::info!(
             target: "tower_outlier",
             endpoint = ?key,
             cause = %cause,
-            failed_checks = entry.failed_checks,
-            trial_until = ?next.map(|at| at.saturating_duration_since(now)),
+            failed_checks = entry.failed_checks(),
+            trial_until = ?trial_until.map(|at| at.saturating_duration_since(now)),
             "endpoint re-admitted"
         );
-        let name = entry.name.clone();
-        let trial = next.map(|at| at.saturating_duration_since(now));
-        self.registry.events.emit(|| Event::Readmitted {
-            key: name,
-            cause,
-            trial,
-        });
+        let trial = trial_until.map(|at| at.saturating_duration_since(now));
+        self.registry
+            .emit_about(self.roster, entry.id, |key| Event::Readmitted {
+                key,
+                cause,
+                trial,
+            });
         self.queue
-            .push_back(Change::Insert(key.clone(), entry.endpoint.clone()));
-        self.publish(key, next, None);
+            .push_back(Change::Insert(key.clone(), entry.endpoint()));
+        self.publish(key, trial_until, None);
         self.report_states(key);
         self.retry_refused(now);
     }
@@ -314,17 +325,17 @@ where
             let soonest = self
                 .entries
                 .iter()
-                .filter(|(_, e)| !e.status.is_available())
-                .min_by_key(|(_, e)| (e.status.deadline(), e.id))
+                .filter(|(_, e)| !e.status().is_available())
+                .min_by_key(|(_, e)| (e.status().deadline(), e.id))
                 .map(|(k, _)| k.clone());
             let Some(key) = soonest else { return };
             if let Some(entry) = self.entries.get(&key) {
-                if matches!(entry.status, Status::Probing) {
+                if matches!(entry.status(), Status::Probing) {
                     self.cancelled.push(entry.id);
                 }
             }
             let until = later(now, self.trial);
-            self.readmit(&key, Status::Trial { until }, cause, now);
+            self.readmit(&key, Some(until), cause, now);
         }
     }
 }
