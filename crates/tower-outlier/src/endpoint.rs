@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll};
 
 use tower::load::Load;
@@ -17,8 +17,10 @@ pub(crate) struct Shared<C> {
     pub(crate) record: EndpointRecord,
     pub(crate) classifier: C,
     // Every lane made for a handle of this endpoint, to sum the calls in flight (cold path, and
-    // `Load` while more than one handle calls).
+    // `Load` while more than one handle calls). Dead ones are pruned when a lane is made.
     lanes: Lock<Vec<Weak<Lane<C>>>>,
+    // Lanes alive; kept by the lanes themselves, without the lock (a lane can be dropped by a
+    // reader of `lanes` letting go of the last reference).
     live_lanes: AtomicUsize,
 }
 
@@ -34,6 +36,8 @@ impl<C> Shared<C> {
 
     /// Calls in flight through every handle.
     fn in_flight(&self) -> usize {
+        // Upgrading may take the last reference to a lane, which then drops here, under the
+        // lock: `Lane`'s drop must not take it.
         self.lanes
             .lock()
             .iter()
@@ -48,7 +52,8 @@ impl<C> Shared<C> {
 /// the reference count less the handles holding the lane, and the cache line it lives on is
 /// written only by this handle's calls. A handle that calls more than once gets a lane of its
 /// own, so cores calling through clones of one endpoint never write the same memory per call;
-/// copies that never call (the layer's own) have none.
+/// copies that never call or are cloned (the layer's own) have none. Making a lane is the one
+/// allocation and the one lock of a handle's calls, once per handle.
 pub(crate) struct Lane<C> {
     pub(crate) shared: Arc<Shared<C>>,
     // Handles holding this lane: the one that made it, and its clones until they make their own.
@@ -67,11 +72,13 @@ impl<C> Lane<C> {
         });
         let mut lanes = lane.shared.lanes.lock();
         lanes.retain(|lane| lane.strong_count() > 0);
-        // Most endpoints get one lane: no room for more until a second handle calls.
-        lanes.reserve_exact(1);
+        if lanes.capacity() == 0 {
+            // Most endpoints get one lane: no room for more until a second handle calls.
+            lanes.reserve_exact(1);
+        }
         lanes.push(Arc::downgrade(&lane));
-        lane.shared.live_lanes.store(lanes.len(), Ordering::Relaxed);
         drop(lanes);
+        lane.shared.live_lanes.fetch_add(1, Ordering::Relaxed);
         lane
     }
 
@@ -84,9 +91,8 @@ impl<C> Lane<C> {
 
 impl<C> Drop for Lane<C> {
     fn drop(&mut self) {
-        let mut lanes = self.shared.lanes.lock();
-        lanes.retain(|lane| lane.strong_count() > 0);
-        self.shared.live_lanes.store(lanes.len(), Ordering::Relaxed);
+        // No lock: see `Shared::in_flight`. Its entry in `lanes` is pruned later.
+        self.shared.live_lanes.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -111,7 +117,9 @@ impl<C: Send + Sync> HasRecord for Shared<C> {
 /// evicting a ready endpoint).
 struct Holder<C> {
     shared: Arc<Shared<C>>,
-    lane: Option<Arc<Lane<C>>>,
+    // Set through `&self` too: cloning a handle that has no lane yet gives it one, for the clone
+    // to inherit.
+    lane: OnceLock<Arc<Lane<C>>>,
     lane_use: LaneUse,
     permits: ProbePermits,
     draws: Draws,
@@ -120,13 +128,16 @@ struct Holder<C> {
 /// Whose lane a handle's calls use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum LaneUse {
-    /// The lane of the handle it was cloned from (if that one had one), not called through yet.
-    /// A handle cloned per request (`clone().oneshot(..)`) calls once: a lane of its own would
-    /// only add an allocation and a lock to every request.
+    /// A handle not cloned from another, not called through yet: any lane it has is its own
+    /// (made when it was first cloned), or it makes one at its first call.
+    Fresh,
+    /// The lane of the handle it was cloned from, not called through yet. A handle cloned per
+    /// request (`clone().oneshot(..)`) calls once: a lane of its own would only add an
+    /// allocation and a lock to every request.
     Inherited,
     /// The inherited lane, called through once.
     InheritedCalled,
-    /// Its own: made at its first call when it had no lane, or at its second.
+    /// Its own.
     Own,
 }
 
@@ -134,8 +145,8 @@ impl<C> Holder<C> {
     fn new(shared: Arc<Shared<C>>) -> Self {
         Holder {
             shared,
-            lane: None,
-            lane_use: LaneUse::Inherited,
+            lane: OnceLock::new(),
+            lane_use: LaneUse::Fresh,
             permits: 0,
             draws: Draws::default(),
         }
@@ -144,30 +155,43 @@ impl<C> Holder<C> {
     /// The lane this call's response future holds.
     #[inline]
     fn lane(&mut self) -> Arc<Lane<C>> {
-        match (&self.lane, self.lane_use) {
+        match (self.lane.get(), self.lane_use) {
             (Some(lane), LaneUse::Own) => lane.clone(),
             _ => self.early_lane(),
         }
     }
 
+    /// This handle's lane, made now if it has none.
+    fn lane_or_new(&self) -> &Arc<Lane<C>> {
+        self.lane.get_or_init(|| Lane::new(self.shared.clone()))
+    }
+
     // Cold: a handle comes here on its first two calls only.
     #[cold]
     fn early_lane(&mut self) -> Arc<Lane<C>> {
-        if let (Some(inherited), LaneUse::Inherited) = (&self.lane, self.lane_use) {
-            self.lane_use = LaneUse::InheritedCalled;
-            return inherited.clone();
+        match self.lane_use {
+            LaneUse::Fresh | LaneUse::Own => {
+                self.lane_use = LaneUse::Own;
+                self.lane_or_new().clone()
+            }
+            LaneUse::Inherited => {
+                self.lane_use = LaneUse::InheritedCalled;
+                self.lane_or_new().clone()
+            }
+            LaneUse::InheritedCalled => {
+                if let Some(inherited) = self.lane.take() {
+                    inherited.holders.fetch_sub(1, Ordering::Relaxed);
+                }
+                self.lane_use = LaneUse::Own;
+                self.lane_or_new().clone()
+            }
         }
-        if let Some(inherited) = self.lane.take() {
-            inherited.holders.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.lane_use = LaneUse::Own;
-        self.lane.insert(Lane::new(self.shared.clone())).clone()
     }
 
     /// Calls in flight through every handle of the endpoint.
     #[inline]
     fn in_flight(&self) -> usize {
-        match &self.lane {
+        match self.lane.get() {
             // This handle's lane is the endpoint's only one: no need to look at the others.
             Some(lane) if self.shared.live_lanes.load(Ordering::Relaxed) == 1 => lane.in_flight(),
             None if self.shared.live_lanes.load(Ordering::Relaxed) == 0 => 0,
@@ -248,11 +272,11 @@ impl Draws {
 
 impl<C> Clone for Holder<C> {
     fn clone(&self) -> Self {
+        let lane = self.lane_or_new();
+        lane.holders.fetch_add(1, Ordering::Relaxed);
         let mut clone = Holder::new(self.shared.clone());
-        if let Some(lane) = &self.lane {
-            lane.holders.fetch_add(1, Ordering::Relaxed);
-            clone.lane = Some(lane.clone());
-        }
+        clone.lane = OnceLock::from(lane.clone());
+        clone.lane_use = LaneUse::Inherited;
         clone
     }
 }
@@ -260,7 +284,7 @@ impl<C> Clone for Holder<C> {
 impl<C> Drop for Holder<C> {
     fn drop(&mut self) {
         self.shared.record.cancel_probes(self.permits);
-        if let Some(lane) = &self.lane {
+        if let Some(lane) = self.lane.get() {
             lane.holders.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -513,6 +537,66 @@ mod tests {
             3,
             "the worker's calls outlive it"
         );
+    }
+
+    #[test]
+    fn reading_calls_in_flight_never_deadlocks_with_a_lane_dropping() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _guard = runtime.enter();
+        let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+            ErrorRateConfig::hsf().build().unwrap(),
+        ));
+        let base = layer.endpoint(Hang);
+        let reader = base.clone();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (done, finished) = std::sync::mpsc::channel();
+        let writer = {
+            let (stop, done) = (stop.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // A lane of its own at the second call, whose last reference is the future.
+                    let mut handle = base.clone();
+                    let first = handle.call(());
+                    let second = handle.call(());
+                    drop(handle);
+                    drop((first, second));
+                }
+                done.send(()).unwrap();
+            })
+        };
+        let reading = std::thread::spawn(move || {
+            for _ in 0..3_000_000 {
+                // Takes the lanes' lock, and may hold a lane's last reference for a moment.
+                let _ = reader.in_flight();
+            }
+            done.send(()).unwrap();
+        });
+        let timeout = std::time::Duration::from_secs(20);
+        finished.recv_timeout(timeout).expect("the reader finished");
+        stop.store(true, Ordering::Relaxed);
+        finished.recv_timeout(timeout).expect("the writer finished");
+        reading.join().unwrap();
+        writer.join().unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handle_cloned_per_request_makes_no_lane() {
+        let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+            ErrorRateConfig::hsf().build().unwrap(),
+        ));
+        let template = layer.endpoint(Hang);
+        let mut calls = Vec::new();
+        for _ in 0..100 {
+            calls.push(template.clone().call(()));
+        }
+        assert_eq!(
+            lanes(&template),
+            1,
+            "the template's lane, made at its first clone"
+        );
+        assert_eq!(template.in_flight(), 100);
     }
 
     #[tokio::test(start_paused = true)]

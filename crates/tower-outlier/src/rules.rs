@@ -130,7 +130,9 @@
 //! 4. Nothing busy-polls: `Pending` always means a waker or timer is registered, and the adaptor
 //!    never wakes its own task to be polled again for nothing. (Abandoning a probe wakes it once,
 //!    as the abandoned probe finishes; the test harness checks every poll for a second one.)
-//! 5. Recording an outcome takes no lock and allocates nothing.
+//! 5. Recording an outcome takes no lock and allocates nothing. (A handle makes its lane, where
+//!    its calls in flight are counted, once: at its first call or its first clone, or at its
+//!    second call for a clone; that takes one allocation and one lock.)
 //! 6. The upstream is authoritative (rule 8).
 //! 7. Time comes from the layer's [`Clock`](crate::Clock) (tokio's when paused, so tests are
 //!    deterministic); deadlines from tokio's timer.

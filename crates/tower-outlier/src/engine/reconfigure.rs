@@ -48,6 +48,10 @@ where
         // Before its consequences (the ejections the new rules make below).
         self.registry.rules_applied(self.settings.version);
         let mut records = Vec::with_capacity(self.entries.len());
+        // The records being replaced stay alive until the monitor points at their successors:
+        // an ejected endpoint's is held by its entry alone, and a snapshot taken in between
+        // would miss it.
+        let mut replaced = Vec::with_capacity(self.entries.len());
         for key in self.keys_where(|_| true) {
             let Some(entry) = self.entries.get_mut(&key) else {
                 continue;
@@ -57,7 +61,7 @@ where
             let weak: std::sync::Weak<dyn HasRecord> =
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
             records.push((entry.id, weak));
-            entry.shared = shared;
+            replaced.push(std::mem::replace(&mut entry.shared, shared));
             if entry.status().is_available() {
                 self.queue
                     .push_back(Change::Insert(key.clone(), entry.endpoint()));
@@ -65,6 +69,7 @@ where
         }
         self.registry
             .reconfigure(self.roster, self.names.clone(), records);
+        drop(replaced);
         // Endpoints held out for their host come back with the host instead.
         let switched_off = self.keys_where(|e| {
             !e.status().is_available()
