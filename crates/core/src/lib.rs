@@ -58,4 +58,4 @@ pub use policy::{
 pub use record::{store_if_changed, EndpointRecord, Notifier, ProbePermits, RTT_DECAY};
 /// The boxed error type of tower middleware (`tower::BoxError`).
 pub use tower::BoxError;
-pub use window::{Window, WindowCounts, WindowShape};
+pub use window::{SharedWindow, Window, WindowCounts, WindowShape};

@@ -10,6 +10,7 @@
 //! that ejected an endpoint decides when it is checked again ([`Policy::recovery`]).
 
 use std::fmt;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use crate::clock::{Clock, Nanos};
 use crate::error::{check_nonzero_duration, check_ratio, ConfigError};
 use crate::outcome::Observation;
 use crate::record::EndpointRecord;
-use crate::window::WindowCounts;
+use crate::window::{SharedWindow, WindowCounts};
 
 /// A policy's configuration, shared by all endpoints of a layer.
 pub trait Policy: fmt::Debug + Send + Sync + AsAny + 'static {
@@ -154,6 +155,10 @@ impl<T: std::any::Any> AsAny for T {
 /// A policy's state for one endpoint.
 pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// Records one finished call. Called on the hot path: must not lock, allocate or block.
+    ///
+    /// Not called for the successes the endpoint's record counts itself in the state's
+    /// [`shared_window`](Self::shared_window), if it has one (see [`SharedWindow`] for who counts
+    /// what); every call that does come here is the state's to count.
     fn record(&self, observation: &Observation, now: Nanos) -> Signal;
 
     /// Judges the endpoint now. Cold path: called when a record signalled, or on a timer.
@@ -210,6 +215,14 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// until the layer acts releases them here. Cold path; the default does nothing.
     fn ejection_refused(&self, now: Nanos) {
         let _ = now;
+    }
+
+    /// A window this state shares with the endpoint's record, so that the record counts a
+    /// success in it directly, without calling [`record`](Self::record), while the state is not
+    /// [`watching`](SharedWindow::watching) (see [`SharedWindow`] for who counts what). `None`,
+    /// the default: every call goes to `record`. Asked once, when the record is created.
+    fn shared_window(&self) -> Option<Arc<SharedWindow>> {
+        None
     }
 
     /// The capability to gate the endpoint's readiness, for a policy that admits its own probe

@@ -11,6 +11,7 @@ use futures::task::AtomicWaker;
 use crate::clock::{duration_to_nanos, Clock, Nanos};
 use crate::outcome::{FailureKind, Observation, Outcome};
 use crate::policy::{Admit, EndpointPolicy, Judgement, ProbeGate, Reason, Signal};
+use crate::window::SharedWindow;
 
 /// Probe permits an endpoint handle or a call holds: bit `i` for the record's policy `i`. Policies
 /// past the 32nd cannot gate readiness.
@@ -131,6 +132,11 @@ const LAST_OVERLOADED: u8 = 2;
 pub struct EndpointRecord {
     clock: Clock,
     policies: Box<[Box<dyn EndpointPolicy>]>,
+    // The shared window of the first policy that has one (among the first 256), and that
+    // policy's index: successes are counted there without calling the policy while it is not
+    // watching. Fixed at creation.
+    shared_window: Option<Arc<SharedWindow>>,
+    shared_index: u8,
     // Bit i: policy i (of the first 32) has a readiness gate. Fixed at creation.
     gated: ProbePermits,
     latency: Latency,
@@ -163,9 +169,16 @@ impl EndpointRecord {
             .enumerate()
             .filter(|(_, policy)| policy.gate().is_some())
             .fold(0, |gated, (index, _)| gated | 1 << index);
+        let (shared_index, shared_window) = policies
+            .iter()
+            .enumerate()
+            .find_map(|(index, policy)| Some((u8::try_from(index).ok()?, policy.shared_window()?)))
+            .map_or((0, None), |(index, shared)| (index, Some(shared)));
         EndpointRecord {
             clock,
             policies,
+            shared_window,
+            shared_index,
             gated,
             // Zero: an endpoint nobody has measured yet is tried first (the layer seeds endpoints
             // that join a measured fleet with the fleet's mean instead).
@@ -323,8 +336,15 @@ impl EndpointRecord {
         if self.latency.last_outcome.load(Ordering::Relaxed) != last {
             self.latency.last_outcome.store(last, Ordering::Relaxed);
         }
+        let counted = self.count_shared_success(observation, now, probes);
+        if counted.is_some() && self.policies.len() == 1 {
+            return;
+        }
         let mut signal = false;
         for (index, policy) in self.policies.iter().enumerate() {
+            if counted == Some(index) {
+                continue;
+            }
             let gate = if index < GATED_POLICIES && probes & (1 << index) != 0 {
                 self.gate(index)
             } else {
@@ -342,6 +362,25 @@ impl EndpointRecord {
         {
             self.notifier.notify();
         }
+    }
+
+    /// Counts a success in the shared window, without a call into its policy, when that policy
+    /// is not watching (see [`SharedWindow`] for who counts what); the policy's index when it did.
+    /// Calls holding probe permits go the usual way.
+    #[inline]
+    fn count_shared_success(
+        &self,
+        observation: &Observation,
+        now: Nanos,
+        probes: ProbePermits,
+    ) -> Option<usize> {
+        let shared = self.shared_window.as_ref()?;
+        if observation.outcome != Outcome::Success || probes != 0 {
+            return None;
+        }
+        shared
+            .count_success(now)
+            .then_some(self.shared_index as usize)
     }
 
     #[inline]
@@ -626,5 +665,86 @@ mod tests {
         );
         record.reset();
         assert!(!record.last_call_failed(), "re-admission starts afresh");
+    }
+
+    /// A policy that shares its window and counts the calls that reach its `record`.
+    #[derive(Debug)]
+    struct Sharing {
+        shared: Arc<SharedWindow>,
+        recorded: AtomicU64,
+    }
+
+    impl EndpointPolicy for Sharing {
+        fn record(&self, observation: &Observation, now: Nanos) -> Signal {
+            self.recorded.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .window()
+                .record(now, observation.outcome.is_failure(), false);
+            Signal::None
+        }
+        fn judge(&self, _: Nanos) -> Judgement {
+            Judgement::Healthy
+        }
+        fn counts(&self, now: Nanos) -> crate::window::WindowCounts {
+            self.shared.window().counts(now)
+        }
+        fn reset(&self) {}
+        fn shared_window(&self) -> Option<Arc<SharedWindow>> {
+            Some(self.shared.clone())
+        }
+    }
+
+    #[test]
+    fn successes_not_watched_are_counted_once_without_the_policy() {
+        let shared = Arc::new(SharedWindow::new(
+            crate::window::Window::new(Duration::from_secs(10), 10).unwrap(),
+        ));
+        let sharing = Box::new(Sharing {
+            shared: shared.clone(),
+            recorded: AtomicU64::new(0),
+        });
+        let record = EndpointRecord::new(
+            Clock::tokio(),
+            Box::new([Box::new(WantsFive) as Box<dyn EndpointPolicy>, sharing]),
+            Arc::new(Notifier::new()),
+        );
+        let now = record.clock().now();
+        let recorded = |record: &EndpointRecord| {
+            record.policies()[1]
+                .as_any()
+                .downcast_ref::<Sharing>()
+                .unwrap()
+                .recorded
+                .load(Ordering::Relaxed)
+        };
+        call(&record, Outcome::Success, 1, now);
+        call(&record, Outcome::Success, 1, now);
+        assert_eq!(recorded(&record), 0, "plain successes skip the policy");
+        call(&record, Outcome::Failure(FailureKind::Timeout), 1, now);
+        assert_eq!(recorded(&record), 1, "failures reach it");
+        shared.set_watching(true);
+        call(&record, Outcome::Success, 1, now);
+        assert_eq!(recorded(&record), 2, "successes reach it while it watches");
+        shared.set_watching(false);
+        record.observe(
+            &Observation {
+                outcome: Outcome::Success,
+                latency: Duration::from_millis(1),
+            },
+            now,
+            1,
+        );
+        assert_eq!(
+            recorded(&record),
+            3,
+            "a call holding probe permits reaches it"
+        );
+        call(&record, Outcome::Cancelled, 1, now);
+        let counts = shared.window().counts(now);
+        assert_eq!(
+            (counts.calls, counts.failures),
+            (5, 1),
+            "each call counted once"
+        );
     }
 }

@@ -1,12 +1,11 @@
 //! The error-rate policy and its per-endpoint state.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    store_if_changed, Budget, EndpointPolicy, Judgement, Nanos, Observation, Policy, Reason,
-    RecoverySchedule, Signal, Window, WindowCounts,
+    Budget, EndpointPolicy, Judgement, Nanos, Observation, Policy, Reason, RecoverySchedule,
+    SharedWindow, Signal, WindowCounts,
 };
 
 use crate::config::ErrorRateConfig;
@@ -42,11 +41,10 @@ impl ErrorRatePolicy {
     /// The state of one endpoint, on its own (the layer calls [`Policy::new_endpoint`]).
     pub fn endpoint(&self) -> ErrorRateEndpoint {
         ErrorRateEndpoint {
-            window: self.config.window.window(),
             enabled: self.config.enabled,
             min_calls: self.config.min_calls,
             threshold: self.config.threshold,
-            suspect: AtomicBool::new(false),
+            shared: Arc::new(SharedWindow::new(self.config.window.window())),
         }
     }
 }
@@ -61,7 +59,8 @@ impl Policy for ErrorRatePolicy {
     }
 
     /// Keeps the endpoint's window: its calls count under the new threshold and minimum at once
-    /// (a new window size takes them over as they are; see [`Window::absorb`]).
+    /// (a new window size takes them over as they are; see
+    /// [`Window::absorb`](tower_outlier_core::Window::absorb)).
     fn new_endpoint_from(
         &self,
         previous: &dyn EndpointPolicy,
@@ -69,7 +68,7 @@ impl Policy for ErrorRatePolicy {
     ) -> Box<dyn EndpointPolicy> {
         let next = self.endpoint();
         if let Some(previous) = previous.as_any().downcast_ref::<ErrorRateEndpoint>() {
-            next.window.absorb(&previous.window, now);
+            next.window().absorb(previous.window(), now);
         }
         Box::new(next)
     }
@@ -98,27 +97,33 @@ pub struct ErrorRateEndpoint {
     enabled: bool,
     min_calls: u64,
     threshold: f64,
-    window: Window,
-    // Set when the rate is above the threshold but the window is short of the minimum: the next
-    // success may complete the minimum, so it must look at the window too.
-    suspect: AtomicBool,
+    // The window, shared with the endpoint's record, which counts successes in it itself unless
+    // it is watching. Watching while the rate is above the threshold but the window is short of
+    // the minimum: the next success may complete the minimum, so it must come here to look at
+    // the window too.
+    shared: Arc<SharedWindow>,
 }
 
 impl ErrorRateEndpoint {
+    fn window(&self) -> &tower_outlier_core::Window {
+        self.shared.window()
+    }
+
     fn outlier(&self, counts: WindowCounts) -> bool {
         counts.calls >= self.min_calls && counts.failure_rate() > self.threshold
     }
 
-    /// Whether the window, just recorded in, makes the endpoint an outlier. Kept out of
-    /// `record` so that a plain success runs without the registers this needs.
+    /// Whether the window, just recorded in, makes the endpoint an outlier. Out of line: of the
+    /// calls that reach `record`, the successes do not need it.
     #[inline(never)]
     fn check(&self, now: Nanos) -> Signal {
-        let counts = self.window.counts(now);
+        let counts = self.window().counts(now);
         if counts.calls < self.min_calls {
-            store_if_changed(&self.suspect, counts.failure_rate() > self.threshold);
+            self.shared
+                .set_watching(counts.failure_rate() > self.threshold);
             return Signal::None;
         }
-        store_if_changed(&self.suspect, false);
+        self.shared.set_watching(false);
         if self.outlier(counts) {
             Signal::Evaluate
         } else {
@@ -133,18 +138,20 @@ impl EndpointPolicy for ErrorRateEndpoint {
         if !self.enabled {
             return Signal::None;
         }
+        // Everything that comes here is this state's to count: the record counts successes
+        // itself only while the shared window is not watching, and then does not call this.
         let failed = observation.outcome.is_failure();
-        self.window.record(now, failed, false);
+        self.window().record(now, failed, false);
         // A success lowers the rate, so it can only cross the threshold by completing the
-        // minimum; checking the window on failures and on suspect successes is enough.
-        if !failed && !self.suspect.load(Ordering::Relaxed) {
+        // minimum; checking the window on failures and on successes while watching is enough.
+        if !failed && !self.shared.watching() {
             return Signal::None;
         }
         self.check(now)
     }
 
     fn judge(&self, now: Nanos) -> Judgement {
-        let counts = self.window.counts(now);
+        let counts = self.window().counts(now);
         if self.enabled && self.outlier(counts) {
             Judgement::Outlier(Reason {
                 policy: "error-rate",
@@ -159,14 +166,14 @@ impl EndpointPolicy for ErrorRateEndpoint {
     }
 
     fn counts(&self, now: Nanos) -> WindowCounts {
-        self.window.counts(now)
+        self.window().counts(now)
     }
 
     fn calls_wanted(&self, now: Nanos) -> u64 {
         if !self.enabled {
             return 0;
         }
-        let counts = self.window.counts(now);
+        let counts = self.window().counts(now);
         if counts.calls < self.min_calls && counts.failure_rate() > self.threshold {
             self.min_calls - counts.calls
         } else {
@@ -183,7 +190,12 @@ impl EndpointPolicy for ErrorRateEndpoint {
     }
 
     fn reset(&self) {
-        self.window.clear();
-        self.suspect.store(false, Ordering::Relaxed);
+        self.window().clear();
+        self.shared.set_watching(false);
+    }
+
+    /// The window, while the policy is enabled (a disabled one counts nothing).
+    fn shared_window(&self) -> Option<Arc<SharedWindow>> {
+        self.enabled.then(|| self.shared.clone())
     }
 }
