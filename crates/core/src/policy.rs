@@ -221,6 +221,9 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// success in it directly, without calling [`record`](Self::record), while the state is not
     /// [`watching`](SharedWindow::watching) (see [`SharedWindow`] for who counts what). `None`,
     /// the default: every call goes to `record`. Asked once, when the record is created.
+    ///
+    /// A success the record counts itself never reaches the state, so it cannot signal: a state
+    /// must be watching whenever a success could matter to it.
     fn shared_window(&self) -> Option<Arc<SharedWindow>> {
         None
     }

@@ -69,6 +69,14 @@ impl Policy for ErrorRatePolicy {
         let next = self.endpoint();
         if let Some(previous) = previous.as_any().downcast_ref::<ErrorRateEndpoint>() {
             next.window().absorb(previous.window(), now);
+            // Above the new threshold but short of the new minimum, the next success may complete
+            // the minimum: it must come to `record` to be checked.
+            let counts = next.window().counts(now);
+            next.shared.set_watching(
+                next.enabled
+                    && counts.calls < next.min_calls
+                    && counts.failure_rate() > next.threshold,
+            );
         }
         Box::new(next)
     }
@@ -113,8 +121,8 @@ impl ErrorRateEndpoint {
         counts.calls >= self.min_calls && counts.failure_rate() > self.threshold
     }
 
-    /// Whether the window, just recorded in, makes the endpoint an outlier. Out of line: of the
-    /// calls that reach `record`, the successes do not need it.
+    /// Whether the window, just recorded in, makes the endpoint an outlier. Out of line: only
+    /// failures and successes while watching need it.
     #[inline(never)]
     fn check(&self, now: Nanos) -> Signal {
         let counts = self.window().counts(now);
@@ -197,5 +205,52 @@ impl EndpointPolicy for ErrorRateEndpoint {
     /// The window, while the policy is enabled (a disabled one counts nothing).
     fn shared_window(&self) -> Option<Arc<SharedWindow>> {
         self.enabled.then(|| self.shared.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tower_outlier_core::{FailureKind, Outcome};
+
+    use super::*;
+
+    fn call(state: &dyn EndpointPolicy, outcome: Outcome, now: Nanos) -> Signal {
+        state.record(
+            &Observation {
+                outcome,
+                latency: Duration::from_millis(1),
+            },
+            now,
+        )
+    }
+
+    #[test]
+    fn new_rules_watch_the_success_that_may_complete_their_minimum() {
+        let strict = ErrorRatePolicy::new(ErrorRateConfig::hsf().min_calls(20).build().unwrap());
+        let state = strict.new_endpoint();
+        let now = 1_000_000_000;
+        for _ in 0..4 {
+            call(&*state, Outcome::Failure(FailureKind::Timeout), now);
+        }
+        call(&*state, Outcome::Success, now);
+        // 4 of 5 failed: above 0.5 but short of 20. The new rules ask for 6.
+        let lenient = ErrorRatePolicy::new(ErrorRateConfig::hsf().min_calls(6).build().unwrap());
+        let next = lenient.new_endpoint_from(&*state, now);
+        let shared = next
+            .shared_window()
+            .expect("an enabled error-rate state shares its window");
+        assert!(shared.watching(), "the next success must reach `record`");
+        assert_eq!(call(&*next, Outcome::Success, now), Signal::Evaluate);
+        // Under rules the window already satisfies or cannot breach, nothing is watched.
+        let calm = ErrorRatePolicy::new(
+            ErrorRateConfig::hsf()
+                .error_rate_threshold(0.9)
+                .build()
+                .unwrap(),
+        );
+        let next = calm.new_endpoint_from(&*state, now);
+        assert!(!next.shared_window().unwrap().watching());
     }
 }
