@@ -53,21 +53,20 @@
 
 #[path = "common.rs"]
 mod common;
+#[path = "per_call.rs"]
+mod per_call;
 
-use common::{median, ns_per_call, Echo};
+use common::{median, Echo};
+use per_call::{allocations_per_call, drive, run, Failsafe, Sample};
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::convert::Infallible;
 use std::future::{Future, Ready};
 use std::hint::black_box;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use failsafe::futures::CircuitBreaker as _;
 use tower_layer::Layer;
 use tower_outlier::slow_call::{BreakerConfig, CircuitBreakerLayer, State};
 use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
@@ -81,38 +80,6 @@ const ROUNDS: usize = 7;
 const ALLOCATION_CALLS: u64 = 10_000;
 /// Uncounted calls before each allocation count.
 const WARM_UP_CALLS: u64 = 1_000;
-
-/// The system allocator, counting the allocations of the current thread while `COUNTING` is on
-/// (only in the allocation pass, after the timed runs; during them it costs one relaxed load).
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        }
-        // SAFETY: the caller's contract is passed on as is.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is passed on as is.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// A counter alone on its cache line (128 bytes: adjacent-line prefetch pairs lines), so the
 /// floor's shared add contends only with itself.
@@ -197,60 +164,6 @@ impl Service<u64> for Recloser {
     }
 }
 
-type FailsafeBreaker = failsafe::StateMachine<
-    failsafe::failure_policy::ConsecutiveFailures<failsafe::backoff::Constant>,
-    (),
->;
-
-/// `failsafe` has no tower integration: its documented use is `breaker.call(future)`, so this
-/// wraps the inner service's response future exactly that way (as in `circuit_breaker.rs`).
-/// Clones share the breaker (`StateMachine` is an `Arc`).
-#[derive(Clone)]
-struct Failsafe {
-    inner: Echo,
-    breaker: FailsafeBreaker,
-}
-
-impl Service<u64> for Failsafe {
-    type Response = u64;
-    type Error = failsafe::Error<Infallible>;
-    type Future = failsafe::futures::ResponseFuture<
-        Ready<Result<u64, Infallible>>,
-        <FailsafeBreaker as failsafe::futures::CircuitBreaker>::FailurePolicy,
-        (),
-        failsafe::Any,
-    >;
-
-    #[inline]
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(failsafe::Error::Inner)
-    }
-
-    #[inline]
-    fn call(&mut self, request: u64) -> Self::Future {
-        self.breaker.call(self.inner.call(request))
-    }
-}
-
-/// Makes `iterations` calls; returns the time taken and how many polls returned `Pending`.
-#[inline]
-fn drive<S: Service<u64>>(service: &mut S, iterations: u64) -> (Duration, u64) {
-    let waker = futures::task::noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    let mut extra = 0;
-    let start = Instant::now();
-    for i in 0..iterations {
-        while black_box(service.poll_ready(&mut cx)).is_pending() {
-            extra += 1;
-        }
-        let mut future = pin!(service.call(black_box(i)));
-        while black_box(future.as_mut().poll(&mut cx)).is_pending() {
-            extra += 1;
-        }
-    }
-    (start.elapsed(), extra)
-}
-
 /// One call to completion; its result (for the sanity checks).
 fn call_once<S: Service<u64>>(service: &mut S) -> Result<S::Response, S::Error> {
     let waker = futures::task::noop_waker();
@@ -267,54 +180,6 @@ fn call_once<S: Service<u64>>(service: &mut S) -> Result<S::Response, S::Error> 
             return result;
         }
     }
-}
-
-/// One run of a case: ns per call and `Pending` polls per call, averaged over the threads.
-#[derive(Clone, Copy, Default)]
-struct Sample {
-    ns: f64,
-    pending: f64,
-}
-
-/// Runs `make()`'s service on `threads` threads at once (each on its own clone), `iterations`
-/// calls per thread.
-fn run<S, F>(threads: usize, iterations: u64, make: &F) -> Sample
-where
-    S: Service<u64> + Send + 'static,
-    F: Fn() -> S,
-{
-    let barrier = Arc::new(Barrier::new(threads));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let mut service = make();
-            let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                barrier.wait();
-                drive(&mut service, iterations)
-            })
-        })
-        .collect();
-    let mut total = Sample::default();
-    for handle in handles {
-        let (elapsed, pending) = handle.join().expect("bench thread");
-        total.ns += ns_per_call(elapsed, iterations);
-        total.pending += pending as f64 / iterations as f64;
-    }
-    Sample {
-        ns: total.ns / threads as f64,
-        pending: total.pending / threads as f64,
-    }
-}
-
-/// Allocations per call, on this thread, over `ALLOCATION_CALLS` calls after a warm-up.
-fn allocations_per_call<S: Service<u64>>(mut service: S) -> f64 {
-    drive(&mut service, WARM_UP_CALLS);
-    COUNTING.store(true, Ordering::Relaxed);
-    let before = allocations();
-    drive(&mut service, ALLOCATION_CALLS);
-    let allocated = allocations() - before;
-    COUNTING.store(false, Ordering::Relaxed);
-    allocated as f64 / ALLOCATION_CALLS as f64
 }
 
 /// The standalone breaker as `ours` in `circuit_breaker.rs`: Sentinel's slow-call ratio rule
@@ -431,13 +296,13 @@ fn main() {
         })
     });
     let allocs = [
-        allocations_per_call(Echo),
-        allocations_per_call(two_reads),
-        allocations_per_call(two_reads_add),
-        allocations_per_call(endpoint.clone()),
-        allocations_per_call(breaker.clone()),
-        allocations_per_call(recloser.clone()),
-        allocations_per_call(failsafe.clone()),
+        allocations_per_call(Echo, WARM_UP_CALLS, ALLOCATION_CALLS),
+        allocations_per_call(two_reads, WARM_UP_CALLS, ALLOCATION_CALLS),
+        allocations_per_call(two_reads_add, WARM_UP_CALLS, ALLOCATION_CALLS),
+        allocations_per_call(endpoint.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
+        allocations_per_call(breaker.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
+        allocations_per_call(recloser.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
+        allocations_per_call(failsafe.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
     ];
 
     println!(

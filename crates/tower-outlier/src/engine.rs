@@ -256,12 +256,12 @@ enum Stage {
     Probing,
 }
 
-impl Stage {
-    fn deadline(self) -> Option<Instant> {
-        match self {
-            Stage::Trial { until } => Some(until),
-            Stage::Ejected { next_check } => Some(next_check),
-            Stage::Probing => None,
+impl From<Stage> for Status {
+    fn from(stage: Stage) -> Status {
+        match stage {
+            Stage::Trial { until } => Status::Trial { until },
+            Stage::Ejected { next_check } => Status::Ejected { next_check },
+            Stage::Probing => Status::Probing,
         }
     }
 }
@@ -276,7 +276,7 @@ impl Episode {
         id: u64,
         deadlines: &mut Deadlines<K>,
     ) {
-        if let Some(at) = stage.deadline() {
+        if let Some(at) = Status::from(stage).deadline() {
             deadlines.push(at, key.clone(), id);
         }
         self.stage = stage;
@@ -298,12 +298,9 @@ impl<S, C> Entry<S, C> {
     }
 
     fn status(&self) -> Status {
-        match self.episode.as_deref().map(|episode| episode.stage) {
-            None => Status::Available,
-            Some(Stage::Trial { until }) => Status::Trial { until },
-            Some(Stage::Ejected { next_check }) => Status::Ejected { next_check },
-            Some(Stage::Probing) => Status::Probing,
-        }
+        self.episode
+            .as_deref()
+            .map_or(Status::Available, |episode| episode.stage.into())
     }
 
     fn reported_weight(&self) -> f64 {
