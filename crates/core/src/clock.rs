@@ -14,8 +14,10 @@
 //! tokio's clock is paused at that moment (a test), the time-stamp counter otherwise. Pausing the
 //! clock *after* building the layer is not detected; pass [`Clock::tokio`] explicitly then.
 //!
-//! Timestamps are nanoseconds since the clock was created, as a `u64` ([`Nanos`]), so they fit in
-//! an atomic and windows can index buckets without a lock.
+//! Timestamps are nanoseconds since the clock's origin, as a `u64` ([`Nanos`]), so they fit in an
+//! atomic and windows can index buckets without a lock. A tokio clock's origin is its creation;
+//! every time-stamp-counter clock in the process shares one origin and one calibration, made by
+//! the first, so a record holds a pointer to them rather than a copy.
 
 use std::fmt;
 use std::time::Duration;
@@ -23,9 +25,10 @@ use std::time::Duration;
 /// Nanoseconds since a [`Clock`]'s origin.
 pub type Nanos = u64;
 
-/// A monotonic clock that reads nanoseconds since its own origin.
+/// A monotonic clock that reads nanoseconds since its origin.
 ///
-/// Clones share the origin, so timestamps from clones are comparable.
+/// Clones share the origin, so timestamps from clones are comparable (and so are those of any two
+/// [`Clock::tsc`] clocks).
 ///
 /// ```
 /// use tower_outlier_core::Clock;
@@ -46,9 +49,25 @@ pub struct Clock {
 #[derive(Clone)]
 enum Source {
     Tokio(tokio::time::Instant),
-    // The clock and its raw reading at the origin: raw counter deltas scale to nanoseconds with
-    // one multiply and shift, cheaper than building `quanta::Instant`s.
-    Tsc(quanta::Clock, u64),
+    // A pointer, not the calibration itself: every endpoint's record holds a clock, and the
+    // calibrated counter is 40 bytes.
+    Tsc(&'static Counter),
+}
+
+// The calibrated counter and its raw reading at the origin: raw deltas scale to nanoseconds with
+// one multiply and shift, cheaper than building `quanta::Instant`s.
+struct Counter {
+    clock: quanta::Clock,
+    origin: u64,
+}
+
+fn counter() -> &'static Counter {
+    static COUNTER: std::sync::OnceLock<Counter> = std::sync::OnceLock::new();
+    COUNTER.get_or_init(|| {
+        let clock = quanta::Clock::new();
+        let origin = clock.raw();
+        Counter { clock, origin }
+    })
 }
 
 impl Clock {
@@ -76,12 +95,11 @@ impl Clock {
     }
 
     /// A clock reading the CPU time-stamp counter (through `quanta`), calibrated against the
-    /// system's monotonic clock. Real time only: it ignores tokio's paused clock.
+    /// system's monotonic clock. Real time only: it ignores tokio's paused clock. Its origin is
+    /// the first such clock's creation in the process.
     pub fn tsc() -> Self {
-        let clock = quanta::Clock::new();
-        let origin = clock.raw();
         Clock {
-            source: Source::Tsc(clock, origin),
+            source: Source::Tsc(counter()),
         }
     }
 
@@ -92,7 +110,9 @@ impl Clock {
             Source::Tokio(origin) => {
                 duration_to_nanos(tokio::time::Instant::now().saturating_duration_since(*origin))
             }
-            Source::Tsc(clock, origin) => clock.delta_as_nanos(*origin, clock.raw()),
+            Source::Tsc(counter) => counter
+                .clock
+                .delta_as_nanos(counter.origin, counter.clock.raw()),
         }
     }
 
@@ -112,7 +132,7 @@ impl fmt::Debug for Clock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self.source {
             Source::Tokio(_) => "Clock::tokio",
-            Source::Tsc(..) => "Clock::tsc",
+            Source::Tsc(_) => "Clock::tsc",
         })
     }
 }
@@ -148,11 +168,17 @@ mod tests {
     }
 
     #[test]
-    fn tsc_is_monotonic_and_starts_near_zero() {
-        let clock = Clock::tsc();
-        let a = clock.now();
-        let b = clock.now();
-        assert!(b >= a);
-        assert!(a < 1_000_000_000);
+    fn tsc_clocks_are_monotonic_and_share_one_origin() {
+        let first = Clock::tsc();
+        let a = first.now();
+        let second = Clock::tsc();
+        let b = second.now();
+        let c = first.now();
+        assert!(a <= b && b <= c, "{a} {b} {c}");
+    }
+
+    #[test]
+    fn a_clock_is_two_words() {
+        assert!(std::mem::size_of::<Clock>() <= 16);
     }
 }

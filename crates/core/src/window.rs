@@ -1,20 +1,22 @@
 //! A lock-free, time-bucketed sliding window of call counts.
 //!
-//! The window is a ring of buckets; each bucket covers `span / buckets` of time and remembers which
-//! slice of time (its epoch) its counts belong to. Reading sums the buckets whose epochs fall inside
-//! the last `span`.
+//! The window is a ring of buckets; each bucket covers `span / buckets` of time. The ring remembers
+//! its newest slice of time (its epoch); a bucket holds the counts of the latest slice at or before
+//! the newest that falls on its position, so buckets carry no epoch of their own (eight bytes
+//! each). Reading sums the buckets whose slices fall inside the last `span`.
 //!
 //! Recording takes no lock and allocates nothing. Its common path is two loads, a subtraction and
 //! a comparison (is `now` still in the newest slice?) and one atomic add on the bucket's packed
-//! counts; no division. Only the first recorder in a new slice divides, to find the bucket,
-//! and claims it (one compare-and-swap) by clearing the old counts.
+//! counts; no division. Only the first recorder in a new slice divides, to find the bucket, and
+//! claims the slices up to its own one at a time (a compare-and-swap on the newest slice each),
+//! clearing the old counts of each bucket it moves onto.
 //!
 //! **Cores sharing a window.** An add that did not start from the count the recorder had just
 //! read means another core wrote the bucket meanwhile. The first time that happens the window grows one ring per core (up to 16) and each
 //! thread records in its own from then on, so cores that share an endpoint stop fighting over one
 //! cache line; reading sums the rings. A window only one core records into never grows; a split
-//! one keeps its rings until it is replaced (ten buckets: 160 bytes per ring and a cache line of
-//! padding, so about 4 KB on a 16-core machine).
+//! one keeps its rings until it is replaced (ten buckets: 80 bytes per ring and a cache line of
+//! padding, so about 2.5 KB on a 16-core machine).
 //!
 //! **Imprecision.** The price of having no lock is documented imprecision at bucket boundaries: a
 //! recorder that read its timestamp just before a boundary and records just after another thread
@@ -80,8 +82,6 @@ const INDEX_BITS: u32 = 10;
 const INDEX: u64 = (1 << INDEX_BITS) - 1;
 
 struct Bucket {
-    // The time slice (`now / bucket_nanos + 1`) these counts belong to; 0 means empty.
-    epoch: AtomicU64,
     // Calls (low half) and failures (high half).
     counts: AtomicU64,
 }
@@ -89,7 +89,6 @@ struct Bucket {
 impl Bucket {
     fn empty() -> Self {
         Bucket {
-            epoch: AtomicU64::new(0),
             counts: AtomicU64::new(0),
         }
     }
@@ -103,9 +102,11 @@ impl Bucket {
 /// One ring of buckets: the whole window for one core (or for all, until they contend).
 struct Ring {
     buckets: Box<[Bucket]>,
-    // Slow calls per bucket; empty when the window does not count them.
-    slow: Box<[AtomicU32]>,
-    // The newest slice claimed: its epoch above its bucket's index (0 before the first call).
+    // Slow calls per bucket, for windows that count them.
+    slow: Option<Box<Slots<AtomicU32>>>,
+    // The newest slice claimed: its epoch (`now / bucket_nanos + 1`) above its bucket's index
+    // (0 before the first call and after a clear). Every other bucket holds the latest slice at
+    // or before it that falls on its index, or nothing.
     newest: AtomicU64,
 }
 
@@ -129,33 +130,97 @@ impl Ring {
             buckets: (0..buckets + bucket_padding)
                 .map(|_| Bucket::empty())
                 .collect(),
-            slow: if counts_slow {
-                (0..buckets + slow_padding)
-                    .map(|_| AtomicU32::new(0))
-                    .collect()
-            } else {
-                Box::new([])
-            },
+            slow: counts_slow.then(|| {
+                Box::new(Slots(
+                    (0..buckets + slow_padding)
+                        .map(|_| AtomicU32::new(0))
+                        .collect(),
+                ))
+            }),
             newest: AtomicU64::new(0),
         }
     }
 
     fn slow(&self, index: usize) -> u64 {
-        self.slow
-            .get(index)
+        self.slow_count(index)
             .map_or(0, |slow| u64::from(slow.load(Ordering::Relaxed)))
+    }
+
+    fn slow_count(&self, index: usize) -> Option<&AtomicU32> {
+        self.slow.as_ref()?.get(index)
+    }
+
+    /// The slice bucket `index` of `buckets` holds: the latest at or before the newest that
+    /// falls on it. `None` when the ring is empty or no slice since the first falls on it yet.
+    fn slice_of(&self, index: usize, buckets: usize) -> Option<u64> {
+        slice_held(self.newest.load(Ordering::Acquire), index, buckets)
+    }
+
+    /// The counts bucket `index` holds now, to be subtracted once it is claimed for a new slice:
+    /// calls recorded there meanwhile (by others that already see it claimed) then survive.
+    fn stale(&self, index: usize) -> (u64, u32) {
+        (
+            self.buckets[index].counts.load(Ordering::Relaxed),
+            self.slow(index) as u32,
+        )
+    }
+
+    /// Makes slice `next` (in bucket `index`) the newest if `seen` still is; then takes `stale`,
+    /// read before, out of its bucket. False when another claim or a clear came first.
+    fn advance(&self, seen: u64, next: u64, index: usize, stale: (u64, u32)) -> bool {
+        let claimed = self
+            .newest
+            .compare_exchange(
+                seen,
+                next << INDEX_BITS | index as u64,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if claimed {
+            self.buckets[index]
+                .counts
+                .fetch_sub(stale.0, Ordering::Relaxed);
+            if let Some(slow) = self.slow_count(index) {
+                slow.fetch_sub(stale.1, Ordering::Relaxed);
+            }
+        }
+        claimed
     }
 
     fn clear(&self) {
         for (index, bucket) in self.buckets.iter().enumerate() {
-            bucket.epoch.store(0, Ordering::Release);
             bucket.counts.store(0, Ordering::Relaxed);
-            if let Some(slow) = self.slow.get(index) {
+            if let Some(slow) = self.slow_count(index) {
                 slow.store(0, Ordering::Relaxed);
             }
         }
-        self.newest.store(0, Ordering::Relaxed);
+        // Last, and released: a claim that sees the ring empty reads the zeroed counts as the
+        // stale ones, so what it subtracts is exact. A claim that moved on before this store
+        // leaves its bucket off by what it subtracts, but the ring reads as empty until the next
+        // claim, which steps over every bucket and subtracts exactly what it finds.
+        self.newest.store(0, Ordering::Release);
     }
+}
+
+/// A slice behind a pointer of one word rather than two: for arrays most windows never have (the
+/// extra rings, slow counts), so that not having them costs little.
+struct Slots<T>(Box<[T]>);
+
+impl<T> std::ops::Deref for Slots<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        &self.0
+    }
+}
+
+/// The slice bucket `index` of `buckets` holds when a ring's newest slice is `newest` (see
+/// [`Ring::slice_of`]).
+fn slice_held(newest: u64, index: usize, buckets: usize) -> Option<u64> {
+    let (epoch, newest_index) = (newest >> INDEX_BITS, (newest & INDEX) as usize);
+    let age = (newest_index + buckets - index) % buckets;
+    (newest != 0 && (age as u64) < epoch).then(|| epoch - age as u64)
 }
 
 /// A validated window shape: a span and a bucket count. Policies validate the shape once, when
@@ -234,7 +299,7 @@ impl WindowShape {
 pub struct Window {
     first: Ring,
     // One ring per core past the first, made the first time cores contend on this window.
-    more: OnceLock<Box<[Ring]>>,
+    more: OnceLock<Box<Slots<Ring>>>,
     bucket_nanos: u64,
 }
 
@@ -270,7 +335,7 @@ impl Window {
     }
 
     fn counts_slow(&self) -> bool {
-        !self.first.slow.is_empty()
+        self.first.slow.is_some()
     }
 
     #[inline]
@@ -328,7 +393,7 @@ impl Window {
             return true;
         }
         if slow {
-            if let Some(count) = ring.slow.get(index) {
+            if let Some(count) = ring.slow_count(index) {
                 if count.fetch_add(1, Ordering::Relaxed) as u64 >= SATURATED {
                     count.fetch_sub(1, Ordering::Relaxed);
                 }
@@ -337,56 +402,35 @@ impl Window {
         contended
     }
 
-    /// The bucket of `now`'s slice in `ring`, cleared first if it held an older slice; `None`
-    /// when the call is older than the window.
+    /// The bucket of `now`'s slice in `ring`, claiming the slices up to it first if it is newer
+    /// than the newest; `None` when the call is older than the window.
     #[cold]
     fn claim(&self, ring: &Ring, now: Nanos) -> Option<usize> {
         let epoch = self.epoch_of(now);
-        let index = (epoch % self.buckets() as u64) as usize;
-        let bucket = &ring.buckets[index];
+        let buckets = self.buckets() as u64;
+        let index_of = |epoch: u64| (epoch % buckets) as usize;
         loop {
-            let current = bucket.epoch.load(Ordering::Acquire);
-            if current == epoch {
-                break;
+            let newest = ring.newest.load(Ordering::Acquire);
+            let newest_epoch = newest >> INDEX_BITS;
+            if newest != 0 && epoch <= newest_epoch {
+                // Its slice is claimed already: its bucket still holds it unless the ring has
+                // moved a whole window past it.
+                return (newest_epoch - epoch < buckets).then(|| index_of(epoch));
             }
-            if current > epoch {
-                // The slot already moved on a whole ring ahead of this timestamp, so the call is
-                // older than the window: it no longer belongs to any counted slice.
-                return None;
+            // One slice at a time, so each bucket moved onto is cleared exactly once; when the
+            // ring is empty or a window or more behind, every bucket is stale, so start a
+            // window back.
+            let oldest_in_window = epoch.saturating_sub(buckets - 1).max(1);
+            let next = if newest == 0 {
+                oldest_in_window
+            } else {
+                (newest_epoch + 1).max(oldest_in_window)
+            };
+            let index = index_of(next);
+            let stale = ring.stale(index);
+            if ring.advance(newest, next, index, stale) && next == epoch {
+                return Some(index);
             }
-            // Take the stale counts before claiming the slot, and subtract exactly those after:
-            // calls recorded by others between the claim and the subtraction survive.
-            let counts = bucket.counts.load(Ordering::Relaxed);
-            let slow = ring.slow(index) as u32;
-            if bucket
-                .epoch
-                .compare_exchange(current, epoch, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                bucket.counts.fetch_sub(counts, Ordering::Relaxed);
-                if let Some(count) = ring.slow.get(index) {
-                    count.fetch_sub(slow, Ordering::Relaxed);
-                }
-                break;
-            }
-        }
-        Self::publish(ring, index, epoch);
-        Some(index)
-    }
-
-    /// Makes the slice just claimed in `ring`'s bucket `index` the newest, unless a newer one is.
-    fn publish(ring: &Ring, index: usize, epoch: u64) {
-        let slice = epoch << INDEX_BITS | index as u64;
-        if ring.newest.load(Ordering::Relaxed) < slice {
-            ring.newest.fetch_max(slice, Ordering::AcqRel);
-        }
-        // A `clear` that ran since the claim emptied the bucket: `newest` must not name it, or
-        // the rest of the slice would be counted where nothing reads (recording trusts `newest`
-        // without looking at the bucket's epoch).
-        if ring.buckets[index].epoch.load(Ordering::Acquire) != epoch {
-            let _ = ring
-                .newest
-                .compare_exchange(slice, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 
@@ -399,9 +443,11 @@ impl Window {
         }
         let counts_slow = self.counts_slow();
         self.more.get_or_init(|| {
-            (1..stripes())
-                .map(|_| Ring::for_another_core(self.buckets(), counts_slow))
-                .collect()
+            Box::new(Slots(
+                (1..stripes())
+                    .map(|_| Ring::for_another_core(self.buckets(), counts_slow))
+                    .collect(),
+            ))
         });
     }
 
@@ -411,10 +457,15 @@ impl Window {
         let oldest = newest
             .saturating_sub(self.first.buckets.len() as u64 - 1)
             .max(1);
+        let buckets = self.buckets();
         let mut counts = WindowCounts::default();
         for ring in self.rings() {
-            for (index, bucket) in ring.buckets.iter().enumerate() {
-                let epoch = bucket.epoch.load(Ordering::Acquire);
+            let ring_newest = ring.newest.load(Ordering::Acquire);
+            // The extra rings' padding past `buckets` is never used.
+            for (index, bucket) in ring.buckets[..buckets].iter().enumerate() {
+                let Some(epoch) = slice_held(ring_newest, index, buckets) else {
+                    continue;
+                };
                 if epoch >= oldest && epoch <= newest {
                     let (calls, failures) = bucket.counts();
                     counts.calls += calls;
@@ -435,17 +486,20 @@ impl Window {
     /// `previous`'s counts in the current bucket (they age out of the new window as one slice).
     pub fn absorb(&self, previous: &Window, now: Nanos) {
         self.clear();
-        if previous.bucket_nanos == self.bucket_nanos && previous.buckets() == self.buckets() {
-            for index in 0..self.buckets() {
+        let buckets = self.buckets();
+        if previous.bucket_nanos == self.bucket_nanos && previous.buckets() == buckets {
+            for index in 0..buckets {
                 // Each ring's slot may hold another slice: keep the newest, summed over rings.
+                // (The ring with the newest slice holds the newest of every slot, so the slots
+                // agree with the newest slice `set` leaves.)
                 let epoch = previous
                     .rings()
-                    .map(|ring| ring.buckets[index].epoch.load(Ordering::Acquire))
+                    .filter_map(|ring| ring.slice_of(index, buckets))
                     .max()
                     .unwrap_or(0);
                 let (mut calls, mut failures, mut slow) = (0, 0, 0);
                 for ring in previous.rings() {
-                    if epoch != 0 && ring.buckets[index].epoch.load(Ordering::Acquire) == epoch {
+                    if epoch != 0 && ring.slice_of(index, buckets) == Some(epoch) {
                         let (c, f) = ring.buckets[index].counts();
                         calls += c;
                         failures += f;
@@ -462,16 +516,17 @@ impl Window {
         self.set(index, epoch, counts.calls, counts.failures, counts.slow);
     }
 
-    /// Sets a bucket of the first ring (cold path, counts clamped to what a bucket holds).
+    /// Sets a bucket of the first ring, which `clear` emptied, to slice `epoch` (which falls on
+    /// `index`; 0 for none) (cold path, counts clamped to what a bucket holds). The newest slice
+    /// set decides which slice every bucket holds.
     fn set(&self, index: usize, epoch: u64, calls: u64, failures: u64, slow: u64) {
         let calls = calls.min(SATURATED);
         let (failures, slow) = (failures.min(calls), slow.min(calls));
         let bucket = &self.first.buckets[index];
-        bucket.epoch.store(epoch, Ordering::Release);
         bucket
             .counts
             .store(calls | failures << 32, Ordering::Relaxed);
-        if let Some(count) = self.first.slow.get(index) {
+        if let Some(count) = self.first.slow_count(index) {
             count.store(slow as u32, Ordering::Relaxed);
         }
         if epoch != 0 {
@@ -806,24 +861,73 @@ mod tests {
     }
 
     #[test]
-    fn a_clear_racing_a_claim_leaves_no_newest_slice_behind() {
+    fn a_clear_before_a_claim_moves_on_makes_the_claim_start_over() {
         let w = Window::new(Duration::from_secs(1), 1).unwrap();
-        w.record(10 * MS, false, false);
-        // A recorder claims the slice of 1 s (its compare-and-swap on the bucket's epoch), then
-        // `clear` runs entirely before the recorder publishes the slice as the newest.
-        let bucket = &w.first.buckets[0];
-        bucket.epoch.store(2, Ordering::Release);
+        for _ in 0..5 {
+            w.record(10 * MS, true, false);
+        }
+        // A recorder at 1.2 s reads the newest slice and the stale counts, then `clear` runs
+        // entirely before its compare-and-swap.
+        let seen = w.first.newest.load(Ordering::Acquire);
+        let stale = w.first.stale(0);
         w.clear();
-        Window::publish(&w.first, 0, 2);
-        assert_eq!(
-            w.first.newest.load(Ordering::Relaxed),
-            0,
-            "nothing names the empty bucket"
-        );
+        assert!(!w.first.advance(seen, 2, 0, stale), "the clear came first");
         for _ in 0..100 {
             w.record(1_200 * MS, false, false);
         }
-        assert_eq!(w.counts(1_200 * MS).calls, 100);
+        let c = w.counts(1_200 * MS);
+        assert_eq!((c.calls, c.failures), (100, 0));
+    }
+
+    #[test]
+    fn a_clear_after_a_claim_moved_on_leaves_nothing_behind() {
+        let w = Window::new(Duration::from_secs(1), 1).unwrap();
+        for _ in 0..5 {
+            w.record(10 * MS, true, false);
+        }
+        // The claim moves on to the slice of 1 s; `clear` runs before it subtracts what it read,
+        // which leaves the bucket below zero.
+        let seen = w.first.newest.load(Ordering::Acquire);
+        let stale = w.first.stale(0);
+        w.first.buckets[0].counts.store(0, Ordering::Relaxed);
+        assert!(w.first.advance(seen, 2, 0, stale));
+        w.clear();
+        assert_eq!(w.counts(1_200 * MS), WindowCounts::default());
+        w.first.buckets[0]
+            .counts
+            .fetch_sub(stale.0, Ordering::Relaxed);
+        assert_eq!(
+            w.counts(1_200 * MS),
+            WindowCounts::default(),
+            "an empty ring reads as empty whatever its buckets hold"
+        );
+        for _ in 0..100 {
+            w.record(1_300 * MS, false, false);
+        }
+        let c = w.counts(1_300 * MS);
+        assert_eq!(
+            (c.calls, c.failures),
+            (100, 0),
+            "the next claim subtracts it"
+        );
+    }
+
+    #[test]
+    fn a_claim_after_a_long_silence_clears_every_bucket_once() {
+        let w = Window::new(Duration::from_secs(10), 10).unwrap();
+        for s in 0..10 {
+            w.record(s * 1000 * MS + 1, true, true);
+        }
+        // Three seconds later: three slices are claimed, the seven others keep their counts.
+        w.record(12_500 * MS, false, false);
+        let c = w.counts(12_500 * MS);
+        assert_eq!((c.calls, c.failures, c.slow), (8, 7, 7));
+        // A window and more later: every bucket is stale.
+        w.record(40_000 * MS, false, false);
+        let c = w.counts(40_000 * MS);
+        assert_eq!((c.calls, c.failures, c.slow), (1, 0, 0));
+        assert_eq!(w.counts(49_999 * MS).calls, 1);
+        assert_eq!(w.counts(50_000 * MS).calls, 0);
     }
 
     #[test]
