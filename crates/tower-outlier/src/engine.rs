@@ -9,7 +9,7 @@
 //! to the monitor and logs through `tracing`. The discover adaptor (`discover.rs`) feeds it from
 //! the upstream stream, the endpoints' notifier, one tokio timer and the probe tasks.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -93,8 +93,13 @@ pub(crate) struct Engine<K, S, C> {
     entries: HashMap<K, Entry<S, C>>,
     deadlines: Deadlines<K>,
     ejected: usize,
-    // How many entries have `refused` set, so the common case (none) skips the scan.
-    refused: usize,
+    // The endpoints kept in for want of room after a policy judged them outliers, by id, so they
+    // are retried in discovery order. Here rather than a flag in every entry: most endpoints
+    // never are, and each entry's size is paid for every slot of the map.
+    refused: BTreeMap<u64, K>,
+    // The endpoints a host ejection from another layer was refused for, by id: reported once,
+    // until one goes through.
+    mirror_refused: HashSet<u64>,
     queue: VecDeque<Change<K, OutlierEndpoint<S, C>>>,
     probes: VecDeque<ProbeStart<K>>,
     cancelled: Vec<u64>,
@@ -209,9 +214,6 @@ struct Entry<S, C> {
     // The ejection the endpoint is out for, or on trial after. Most endpoints are available
     // most of the time, so what only an ejection needs is held only while one lasts.
     episode: Option<Box<Episode>>,
-    refused: bool,
-    // A host ejection from another layer was refused here (reported once per episode).
-    mirror_refused: bool,
     // What events last reported of the endpoint; `None` while that is how every endpoint starts
     // (weight 1, no policy state), as most stay.
     reported: Option<Box<Reported>>,
@@ -472,7 +474,8 @@ impl<K, S, C> Engine<K, S, C> {
             entries: HashMap::new(),
             deadlines: Deadlines::default(),
             ejected: 0,
-            refused: 0,
+            refused: BTreeMap::new(),
+            mirror_refused: HashSet::new(),
             queue: VecDeque::new(),
             probes: VecDeque::new(),
             cancelled: Vec::new(),
@@ -585,8 +588,6 @@ where
             shared,
             id,
             episode: None,
-            refused: false,
-            mirror_refused: false,
             reported: None,
         };
         // The states it starts in are no change to report.
@@ -606,7 +607,8 @@ where
             return;
         };
         let tracked = self.registry.remove(self.roster, entry.id);
-        self.refused -= usize::from(entry.refused);
+        self.refused.remove(&entry.id);
+        self.mirror_refused.remove(&entry.id);
         if let Some(tracked) = tracked {
             let status = entry.status().public();
             self.registry.events.emit(|| Event::Removed {
@@ -688,11 +690,10 @@ where
     }
 
     fn retry_refused(&mut self, now: Instant) {
-        if self.refused == 0 {
+        if self.refused.is_empty() {
             return;
         }
-        let refused = self.keys_where(|e| e.refused);
-        debug_assert_eq!(refused.len(), self.refused, "refused count out of step");
+        let refused: Vec<K> = self.refused.values().cloned().collect();
         for key in refused {
             self.consider(&key, now);
         }
@@ -746,14 +747,12 @@ where
             return;
         };
         if !entry.status().is_available() {
-            self.refused -= usize::from(entry.refused);
-            entry.refused = false;
+            self.refused.remove(&entry.id);
             return;
         }
         let record = &entry.shared.record;
         let Some((policy, reason)) = record.judge(record.clock().now()) else {
-            self.refused -= usize::from(entry.refused);
-            entry.refused = false;
+            self.refused.remove(&entry.id);
             return;
         };
         let trial_breached_now = match entry.episode.as_deref_mut() {
@@ -790,7 +789,7 @@ where
             for state in record.policies().iter() {
                 state.ejection_refused(recorded_now);
             }
-            if !entry.refused {
+            if !self.refused.contains_key(&entry.id) {
                 tracing::info!(
                     target: "tower_outlier",
                     endpoint = ?key,
@@ -808,17 +807,15 @@ where
                         reason,
                         refusal,
                     });
+                self.refused.insert(entry.id, key.clone());
             }
-            self.refused += usize::from(!entry.refused);
-            entry.refused = true;
             if trial_breached_now {
                 let trial_until = entry.status().deadline();
                 self.publish(key, trial_until, Some(reason));
             }
             return;
         }
-        self.refused -= usize::from(entry.refused);
-        entry.refused = false;
+        self.refused.remove(&entry.id);
         let schedule = self.settings.policies[policy].recovery();
         // The ejecting state's own deadline, when it has one, owns the timing of the check.
         let recorded_now = record.clock().now();
@@ -863,9 +860,14 @@ where
         if let Some(entry) = self.entries.get(key) {
             let status = entry.status().public();
             let failed_checks = entry.failed_checks();
-            self.registry.update(self.roster, entry.id, |tracked| {
-                tracked.publish(status, next_check, failed_checks, reason);
-            });
+            self.registry.publish(
+                self.roster,
+                entry.id,
+                status,
+                next_check,
+                failed_checks,
+                reason,
+            );
         }
     }
 }

@@ -276,11 +276,10 @@ where
             let id = entry.id;
             self.share_host(id, false);
         }
-        let Some(entry) = self.entries.get_mut(key) else {
+        let Some(entry) = self.entries.get(key) else {
             return;
         };
-        self.refused -= usize::from(entry.refused);
-        entry.refused = false;
+        self.refused.remove(&entry.id);
         let shared = entry.shared.clone();
         self.seed_rtt(&shared.record);
         let Some(entry) = self.entries.get_mut(key) else {
