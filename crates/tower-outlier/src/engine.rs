@@ -100,6 +100,9 @@ pub(crate) struct Engine<K, S, C> {
     // The endpoints a host ejection from another layer was refused for, by id: reported once,
     // until one goes through.
     mirror_refused: HashSet<u64>,
+    // How the newest endpoint started (weight 1, its policies' states: a slow-call breaker's
+    // CLOSED), as most endpoints stay: every entry whose last report is just that shares this.
+    usual_report: Arc<Reported>,
     queue: VecDeque<Change<K, OutlierEndpoint<S, C>>>,
     probes: VecDeque<ProbeStart<K>>,
     cancelled: Vec<u64>,
@@ -214,22 +217,16 @@ struct Entry<S, C> {
     // The ejection the endpoint is out for, or on trial after. Most endpoints are available
     // most of the time, so what only an ejection needs is held only while one lasts.
     episode: Option<Box<Episode>>,
-    // What events last reported of the endpoint; `None` while that is how every endpoint starts
-    // (weight 1, no policy state), as most stay.
-    reported: Option<Box<Reported>>,
+    // What events last reported of the endpoint: mostly the engine's `usual_report`, shared.
+    reported: Arc<Reported>,
 }
 
 /// An endpoint's weight and policy states as events last reported them.
+#[derive(Clone, PartialEq)]
 struct Reported {
     weight: f64,
     // As [`policy_states`] gives them.
     states: Box<[Option<&'static str>]>,
-}
-
-impl Reported {
-    fn is_start(&self) -> bool {
-        self.weight == 1.0 && self.states.is_empty()
-    }
 }
 
 /// An ejection and the recovery after it: from the ejection until the endpoint is available
@@ -306,28 +303,19 @@ impl<S, C> Entry<S, C> {
     }
 
     fn reported_weight(&self) -> f64 {
-        self.reported
-            .as_ref()
-            .map_or(1.0, |reported| reported.weight)
+        self.reported.weight
     }
 
     fn reported_states(&self) -> &[Option<&'static str>] {
-        self.reported
-            .as_ref()
-            .map_or(&[], |reported| &reported.states)
+        &self.reported.states
     }
 
-    /// Notes what an event reported (or, for states, would have had anybody listened).
-    fn set_reported(&mut self, note: impl FnOnce(&mut Reported)) {
-        let reported = self.reported.get_or_insert_with(|| {
-            Box::new(Reported {
-                weight: 1.0,
-                states: Box::default(),
-            })
-        });
-        note(reported);
-        if reported.is_start() {
-            self.reported = None;
+    /// Notes what an event reported (or, for states, would have had anybody listened), back in
+    /// the shared `usual` report if it comes to that.
+    fn set_reported(&mut self, usual: &Arc<Reported>, note: impl FnOnce(&mut Reported)) {
+        note(Arc::make_mut(&mut self.reported));
+        if *self.reported == **usual {
+            self.reported = usual.clone();
         }
     }
 
@@ -476,6 +464,10 @@ impl<K, S, C> Engine<K, S, C> {
             ejected: 0,
             refused: BTreeMap::new(),
             mirror_refused: HashSet::new(),
+            usual_report: Arc::new(Reported {
+                weight: 1.0,
+                states: Box::default(),
+            }),
             queue: VecDeque::new(),
             probes: VecDeque::new(),
             cancelled: Vec::new(),
@@ -583,15 +575,21 @@ where
         ));
         let held_out = self.host_out_elsewhere(id);
         let states = policy_states(&shared.record);
-        let mut entry = Entry {
+        if *states != *self.usual_report.states {
+            // New rules may start endpoints in other states: the newest is the best guess.
+            self.usual_report = Arc::new(Reported {
+                weight: 1.0,
+                states,
+            });
+        }
+        let entry = Entry {
             service,
             shared,
             id,
             episode: None,
-            reported: None,
+            // The states it starts in are no change to report.
+            reported: self.usual_report.clone(),
         };
-        // The states it starts in are no change to report.
-        entry.set_reported(|reported| reported.states = states);
         self.entries.insert(key.clone(), entry);
         // A larger set may have room for an ejection that was refused.
         self.retry_refused(now);
@@ -729,7 +727,7 @@ where
                     });
             }
         }
-        entry.set_reported(|reported| reported.states = now_states);
+        entry.set_reported(&self.usual_report, |reported| reported.states = now_states);
     }
 
     fn consider(&mut self, key: &K, now: Instant) {

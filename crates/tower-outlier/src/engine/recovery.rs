@@ -168,7 +168,7 @@ where
                 continue;
             };
             let (from, to) = (entry.reported_weight(), entry.record().weight());
-            entry.set_reported(|reported| reported.weight = to);
+            entry.set_reported(&self.usual_report, |reported| reported.weight = to);
             self.registry
                 .emit_about(self.roster, entry.id, |key| Event::WeightChanged {
                     key,
