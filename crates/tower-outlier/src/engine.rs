@@ -9,7 +9,7 @@
 //! to the monitor and logs through `tracing`. The discover adaptor (`discover.rs`) feeds it from
 //! the upstream stream, the endpoints' notifier, one tokio timer and the probe tasks.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -93,8 +93,16 @@ pub(crate) struct Engine<K, S, C> {
     entries: HashMap<K, Entry<S, C>>,
     deadlines: Deadlines<K>,
     ejected: usize,
-    // How many entries have `refused` set, so the common case (none) skips the scan.
-    refused: usize,
+    // The endpoints kept in for want of room after a policy judged them outliers, by id, so they
+    // are retried in discovery order. Here rather than a flag in every entry: most endpoints
+    // never are, and each entry's size is paid for every slot of the map.
+    refused: BTreeMap<u64, K>,
+    // The endpoints a host ejection from another layer was refused for, by id: reported once,
+    // until one goes through.
+    mirror_refused: HashSet<u64>,
+    // How the newest endpoint started (weight 1, its policies' states: a slow-call breaker's
+    // CLOSED), as most endpoints stay: every entry whose last report is just that shares this.
+    usual_report: Arc<Reported>,
     queue: VecDeque<Change<K, OutlierEndpoint<S, C>>>,
     probes: VecDeque<ProbeStart<K>>,
     cancelled: Vec<u64>,
@@ -209,25 +217,16 @@ struct Entry<S, C> {
     // The ejection the endpoint is out for, or on trial after. Most endpoints are available
     // most of the time, so what only an ejection needs is held only while one lasts.
     episode: Option<Box<Episode>>,
-    refused: bool,
-    // A host ejection from another layer was refused here (reported once per episode).
-    mirror_refused: bool,
-    // What events last reported of the endpoint; `None` while that is how every endpoint starts
-    // (weight 1, no policy state), as most stay.
-    reported: Option<Box<Reported>>,
+    // What events last reported of the endpoint: mostly the engine's `usual_report`, shared.
+    reported: Arc<Reported>,
 }
 
 /// An endpoint's weight and policy states as events last reported them.
+#[derive(Clone, PartialEq)]
 struct Reported {
     weight: f64,
     // As [`policy_states`] gives them.
     states: Box<[Option<&'static str>]>,
-}
-
-impl Reported {
-    fn is_start(&self) -> bool {
-        self.weight == 1.0 && self.states.is_empty()
-    }
 }
 
 /// An ejection and the recovery after it: from the ejection until the endpoint is available
@@ -304,28 +303,19 @@ impl<S, C> Entry<S, C> {
     }
 
     fn reported_weight(&self) -> f64 {
-        self.reported
-            .as_ref()
-            .map_or(1.0, |reported| reported.weight)
+        self.reported.weight
     }
 
     fn reported_states(&self) -> &[Option<&'static str>] {
-        self.reported
-            .as_ref()
-            .map_or(&[], |reported| &reported.states)
+        &self.reported.states
     }
 
-    /// Notes what an event reported (or, for states, would have had anybody listened).
-    fn set_reported(&mut self, note: impl FnOnce(&mut Reported)) {
-        let reported = self.reported.get_or_insert_with(|| {
-            Box::new(Reported {
-                weight: 1.0,
-                states: Box::default(),
-            })
-        });
-        note(reported);
-        if reported.is_start() {
-            self.reported = None;
+    /// Notes what an event reported (or, for states, would have had anybody listened), back in
+    /// the shared `usual` report if it comes to that.
+    fn set_reported(&mut self, usual: &Arc<Reported>, note: impl FnOnce(&mut Reported)) {
+        note(Arc::make_mut(&mut self.reported));
+        if *self.reported == **usual {
+            self.reported = usual.clone();
         }
     }
 
@@ -472,7 +462,12 @@ impl<K, S, C> Engine<K, S, C> {
             entries: HashMap::new(),
             deadlines: Deadlines::default(),
             ejected: 0,
-            refused: 0,
+            refused: BTreeMap::new(),
+            mirror_refused: HashSet::new(),
+            usual_report: Arc::new(Reported {
+                weight: 1.0,
+                states: Box::default(),
+            }),
             queue: VecDeque::new(),
             probes: VecDeque::new(),
             cancelled: Vec::new(),
@@ -580,17 +575,21 @@ where
         ));
         let held_out = self.host_out_elsewhere(id);
         let states = policy_states(&shared.record);
-        let mut entry = Entry {
+        if *states != *self.usual_report.states {
+            // New rules may start endpoints in other states: the newest is the best guess.
+            self.usual_report = Arc::new(Reported {
+                weight: 1.0,
+                states,
+            });
+        }
+        let entry = Entry {
             service,
             shared,
             id,
             episode: None,
-            refused: false,
-            mirror_refused: false,
-            reported: None,
+            // The states it starts in are no change to report.
+            reported: self.usual_report.clone(),
         };
-        // The states it starts in are no change to report.
-        entry.set_reported(|reported| reported.states = states);
         self.entries.insert(key.clone(), entry);
         // A larger set may have room for an ejection that was refused.
         self.retry_refused(now);
@@ -606,7 +605,8 @@ where
             return;
         };
         let tracked = self.registry.remove(self.roster, entry.id);
-        self.refused -= usize::from(entry.refused);
+        self.refused.remove(&entry.id);
+        self.mirror_refused.remove(&entry.id);
         if let Some(tracked) = tracked {
             let status = entry.status().public();
             self.registry.events.emit(|| Event::Removed {
@@ -688,11 +688,10 @@ where
     }
 
     fn retry_refused(&mut self, now: Instant) {
-        if self.refused == 0 {
+        if self.refused.is_empty() {
             return;
         }
-        let refused = self.keys_where(|e| e.refused);
-        debug_assert_eq!(refused.len(), self.refused, "refused count out of step");
+        let refused: Vec<K> = self.refused.values().cloned().collect();
         for key in refused {
             self.consider(&key, now);
         }
@@ -728,7 +727,7 @@ where
                     });
             }
         }
-        entry.set_reported(|reported| reported.states = now_states);
+        entry.set_reported(&self.usual_report, |reported| reported.states = now_states);
     }
 
     fn consider(&mut self, key: &K, now: Instant) {
@@ -746,14 +745,12 @@ where
             return;
         };
         if !entry.status().is_available() {
-            self.refused -= usize::from(entry.refused);
-            entry.refused = false;
+            self.refused.remove(&entry.id);
             return;
         }
         let record = &entry.shared.record;
         let Some((policy, reason)) = record.judge(record.clock().now()) else {
-            self.refused -= usize::from(entry.refused);
-            entry.refused = false;
+            self.refused.remove(&entry.id);
             return;
         };
         let trial_breached_now = match entry.episode.as_deref_mut() {
@@ -790,7 +787,7 @@ where
             for state in record.policies().iter() {
                 state.ejection_refused(recorded_now);
             }
-            if !entry.refused {
+            if !self.refused.contains_key(&entry.id) {
                 tracing::info!(
                     target: "tower_outlier",
                     endpoint = ?key,
@@ -808,17 +805,15 @@ where
                         reason,
                         refusal,
                     });
+                self.refused.insert(entry.id, key.clone());
             }
-            self.refused += usize::from(!entry.refused);
-            entry.refused = true;
             if trial_breached_now {
                 let trial_until = entry.status().deadline();
                 self.publish(key, trial_until, Some(reason));
             }
             return;
         }
-        self.refused -= usize::from(entry.refused);
-        entry.refused = false;
+        self.refused.remove(&entry.id);
         let schedule = self.settings.policies[policy].recovery();
         // The ejecting state's own deadline, when it has one, owns the timing of the check.
         let recorded_now = record.clock().now();
@@ -863,9 +858,14 @@ where
         if let Some(entry) = self.entries.get(key) {
             let status = entry.status().public();
             let failed_checks = entry.failed_checks();
-            self.registry.update(self.roster, entry.id, |tracked| {
-                tracked.publish(status, next_check, failed_checks, reason);
-            });
+            self.registry.publish(
+                self.roster,
+                entry.id,
+                status,
+                next_check,
+                failed_checks,
+                reason,
+            );
         }
     }
 }

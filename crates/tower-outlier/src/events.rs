@@ -6,7 +6,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
@@ -266,7 +266,10 @@ pub(crate) type Callback = Arc<dyn Fn(&Event) + Send + Sync>;
 /// Delivers events to subscribers: a broadcast channel for async consumers and callbacks for
 /// synchronous ones (metrics). Nothing is built when nobody listens.
 pub(crate) struct EventHub {
-    sender: broadcast::Sender<Event>,
+    capacity: usize,
+    // Opened by the first subscriber: the channel's buffer is all its slots at once (128 KiB for
+    // the monitor's 1024 events), which a layer nobody subscribes to need not hold.
+    sender: OnceLock<broadcast::Sender<Event>>,
     callbacks: Lock<Vec<Callback>>,
     has_callbacks: AtomicBool,
 }
@@ -274,19 +277,29 @@ pub(crate) struct EventHub {
 impl EventHub {
     pub(crate) fn new(capacity: usize) -> Self {
         EventHub {
-            sender: broadcast::channel(capacity.max(1)).0,
+            capacity: capacity.max(1),
+            sender: OnceLock::new(),
             callbacks: Lock::new(Vec::new()),
             has_callbacks: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.sender.subscribe()
+        self.sender
+            .get_or_init(|| broadcast::channel(self.capacity).0)
+            .subscribe()
+    }
+
+    /// The channel, while a receiver of it is alive.
+    fn received(&self) -> Option<&broadcast::Sender<Event>> {
+        self.sender
+            .get()
+            .filter(|sender| sender.receiver_count() > 0)
     }
 
     /// Whether anybody listens (a callback or a live receiver).
     pub(crate) fn listened(&self) -> bool {
-        self.has_callbacks.load(Ordering::Acquire) || self.sender.receiver_count() > 0
+        self.has_callbacks.load(Ordering::Acquire) || self.received().is_some()
     }
 
     pub(crate) fn on_event(&self, callback: Callback) {
@@ -297,7 +310,7 @@ impl EventHub {
     /// Sends the event `make` builds, if anybody listens. Cold path: the adaptor's decisions.
     pub(crate) fn emit(&self, make: impl FnOnce() -> Event) {
         let callbacks = self.has_callbacks.load(Ordering::Acquire);
-        if !callbacks && self.sender.receiver_count() == 0 {
+        if !callbacks && self.received().is_none() {
             return;
         }
         let event = make();
@@ -307,7 +320,10 @@ impl EventHub {
                 callback(&event);
             }
         }
-        // No receiver left is not an error: nobody listens any more.
-        let _ = self.sender.send(event);
+        // A receiver may have subscribed while the callbacks ran.
+        if let Some(sender) = self.sender.get() {
+            // No receiver left is not an error: nobody listens any more.
+            let _ = sender.send(event);
+        }
     }
 }

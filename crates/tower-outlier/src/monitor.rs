@@ -1,6 +1,6 @@
 //! Reading what the layer decided: per-endpoint status, window counts and next check.
 
-use std::collections::HashMap;
+use std::collections::hash_map::{self, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -165,15 +165,15 @@ struct Roster {
     // they are held once.
     policies: Arc<[&'static str]>,
     endpoints: HashMap<u64, Tracked>,
+    // Where the adaptor last put each endpoint, from its first ejection on; one missing is
+    // available and was never ejected, as most are. Apart from `endpoints`, where every slot
+    // would pay for it, and boxed, so that a map holding many costs little beyond the boxes.
+    standings: HashMap<u64, Box<Standing>>,
 }
 
 pub(crate) struct Tracked {
     pub(crate) key: EndpointKey,
     record: Weak<dyn HasRecord>,
-    // Where the adaptor last put the endpoint, from its first ejection on (`None`: available,
-    // never ejected). Boxed: most endpoints never are, and the monitor keeps one entry per
-    // endpoint.
-    standing: Option<Box<Standing>>,
 }
 
 /// Where the adaptor put an endpoint, and why it last ejected it.
@@ -197,43 +197,16 @@ impl Standing {
 impl Tracked {
     /// A newly discovered endpoint: available.
     pub(crate) fn new(key: EndpointKey, record: Weak<dyn HasRecord>) -> Self {
-        Tracked {
-            key,
-            record,
-            standing: None,
-        }
+        Tracked { key, record }
     }
+}
 
-    /// Records where the adaptor put the endpoint, and `reason` if it has just been judged an
-    /// outlier (the last reason stays otherwise).
-    pub(crate) fn publish(
-        &mut self,
-        status: EndpointStatus,
-        next_check: Option<Instant>,
-        failed_checks: u32,
-        reason: Option<Reason>,
-    ) {
-        let initial = status == EndpointStatus::Available
-            && next_check.is_none()
-            && failed_checks == 0
-            && reason.is_none();
-        if initial && self.standing.is_none() {
-            // Nothing to hold: it stands where every endpoint starts.
-            return;
-        }
-        let standing = self
-            .standing
-            .get_or_insert_with(|| Box::new(Standing::INITIAL));
-        standing.status = status;
-        standing.next_check = next_check;
-        standing.failed_checks = failed_checks;
-        if let Some(reason) = reason {
-            standing.last_reason = Some(reason);
-        }
-    }
-
-    fn standing(&self) -> &Standing {
-        self.standing.as_deref().unwrap_or(&Standing::INITIAL)
+impl Roster {
+    /// Where endpoint `id` stands.
+    fn standing(&self, id: u64) -> &Standing {
+        self.standings
+            .get(&id)
+            .map_or(&Standing::INITIAL, |standing| standing)
     }
 }
 
@@ -262,14 +235,14 @@ impl Monitor {
         let wall = SystemTime::now();
         let rosters = self.registry.rosters.lock();
         let tracked = rosters.values().flat_map(|roster| {
-            let names = &roster.policies;
             roster
                 .endpoints
-                .values()
-                .map(move |tracked| (names, tracked))
+                .iter()
+                .map(move |(&id, tracked)| (roster, id, tracked))
         });
         let mut endpoints: Vec<EndpointSnapshot> = tracked
-            .filter_map(|(names, tracked)| {
+            .filter_map(|(roster, id, tracked)| {
+                let names = &roster.policies;
                 let shared = tracked.record.upgrade()?;
                 let record = shared.record();
                 let at = record.clock().now();
@@ -283,7 +256,7 @@ impl Monitor {
                         state: policy.state_name(),
                     })
                     .collect();
-                let standing = tracked.standing();
+                let standing = roster.standing(id);
                 let next_check_in = standing
                     .next_check
                     .map(|at| at.saturating_duration_since(now));
@@ -376,10 +349,10 @@ impl Registry {
     /// A new adaptor, with no endpoint yet and the policies named `policies`: its roster's id.
     pub(crate) fn join(&self, policies: Arc<[&'static str]>) -> u64 {
         let roster = self.next_id();
-        let endpoints = HashMap::new();
         let joined = Roster {
             policies,
-            endpoints,
+            endpoints: HashMap::new(),
+            standings: HashMap::new(),
         };
         self.rosters.lock().insert(roster, joined);
         roster
@@ -419,7 +392,9 @@ impl Registry {
 
     pub(crate) fn remove(&self, roster: u64, id: u64) -> Option<Tracked> {
         let mut rosters = self.rosters.lock();
-        rosters.get_mut(&roster)?.endpoints.remove(&id)
+        let roster = rosters.get_mut(&roster)?;
+        roster.standings.remove(&id);
+        roster.endpoints.remove(&id)
     }
 
     /// New rules in the adaptor of `roster`: its policies are named `policies`, and each endpoint
@@ -466,13 +441,43 @@ impl Registry {
         }
     }
 
-    pub(crate) fn update(&self, roster: u64, id: u64, f: impl FnOnce(&mut Tracked)) {
+    /// Records where the adaptor of `roster` put endpoint `id`, and `reason` if it has just been
+    /// judged an outlier (the last reason stays otherwise).
+    pub(crate) fn publish(
+        &self,
+        roster: u64,
+        id: u64,
+        status: EndpointStatus,
+        next_check: Option<Instant>,
+        failed_checks: u32,
+        reason: Option<Reason>,
+    ) {
         let mut rosters = self.rosters.lock();
-        let tracked = rosters
-            .get_mut(&roster)
-            .and_then(|roster| roster.endpoints.get_mut(&id));
-        if let Some(tracked) = tracked {
-            f(tracked);
+        let Some(roster) = rosters.get_mut(&roster) else {
+            return;
+        };
+        if !roster.endpoints.contains_key(&id) {
+            return;
+        }
+        let standing = match roster.standings.entry(id) {
+            hash_map::Entry::Occupied(standing) => standing.into_mut(),
+            hash_map::Entry::Vacant(vacant) => {
+                let initial = status == EndpointStatus::Available
+                    && next_check.is_none()
+                    && failed_checks == 0
+                    && reason.is_none();
+                if initial {
+                    // Nothing to hold: it stands where every endpoint starts.
+                    return;
+                }
+                vacant.insert(Box::new(Standing::INITIAL))
+            }
+        };
+        standing.status = status;
+        standing.next_check = next_check;
+        standing.failed_checks = failed_checks;
+        if let Some(reason) = reason {
+            standing.last_reason = Some(reason);
         }
     }
 }

@@ -83,8 +83,7 @@ where
         let host = self.sharing.as_ref().and_then(|s| s.hosts.get(&entry.id));
         if available <= 1 || ejected >= max {
             self.mirror_pending = true;
-            if !entry.mirror_refused {
-                entry.mirror_refused = true;
+            if self.mirror_refused.insert(entry.id) {
                 let refusal = if available <= 1 {
                     Refusal::LastEndpoint
                 } else {
@@ -109,9 +108,8 @@ where
         }
         let next_check = later(now, UNTIL_THE_HOST_RETURNS);
         entry.eject(key, Ejector::Host, next_check, &mut self.deadlines);
-        entry.mirror_refused = false;
-        self.refused -= usize::from(entry.refused);
-        entry.refused = false;
+        self.mirror_refused.remove(&entry.id);
+        self.refused.remove(&entry.id);
         self.ejected += 1;
         tracing::warn!(
             target: "tower_outlier",

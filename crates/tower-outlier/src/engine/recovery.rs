@@ -168,7 +168,7 @@ where
                 continue;
             };
             let (from, to) = (entry.reported_weight(), entry.record().weight());
-            entry.set_reported(|reported| reported.weight = to);
+            entry.set_reported(&self.usual_report, |reported| reported.weight = to);
             self.registry
                 .emit_about(self.roster, entry.id, |key| Event::WeightChanged {
                     key,
@@ -276,11 +276,10 @@ where
             let id = entry.id;
             self.share_host(id, false);
         }
-        let Some(entry) = self.entries.get_mut(key) else {
+        let Some(entry) = self.entries.get(key) else {
             return;
         };
-        self.refused -= usize::from(entry.refused);
-        entry.refused = false;
+        self.refused.remove(&entry.id);
         let shared = entry.shared.clone();
         self.seed_rtt(&shared.record);
         let Some(entry) = self.entries.get_mut(key) else {
