@@ -176,3 +176,40 @@ async fn the_last_endpoint_stays_and_new_rules_leave_held_out_endpoints_alone() 
     p.sync();
     assert!(p.is_live(2), "back with its host");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_service_refusing_a_held_out_host_says_so_again_at_the_hosts_next_outage() {
+    let hosts = HostRegistry::new();
+    let orders = layer().share_hosts(hosts.clone(), host_of());
+    // Payments may eject nobody: it keeps the host in and says so.
+    let payments = layer()
+        .budget(Budget::new(0.0, BudgetFloor::Zero).unwrap())
+        .share_hosts(hosts.clone(), host_of());
+    let refusals = std::sync::Arc::new(std::sync::Mutex::new(0));
+    let seen = refusals.clone();
+    payments.monitor().on_event(move |event| {
+        if matches!(event, tower_outlier::events::Event::EjectionRefused { key, .. } if key.as_str() == "2")
+        {
+            *seen.lock().unwrap() += 1;
+        }
+    });
+    let mut o = Harness::new(&orders, 5);
+    let mut p = Harness::new(&payments, 5);
+    o.calls(2, 10, 0).await;
+    p.sync();
+    p.sync();
+    assert_eq!(*refusals.lock().unwrap(), 1, "once per outage");
+    // The host comes back (re-admitted on trial in orders) and fails again.
+    o.advance(Duration::from_secs(30)).await;
+    assert!(hosts.ejected_hosts().is_empty());
+    p.sync();
+    o.calls(2, 10, 0).await;
+    assert_eq!(hosts.ejected_hosts(), vec!["10.0.0.2".to_string()]);
+    p.sync();
+    assert!(p.is_live(2));
+    assert_eq!(
+        *refusals.lock().unwrap(),
+        2,
+        "the second outage is reported too"
+    );
+}

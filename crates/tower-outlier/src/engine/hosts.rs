@@ -66,6 +66,16 @@ where
             let until = later(now, self.trial);
             self.readmit(&key, Some(until), Readmission::HostBack, now);
         }
+        // A refusal is said once per outage of the host: one that is back ends it.
+        let host_back: Vec<u64> = self
+            .mirror_refused
+            .iter()
+            .copied()
+            .filter(|&id| !self.host_out_elsewhere(id))
+            .collect();
+        for id in host_back {
+            self.mirror_refused.remove(&id);
+        }
         let held_out =
             self.keys_where(|e| e.status().is_available() && self.host_out_elsewhere(e.id));
         for key in held_out {

@@ -561,3 +561,19 @@ fn fleet_evaluations_run_on_their_interval_from_when_they_ran() {
     );
     assert_eq!(engine.next_deadline(), Some(at(55)));
 }
+
+#[test]
+fn a_removed_refused_endpoint_leaves_nothing_behind() {
+    let mut b = Bench::new(2, 0.5);
+    b.fail(0, b.start);
+    assert_eq!(b.drain(), vec![(0, false)]);
+    b.fail(1, b.start);
+    assert!(b.drain().is_empty());
+    assert_eq!(b.engine.refused.len(), 1);
+    b.engine.remove(&1, b.at(1));
+    assert!(b.engine.refused.is_empty());
+    assert!(b.engine.mirror_refused.is_empty());
+    // A new endpoint under the same key is judged afresh.
+    b.engine.insert(1, Svc(1), b.at(2));
+    assert!(b.engine.refused.is_empty());
+}
