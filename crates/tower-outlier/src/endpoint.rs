@@ -49,9 +49,9 @@ impl<C> Shared<C> {
 }
 
 /// The calls one handle has in flight: each response future holds a reference, so the count is
-/// the reference count less the handles holding the lane, and the cache line it lives on is
-/// written only by this handle's calls. A handle that calls more than once gets a lane of its
-/// own, so cores calling through clones of one endpoint never write the same memory per call;
+/// the reference count less the handles holding the lane, written only by this handle's calls.
+/// A handle that calls more than once gets a lane of its own, so cores calling through clones of
+/// one endpoint never write the same word per call;
 /// copies that never call or are cloned (the layer's own) have none. Making a lane is the one
 /// allocation and the one lock of a handle's calls, once per handle.
 pub(crate) struct Lane<C> {
