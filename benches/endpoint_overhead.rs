@@ -12,14 +12,11 @@
 
 #[path = "common.rs"]
 mod common;
+#[path = "per_call.rs"]
+#[allow(dead_code)] // The harness only: not the allocation count or failsafe.
+mod per_call;
 
-use common::{median, ns_per_call, Echo};
-
-use std::future::Future;
-use std::hint::black_box;
-use std::pin::pin;
-use std::task::Context;
-use std::time::{Duration, Instant};
+use common::{median, Echo};
 
 use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 use tower_service::Service;
@@ -27,47 +24,19 @@ use tower_service::Service;
 const ITERATIONS: u64 = 10_000_000;
 const RUNS: usize = 3;
 
-#[inline]
-fn drive<S: Service<u64>>(service: &mut S, iterations: u64) -> Duration {
-    let waker = futures::task::noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    let start = Instant::now();
-    for i in 0..iterations {
-        let _ = black_box(service.poll_ready(&mut cx));
-        let future = pin!(service.call(black_box(i)));
-        let _ = black_box(future.poll(&mut cx));
-    }
-    start.elapsed()
-}
-
 fn layer(clock: Clock) -> OutlierDetectionLayer {
     let config = ErrorRateConfig::hsf().build().expect("valid preset");
     OutlierDetectionLayer::new(ErrorRatePolicy::new(config)).clock(clock)
 }
 
-/// Runs `make()`'s service on `threads` threads at once (each on its own clone), `ITERATIONS`
-/// calls per thread, and returns ns per call per thread.
+/// ns per call per thread, `make()`'s service on `threads` threads at once (each on its own
+/// clone).
 fn run<S, F>(threads: usize, make: &F) -> f64
 where
     S: Service<u64> + Send + 'static,
     F: Fn() -> S,
 {
-    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let mut service = make();
-            let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                barrier.wait();
-                drive(&mut service, ITERATIONS)
-            })
-        })
-        .collect();
-    let elapsed: Vec<f64> = handles
-        .into_iter()
-        .map(|h| ns_per_call(h.join().expect("bench thread"), ITERATIONS))
-        .collect();
-    elapsed.iter().sum::<f64>() / elapsed.len() as f64
+    per_call::run(threads, ITERATIONS, make).ns
 }
 
 fn main() {

@@ -198,25 +198,19 @@ where
     runtime.block_on(async move {
         let start = Instant::now();
         let mut balance = make();
-        if setup == Setup::Direct {
-            let succeeded = drive_directly(&mut balance, requests).await;
-            let elapsed = start.elapsed();
-            Run {
-                elapsed,
-                requests,
-                succeeded,
-                seen: look(),
-            }
+        // Outlives the timing: shutting its worker down is not part of the run.
+        let buffer;
+        let succeeded = if setup == Setup::Direct {
+            drive_directly(&mut balance, requests).await
         } else {
-            let buffer = Buffer::new(balance, BUFFER_CAPACITY);
-            let succeeded = drive_buffer(&buffer, requests).await;
-            let elapsed = start.elapsed();
-            Run {
-                elapsed,
-                requests,
-                succeeded,
-                seen: look(),
-            }
+            buffer = Buffer::new(balance, BUFFER_CAPACITY);
+            drive_buffer(&buffer, requests).await
+        };
+        Run {
+            elapsed: start.elapsed(),
+            requests,
+            succeeded,
+            seen: look(),
         }
     })
 }

@@ -1,5 +1,6 @@
-//! What the per-call comparisons (`circuit_breaker.rs`, `hot_path.rs`) share: the harness that
-//! drives a service on one or more threads, the allocation count, and `failsafe` as a service.
+//! What the per-call benches (`circuit_breaker.rs`, `endpoint_overhead.rs`, `hot_path.rs`) share:
+//! the harness that drives a service on one or more threads, the allocation count, and `failsafe`
+//! as a service.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -266,6 +266,17 @@ impl From<Stage> for Status {
 }
 
 impl Episode {
+    /// Counts a breach of this trial as a failed recovery check, once per trial: the failed
+    /// checks in a row when this is the trial's first breach.
+    fn breach_trial(&mut self) -> Option<u32> {
+        if self.trial_breached {
+            return None;
+        }
+        self.failed_checks = self.failed_checks.saturating_add(1);
+        self.trial_breached = true;
+        Some(self.failed_checks)
+    }
+
     /// Moves on to `stage`, scheduling its deadline for entry `id` (under `key`) if it has one.
     /// Every move goes through here, so no deadline is ever missing from the heap.
     fn set_stage<K: Clone>(
@@ -753,24 +764,19 @@ where
             self.refused.remove(&entry.id);
             return;
         };
-        let trial_breached_now = match entry.episode.as_deref_mut() {
-            Some(episode)
-                if matches!(episode.stage, Stage::Trial { .. }) && !episode.trial_breached =>
-            {
-                // Breaching during the trial is a failed recovery check, whether or not the
-                // rules below let the endpoint be ejected again.
-                episode.failed_checks = episode.failed_checks.saturating_add(1);
-                episode.trial_breached = true;
-                let failed_checks = episode.failed_checks;
-                self.registry
-                    .emit_about(self.roster, entry.id, |key| Event::TrialFailed {
-                        key,
-                        failed_checks,
-                    });
-                true
-            }
-            _ => false,
+        // Breaching during the trial is a failed recovery check, whether or not the rules below
+        // let the endpoint be ejected again.
+        let trial_breach = match entry.episode.as_deref_mut() {
+            Some(episode) if matches!(episode.stage, Stage::Trial { .. }) => episode.breach_trial(),
+            _ => None,
         };
+        if let Some(failed_checks) = trial_breach {
+            self.registry
+                .emit_about(self.roster, entry.id, |key| Event::TrialFailed {
+                    key,
+                    failed_checks,
+                });
+        }
         let refusal = if available <= 1 {
             Some(Refusal::LastEndpoint)
         } else if ejected >= max {
@@ -807,7 +813,7 @@ where
                     });
                 self.refused.insert(entry.id, key.clone());
             }
-            if trial_breached_now {
+            if trial_breach.is_some() {
                 let trial_until = entry.status().deadline();
                 self.publish(key, trial_until, Some(reason));
             }

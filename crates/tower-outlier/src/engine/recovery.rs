@@ -69,10 +69,7 @@ where
         let recorded_now = record.clock().now();
         let until = later(now, self.trial);
         if record.judge(recorded_now).is_some() {
-            if !episode.trial_breached {
-                episode.failed_checks = episode.failed_checks.saturating_add(1);
-                episode.trial_breached = true;
-                let failed_checks = episode.failed_checks;
+            if let Some(failed_checks) = episode.breach_trial() {
                 self.registry
                     .emit_about(self.roster, entry.id, |key| Event::TrialFailed {
                         key,
