@@ -26,7 +26,7 @@
 //! measures, causes and results, never endpoints; the per-endpoint gauges are read from the
 //! monitor at each scrape, so an endpoint the upstream removed is gone from the next scrape (and
 //! an endpoint two adaptors of one layer share a key with is shown once). Label values are
-//! escaped for the text format.
+//! escaped for the text format by prometheus-client.
 
 use std::fmt;
 use std::sync::Arc;
@@ -42,6 +42,11 @@ use tower_outlier_core::Lock;
 
 use crate::events::{Event, Readmission, Refusal};
 use crate::monitor::{EndpointStatus, Monitor};
+
+/// The `prometheus_client` this module is built on, so that a registry passed to
+/// [`OutlierMetrics::register`] or [`register`] is of the same crate version without a matching
+/// line in your own `Cargo.toml`.
+pub use prometheus_client;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -161,7 +166,7 @@ impl OutlierMetrics {
             .lock()
             .layers
             .push((service.to_owned(), monitor.clone()));
-        let (counters, service) = (self.counters.clone(), label_value(service));
+        let (counters, service) = (self.counters.clone(), String::from(service));
         monitor.on_event(move |event| counters.count(&service, event));
     }
 
@@ -206,7 +211,7 @@ impl Counters {
     fn count(&self, service: &str, event: &Event) {
         let with = |pairs: &[(&'static str, &str)]| -> Labels {
             let mut labels = vec![("service", service.to_owned())];
-            labels.extend(pairs.iter().map(|(k, v)| (*k, label_value(v))));
+            labels.extend(pairs.iter().map(|(k, v)| (*k, String::from(*v))));
             labels
         };
         let (family, labels) = match event {
@@ -282,11 +287,11 @@ impl fmt::Debug for Live {
     }
 }
 
-/// One watched layer's snapshot, with its label values escaped once.
+/// One watched layer's snapshot, with its label values as owned text.
 struct Scraped {
     service: String,
     snapshot: crate::Snapshot,
-    // Each endpoint's escaped key, `None` for a key already seen (two adaptors of one layer).
+    // Each endpoint's key as text, `None` for a key already seen (two adaptors of one layer).
     names: Vec<Option<String>>,
 }
 
@@ -304,11 +309,11 @@ impl Collector for Live {
                     .iter()
                     .map(|e| {
                         seen.insert(e.key.as_str())
-                            .then(|| label_value(e.key.as_str()))
+                            .then(|| String::from(e.key.as_str()))
                     })
                     .collect();
                 Scraped {
-                    service: label_value(service),
+                    service: String::from(service),
                     snapshot,
                     names,
                 }
@@ -385,7 +390,7 @@ impl Collector for Live {
                 let Some(key) = key else { continue };
                 for window in &endpoint.windows {
                     if let Some(state) = window.state {
-                        let (policy, state) = (label_value(window.policy), label_value(state));
+                        let (policy, state) = (String::from(window.policy), String::from(state));
                         let labels = [
                             ("service", layer.service.as_str()),
                             ("endpoint", key.as_str()),
@@ -422,7 +427,7 @@ fn encode_detectors(
     )?;
     for (service, policy) in detectors {
         let stats = policy.stats();
-        let service = label_value(service);
+        let service = String::from(service);
         for detector in Detector::ALL {
             for (result, value) in [
                 ("detected", stats.detected(detector)),
@@ -443,38 +448,11 @@ fn encode_detectors(
     Ok(())
 }
 
-/// A label value as the text format needs it: the encoder writes values as they are, and a key's
-/// text (a `String` key prints with its quotes) may hold `"`, `\\` or a line break.
-fn label_value(text: &str) -> String {
-    let mut escaped = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => escaped.push_str("\\\\"),
-            '"' => escaped.push_str("\\\""),
-            '\n' => escaped.push_str("\\n"),
-            c => escaped.push(c),
-        }
-    }
-    escaped
-}
-
 fn status_index(status: EndpointStatus) -> usize {
     match status {
         EndpointStatus::Available => 0,
         EndpointStatus::Trial => 1,
         EndpointStatus::Ejected => 2,
         EndpointStatus::Probing => 3,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::label_value;
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(label_value("10.0.0.7:8080"), "10.0.0.7:8080");
-        assert_eq!(label_value("\"plain\""), "\\\"plain\\\"");
-        assert_eq!(label_value("a\\b\nc"), "a\\\\b\\nc");
     }
 }

@@ -19,6 +19,10 @@ use tower_outlier_core::{FailureKind, Outcome};
 
 use crate::response::{Recorder, ResponseClassifier};
 
+/// tower-http's classifiers, from the tower-http version this module is built on: a classifier
+/// taken from here always satisfies [`TowerHttp`]'s bounds.
+pub use ::tower_http::classify;
+
 /// A tower-http classifier as the layer's classifier.
 ///
 /// ```
