@@ -75,7 +75,7 @@ async fn events_and_snapshots_tell_what_happened() {
     h.calls(2, 10, 0).await;
     assert!(captured
         .text()
-        .contains("ejection refused: ejection budget exhausted"));
+        .contains("ejection refused: ejection budget of 2 for 5 endpoints at 40 % is spent"));
     assert!(captured.text().contains("endpoint=2"));
     let snapshot = monitor.snapshot();
     assert_eq!(snapshot.ejected(), 2);

@@ -45,7 +45,8 @@ pub const TIMEOUT: Duration = Duration::from_secs(1);
 /// A tower-outlier configuration under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
-    /// What the README recommends.
+    /// What the README recommends: `DetectorConfig::recommended()` with an active probe (a GET of
+    /// `/healthz`, or the gRPC health check).
     Recommended,
     Edas,
     /// EDAS with `min_calls(5)` and `max_ejection_ratio(0.5)`, as a new user of a small fleet

@@ -114,11 +114,34 @@ const SAMPLE_TIME_GRANULARITY: Nanos = 1_000_000;
 // The smallest change of the latency estimate worth a store: far below any network round trip.
 const RTT_STORE_FLOOR: Nanos = 64;
 
-// What the last recorded call was, for the balancer's load reads.
+// What the balancer's load reads need to know of the recorded calls, in one byte written only
+// when it changes. The last call's outcome (two bits):
+const LAST_MASK: u8 = 0b11;
 const LAST_SUCCEEDED: u8 = 0;
+// Failed fast (refused, reset, an error status): a latency-driven balancer would keep sending
+// calls, so the estimate is raised (`penalized`) and per-call judges are sent what they need.
 const LAST_FAILED: u8 = 1;
-// An overloaded endpoint is not sent extra calls to judge it, whatever the policies want.
-const LAST_OVERLOADED: u8 = 2;
+// Timed out: the balancer already avoids the endpoint for the time the call took, and sending it
+// calls on purpose would cost callers a timeout each.
+const LAST_TIMED_OUT: u8 = 2;
+// No call has been sampled since the endpoint was made or re-admitted: the first one may carry a
+// connection's set-up (TCP, TLS, an HTTP/2 handshake), which says nothing of the endpoint's speed.
+const FRESH: u8 = 0b100;
+// The estimate rests on one slow sample that jumped far above a fresh estimate, not confirmed
+// by another: a healthy endpoint's one slow call. The balancer may explore such an endpoint.
+const PEAK_UNCONFIRMED: u8 = 0b1000;
+
+// A sample this many times a fresh estimate is a jump worth confirming before the endpoint is
+// left to the estimate's decay.
+const PEAK_JUMP: u64 = 4;
+// An estimate sampled within this long is fresh enough for a jump above it to be one slow call.
+const PEAK_FRESH: Nanos = 1_000_000_000;
+// A failed call raises the estimate to at least this multiple of what it was ...
+const FAILURE_STEP: u64 = 2;
+// ... up to this multiple of the estimate before the failures began: past it, the endpoint
+// already loses every pairing with a healthy one, and the cap bounds how long its estimate takes
+// to decay once it heals (about 10 s × ln 16 ≈ 28 s).
+const FAILURE_CAP: u64 = 16;
 
 /// Everything the layer knows about one endpoint: its policies' state, its latency estimate and
 /// its relative weight.
@@ -150,9 +173,12 @@ pub struct EndpointRecord {
 struct Latency {
     rtt_nanos: AtomicU64,
     last_sample: AtomicU64,
-    // Written only when it changes, so steady success or steady failure costs one load per call;
-    // it sits on the line completions already write, away from the read-mostly fields.
-    last_outcome: AtomicU8,
+    // The estimate when the current streak of failures began: restored by the first success.
+    before_failures: AtomicU64,
+    // `LAST_*`, `FRESH`, `PEAK_UNCONFIRMED`. Written only when it changes, so steady success or
+    // steady failure costs one load per call; it sits on the line completions already write, away
+    // from the read-mostly fields.
+    flags: AtomicU8,
 }
 
 impl EndpointRecord {
@@ -185,7 +211,8 @@ impl EndpointRecord {
             latency: Latency {
                 rtt_nanos: AtomicU64::new(0),
                 last_sample: AtomicU64::new(now),
-                last_outcome: AtomicU8::new(LAST_SUCCEEDED),
+                before_failures: AtomicU64::new(0),
+                flags: AtomicU8::new(LAST_SUCCEEDED | FRESH),
             },
             weight: AtomicU64::new(1.0f64.to_bits()),
             flagged: AtomicBool::new(false),
@@ -216,8 +243,12 @@ impl EndpointRecord {
             self.latency.last_sample.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
-        next.latency.last_outcome.store(
-            self.latency.last_outcome.load(Ordering::Relaxed),
+        next.latency.before_failures.store(
+            self.latency.before_failures.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.latency.flags.store(
+            self.latency.flags.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
         next.weight
@@ -327,15 +358,12 @@ impl EndpointRecord {
             self.cancel_probes(probes);
             return;
         }
-        self.sample_rtt(latency, now);
         let last = match observation.outcome {
-            Outcome::Failure(FailureKind::Overload) => LAST_OVERLOADED,
+            Outcome::Failure(FailureKind::Timeout) => LAST_TIMED_OUT,
             Outcome::Failure(_) => LAST_FAILED,
             Outcome::Success | Outcome::Cancelled => LAST_SUCCEEDED,
         };
-        if self.latency.last_outcome.load(Ordering::Relaxed) != last {
-            self.latency.last_outcome.store(last, Ordering::Relaxed);
-        }
+        self.sample_rtt(latency, now, last);
         let counted = self.count_shared_success(observation, now, probes);
         if counted.is_some() && self.policies.len() == 1 {
             return;
@@ -384,7 +412,8 @@ impl EndpointRecord {
     }
 
     #[inline]
-    fn sample_rtt(&self, rtt: u64, now: Nanos) {
+    fn sample_rtt(&self, rtt: u64, now: Nanos, last: u8) {
+        let flags = self.latency.flags.load(Ordering::Relaxed);
         // A racing sample may overwrite this one; for a load estimate that is harmless and it
         // keeps the hot path free of compare-and-swap loops.
         let stored = self.latency.rtt_nanos.load(Ordering::Relaxed);
@@ -393,18 +422,23 @@ impl EndpointRecord {
         // it has decayed to since, or one slow call followed by an idle stretch would be revived
         // by the next fast call and keep the endpoint out of a latency-driven balancer's picks.
         // Idle decay has a 10 s time constant; a millisecond of staleness does not matter.
-        let fresh = idle < SAMPLE_TIME_GRANULARITY;
-        let old = if fresh {
+        let recent = idle < SAMPLE_TIME_GRANULARITY;
+        let old = if recent {
             stored
         } else {
             (stored as f64 * decay(idle)) as u64
         };
-        let next = if rtt >= old {
-            rtt
-        } else {
-            old - (old - rtt) / 8
-        };
-        if !fresh {
+        let (next, flags_next) =
+            if flags & (FRESH | LAST_MASK) == LAST_SUCCEEDED && last == LAST_SUCCEEDED {
+                // The steady state: a success after a success.
+                (peak_ewma(old, rtt), peak_flags(flags, old, rtt, idle))
+            } else {
+                self.sample_unusual(flags, old, rtt, last)
+            };
+        if flags_next != flags {
+            self.latency.flags.store(flags_next, Ordering::Relaxed);
+        }
+        if !recent {
             self.latency.rtt_nanos.store(next, Ordering::Relaxed);
             self.latency.last_sample.store(now, Ordering::Relaxed);
         } else if next.abs_diff(stored) > (stored >> 6).max(RTT_STORE_FLOOR) {
@@ -415,6 +449,49 @@ impl EndpointRecord {
         }
     }
 
+    /// The estimate and flags after a sample that is not a success following a success: the
+    /// first sample of a fresh endpoint, a failure, or the success that ends failures.
+    #[cold]
+    fn sample_unusual(&self, flags: u8, old: u64, rtt: u64, last: u8) -> (u64, u8) {
+        let before_failures = &self.latency.before_failures;
+        let next_flags = (flags & !(LAST_MASK | FRESH)) | last;
+        let next = if flags & FRESH != 0 && last != LAST_TIMED_OUT {
+            // The first call may have set up the connection: it moves the estimate as an
+            // ordinary average would, without the peak rule. (A timeout is taken as it is: a black
+            // hole must not look fast.)
+            let blended = if rtt >= old {
+                old + (rtt - old) / 8
+            } else {
+                old - (old - rtt) / 8
+            };
+            if last == LAST_FAILED {
+                before_failures.store(blended, Ordering::Relaxed);
+            }
+            blended
+        } else if last == LAST_SUCCEEDED {
+            // The first success after failures: the endpoint is back, at the speed it had before
+            // they began (their penalties and timeouts say nothing of it).
+            let before = before_failures.load(Ordering::Relaxed);
+            peak_ewma(old.min(before.max(rtt)), rtt)
+        } else {
+            if flags & LAST_MASK == LAST_SUCCEEDED {
+                before_failures.store(old, Ordering::Relaxed);
+            }
+            if last == LAST_TIMED_OUT {
+                peak_ewma(old, rtt)
+            } else {
+                // A fast failure must not make the endpoint the balancer's cheapest pick: each one
+                // doubles the estimate (from at least a microsecond), up to a cap.
+                let cap = before_failures
+                    .load(Ordering::Relaxed)
+                    .max(1_000)
+                    .saturating_mul(FAILURE_CAP);
+                rtt.max(old.saturating_mul(FAILURE_STEP).max(1_000).min(cap))
+            }
+        };
+        (next, next_flags)
+    }
+
     /// The latency estimate at `now`, in nanoseconds: the peak-sensitive EWMA of observed
     /// latencies, decayed toward zero by `exp(-idle / 10 s)` while the endpoint is idle.
     pub fn rtt_estimate(&self, now: Nanos) -> f64 {
@@ -423,23 +500,45 @@ impl EndpointRecord {
         rtt * decay(idle)
     }
 
-    /// Whether the last recorded call failed (in any way, overload included).
+    /// Whether the last recorded call failed (in any way).
     pub fn last_call_failed(&self) -> bool {
-        self.latency.last_outcome.load(Ordering::Relaxed) != LAST_SUCCEEDED
+        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK != LAST_SUCCEEDED
+    }
+
+    /// How long ago the endpoint's last call completed, if that call failed: while this grows the
+    /// balancer is routing around the endpoint (its estimate carries the failures) without its
+    /// policies having judged it. Approximate to a millisecond.
+    pub fn failing_for(&self, now: Nanos) -> Option<Duration> {
+        if !self.last_call_failed() {
+            return None;
+        }
+        let last = self.latency.last_sample.load(Ordering::Relaxed);
+        Some(Duration::from_nanos(now.saturating_sub(last)))
+    }
+
+    /// Whether the estimate rests on one slow sample that jumped far above a fresh estimate and
+    /// that no later sample confirmed: a healthy endpoint's one slow call, which a balancer may
+    /// explore past rather than wait for the estimate to decay.
+    pub fn peak_unconfirmed(&self) -> bool {
+        self.latency.flags.load(Ordering::Relaxed) & (PEAK_UNCONFIRMED | LAST_MASK)
+            == PEAK_UNCONFIRMED
     }
 
     /// The cheap half of [`calls_wanted`](Self::calls_wanted): whether its policies could want
     /// calls at all (two relaxed loads, no window read).
     #[inline]
     pub fn may_want_calls(&self) -> bool {
-        self.latency.last_outcome.load(Ordering::Relaxed) == LAST_FAILED
+        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_FAILED
             && self.notifier.room_to_eject()
     }
 
     /// How many more calls this endpoint should get before its policies can judge it: the most
     /// any policy wants ([`EndpointPolicy::calls_wanted`]). Asked only while the last call failed
-    /// other than by overload (an overloaded server is not sent extra calls) and the layer has
-    /// room to eject ([`Notifier::room_to_eject`]); 0 otherwise, without reading any window.
+    /// fast (any failure but a timeout: 503 and UNAVAILABLE included, which behind a proxy are what
+    /// a dead upstream looks like) and the layer has room to eject ([`Notifier::room_to_eject`]);
+    /// 0 otherwise, without reading any window. After a timeout nothing is wanted: the balancer
+    /// already avoids the endpoint for the time the call took, and each call sent on purpose would
+    /// cost a caller a timeout.
     pub fn calls_wanted(&self, now: Nanos) -> u64 {
         if !self.may_want_calls() {
             return 0;
@@ -464,6 +563,9 @@ impl EndpointRecord {
         };
         self.latency.rtt_nanos.store(rtt, Ordering::Relaxed);
         self.latency.last_sample.store(now, Ordering::Relaxed);
+        self.latency.before_failures.store(rtt, Ordering::Relaxed);
+        // Its next call may set up a connection again.
+        self.latency.flags.fetch_or(FRESH, Ordering::Relaxed);
     }
 
     /// The weight relative to the endpoint's original weight (1.0 until a weight policy sets it).
@@ -511,9 +613,40 @@ impl EndpointRecord {
             policy.reset();
         }
         self.flagged.store(false, Ordering::Release);
+        let flags = self.latency.flags.load(Ordering::Relaxed);
         self.latency
-            .last_outcome
-            .store(LAST_SUCCEEDED, Ordering::Relaxed);
+            .flags
+            .store(flags & !(LAST_MASK | PEAK_UNCONFIRMED), Ordering::Relaxed);
+    }
+}
+
+/// `PEAK_UNCONFIRMED` after a success of latency `rtt` on the estimate `old`, `idle` after the
+/// last sample: set by a jump far above an estimate that was fresh when the call began (not an
+/// idle endpoint's decayed one: that is how a balancer tries a slow endpoint again), cleared by a
+/// sample that confirms the endpoint is slow.
+#[inline]
+fn peak_flags(flags: u8, old: u64, rtt: u64, idle: Nanos) -> u8 {
+    if flags & PEAK_UNCONFIRMED != 0 {
+        if rtt.saturating_mul(2) >= old {
+            return flags & !PEAK_UNCONFIRMED;
+        }
+    } else if idle.saturating_sub(rtt) < PEAK_FRESH
+        && old > 0
+        && rtt > old.saturating_mul(PEAK_JUMP)
+    {
+        return flags | PEAK_UNCONFIRMED;
+    }
+    flags
+}
+
+/// The peak-sensitive moving average: a sample above the estimate replaces it, one below moves
+/// it an eighth of the way down.
+#[inline]
+fn peak_ewma(old: u64, rtt: u64) -> u64 {
+    if rtt >= old {
+        rtt
+    } else {
+        old - (old - rtt) / 8
     }
 }
 
@@ -558,9 +691,16 @@ mod tests {
         record.observe(&observation, now, 0);
     }
 
+    /// A record whose first call (which may set up a connection) is behind it.
+    fn warm_record() -> EndpointRecord {
+        let record = record();
+        call(&record, Outcome::Success, 0, record.clock().now());
+        record
+    }
+
     #[test]
     fn a_fast_call_after_an_idle_stretch_blends_with_the_decayed_estimate() {
-        let record = record();
+        let record = warm_record();
         let start = record.clock().now();
         call(&record, Outcome::Success, 1000, start);
         assert!((record.rtt_estimate(start) - 1e9).abs() < 1e6);
@@ -577,7 +717,7 @@ mod tests {
 
     #[test]
     fn estimates_of_tens_of_nanoseconds_are_not_rewritten_on_every_call() {
-        let record = record();
+        let record = warm_record();
         let start = record.clock().now();
         let nanos = |ns| Observation {
             outcome: Outcome::Success,
@@ -636,8 +776,12 @@ mod tests {
         );
         let now = record.clock().now();
         assert_eq!(record.calls_wanted(now), 0, "not after a success");
-        call(&record, Outcome::Failure(FailureKind::Timeout), 1000, now);
-        assert_eq!(record.calls_wanted(now), 5);
+        call(&record, Outcome::Failure(FailureKind::Overload), 1, now);
+        assert_eq!(
+            record.calls_wanted(now),
+            5,
+            "503 and UNAVAILABLE are judged like any fast failure"
+        );
         notifier.set_room_to_eject(false);
         assert_eq!(
             record.calls_wanted(now),
@@ -645,8 +789,104 @@ mod tests {
             "not when no ejection is possible"
         );
         notifier.set_room_to_eject(true);
-        call(&record, Outcome::Failure(FailureKind::Overload), 1, now);
-        assert_eq!(record.calls_wanted(now), 0, "not after an overload");
+        call(&record, Outcome::Failure(FailureKind::Transport), 1, now);
+        assert_eq!(record.calls_wanted(now), 5);
+        call(&record, Outcome::Failure(FailureKind::Timeout), 1000, now);
+        assert_eq!(
+            record.calls_wanted(now),
+            0,
+            "not after a timeout: each call sent on purpose would cost a caller a timeout"
+        );
+    }
+
+    fn estimate_ms(record: &EndpointRecord, now: Nanos) -> f64 {
+        record.rtt_estimate(now) / MS as f64
+    }
+
+    #[test]
+    fn the_first_call_moves_the_estimate_as_an_average_not_as_a_peak() {
+        let record = record();
+        let now = record.clock().now();
+        record.seed_rtt(MS as f64, now);
+        // A 41 ms first call (a TCP and HTTP/2 handshake against 1 ms calls): an eighth of the
+        // way, not all of it.
+        call(&record, Outcome::Success, 41, now);
+        assert!((estimate_ms(&record, now) - 6.0).abs() < 0.01);
+        // The second is a sample like any other.
+        call(&record, Outcome::Success, 41, now);
+        assert!((estimate_ms(&record, now) - 41.0).abs() < 0.01);
+        // Re-admission (a new seed) makes the next call a first call again.
+        record.seed_rtt(MS as f64, now);
+        call(&record, Outcome::Success, 41, now);
+        assert!((estimate_ms(&record, now) - 6.0).abs() < 0.01);
+        // A first call that times out is taken as it is: a black hole must not look fast.
+        record.seed_rtt(MS as f64, now);
+        call(&record, Outcome::Failure(FailureKind::Timeout), 1000, now);
+        assert!((estimate_ms(&record, now) - 1000.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn fast_failures_double_the_estimate_up_to_a_cap_and_a_success_restores_it() {
+        let record = warm_record();
+        let now = record.clock().now();
+        record.seed_rtt(MS as f64, now);
+        call(&record, Outcome::Success, 1, now);
+        // Refused connections answer in microseconds: each doubles the estimate instead of
+        // lowering it, so the endpoint loses every pairing with a healthy 1 ms one.
+        let mut expected = 1.0;
+        for _ in 0..4 {
+            call(&record, Outcome::Failure(FailureKind::Transport), 0, now);
+            expected *= 2.0;
+            assert!((estimate_ms(&record, now) - expected).abs() < 0.01);
+        }
+        for _ in 0..10 {
+            call(&record, Outcome::Failure(FailureKind::ServerError), 0, now);
+        }
+        assert!(
+            (estimate_ms(&record, now) - 16.0).abs() < 0.01,
+            "capped at 16 times the estimate before the failures"
+        );
+        // Back: the speed it had before, not an eighth of the way down from the penalty.
+        call(&record, Outcome::Success, 1, now);
+        assert!((estimate_ms(&record, now) - 1.0).abs() < 0.01);
+        // A failure slower than the cap is taken as it is.
+        call(&record, Outcome::Failure(FailureKind::ServerError), 50, now);
+        assert!((estimate_ms(&record, now) - 50.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn one_slow_call_on_a_fresh_estimate_is_a_peak_to_confirm() {
+        let record = warm_record();
+        let now = record.clock().now();
+        record.seed_rtt(MS as f64, now);
+        call(&record, Outcome::Success, 1, now);
+        assert!(!record.peak_unconfirmed());
+        call(&record, Outcome::Success, 1000, now);
+        assert!(
+            record.peak_unconfirmed(),
+            "a jump far above a fresh estimate"
+        );
+        call(&record, Outcome::Success, 1, now);
+        assert!(record.peak_unconfirmed(), "a fast call does not confirm it");
+        call(&record, Outcome::Success, 800, now);
+        assert!(!record.peak_unconfirmed(), "a slow one does");
+        // An idle endpoint's decayed estimate: a slow call then is how a balancer tries a slow
+        // endpoint again, not a healthy endpoint's accident.
+        let later = now + 120_000 * MS;
+        call(&record, Outcome::Success, 1, later);
+        let much_later = later + 120_000 * MS;
+        call(&record, Outcome::Success, 1000, much_later);
+        assert!(!record.peak_unconfirmed());
+        call(
+            &record,
+            Outcome::Failure(FailureKind::Transport),
+            1,
+            much_later,
+        );
+        assert!(
+            !record.peak_unconfirmed(),
+            "never while the last call failed"
+        );
     }
 
     #[test]

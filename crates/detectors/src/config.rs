@@ -190,6 +190,51 @@ impl DetectorConfig {
         }
     }
 
+    /// What this library recommends for a fleet of any size, from three endpoints up, measured
+    /// against no detection, nginx and HAProxy on loopback (see the repository's BENCHMARKS.md):
+    ///
+    /// * **3 consecutive failures** of any kind eject, on the third call itself. With a latency-driven
+    ///   balancer a failing endpoint is sent just the calls its streak needs after a fast failure
+    ///   (a refused connection, a 503), and none after a timeout (p2c routes around a black hole
+    ///   on its own, at less cost to callers than judging it would take);
+    /// * linkerd's recovery: back after an exponential back-off from **1 s to 5 s** with jitter 0.5,
+    ///   checked by the layer's active probe if it has one (the endpoint stays out until the probe
+    ///   succeeds), else by one real request (probation);
+    /// * at most **half the fleet** out at once, and always one if the fleet has two endpoints
+    ///   or more: one of three, two of five; never the last endpoint.
+    ///
+    /// No statistical detector: a gray failure (some calls failing, never three in a row) is left
+    /// to the balancer, whose latency estimate a fast failure raises.
+    ///
+    /// ```
+    /// use tower_outlier_detectors::{DetectorConfig, DetectorPolicy};
+    ///
+    /// let config = DetectorConfig::recommended().build()?;
+    /// assert_eq!(config.budget().max_ejected(3), 1);
+    /// let policy = DetectorPolicy::new(config);
+    /// # let _ = policy;
+    /// # Ok::<(), tower_outlier_core::ConfigError>(())
+    /// ```
+    pub fn recommended() -> DetectorBuilder {
+        DetectorBuilder {
+            dialect: Dialect::Linkerd,
+            base_ejection_time: Duration::from_secs(1),
+            max_ejection_time: Some(Duration::from_secs(5)),
+            backoff_jitter: 0.5,
+            max_ejection_percent: 50,
+            always_eject_one_host: true,
+            consecutive_5xx: Consecutive {
+                threshold: 3,
+                enforcement: 100,
+            },
+            consecutive_gateway_failure: OFF,
+            consecutive_local_origin_failure: OFF,
+            success_rate: None,
+            failure_percentage: None,
+            ..DetectorBuilder::default()
+        }
+    }
+
     /// Whose rules decide the details.
     pub fn dialect(&self) -> Dialect {
         self.dialect

@@ -69,9 +69,6 @@ pub struct DetectorEndpoint {
     // time of the last ejection: the decay is owed if no ejection came at that tick.
     deferred_decay: AtomicU64,
     ejected_at: AtomicU64,
-    // Whether the last failure was a timeout: only a streak of slow failures needs the layer to
-    // send calls on purpose (see `calls_wanted`).
-    timing_out: AtomicBool,
     // The statistical verdict behind a statistical condemnation (f64 bits), for the reason.
     verdict_value: AtomicU64,
     verdict_threshold: AtomicU64,
@@ -133,7 +130,6 @@ impl DetectorEndpoint {
             out: AtomicBool::new(false),
             deferred_decay: AtomicU64::new(NONE),
             ejected_at: AtomicU64::new(NONE),
-            timing_out: AtomicBool::new(false),
             verdict_value: AtomicU64::new(0),
             verdict_threshold: AtomicU64::new(0),
             ejections: AtomicU32::new(0),
@@ -279,12 +275,8 @@ impl DetectorEndpoint {
             previous.ejections.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
-        for (to, from) in [
-            (&self.out, &previous.out),
-            (&self.timing_out, &previous.timing_out),
-        ] {
-            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
+        self.out
+            .store(previous.out.load(Ordering::Relaxed), Ordering::Relaxed);
         if let (Some(gate), Some(old)) = (&self.gate, &previous.gate) {
             let state = match old.state.load(Ordering::Acquire) {
                 PROBING => HALF_OPEN,
@@ -311,12 +303,6 @@ impl EndpointPolicy for DetectorEndpoint {
         };
         // Raised before any response: the connection was refused or reset, or no answer came.
         let local = matches!(kind, Some(FailureKind::Transport | FailureKind::Timeout));
-        if kind.is_some() {
-            let timed_out = kind == Some(FailureKind::Timeout);
-            if self.timing_out.load(Ordering::Relaxed) != timed_out {
-                self.timing_out.store(timed_out, Ordering::Relaxed);
-            }
-        }
         if self.split {
             self.local.fetch_add(tally_of(local), Ordering::Relaxed);
             if local {
@@ -416,13 +402,12 @@ impl EndpointPolicy for DetectorEndpoint {
     }
 
     fn calls_wanted(&self, _now: Nanos) -> u64 {
-        // A streak of timeouts needs exactly the rest of its calls to be judged: a latency-driven
-        // balancer would otherwise starve the black hole it comes from. A streak of fast failures
-        // needs no help (the balancer keeps sending them), and asking would only pull more calls
-        // to an endpoint failing some of them.
-        if !self.timing_out.load(Ordering::Relaxed) {
-            return 0;
-        }
+        // A streak needs exactly the rest of its calls to be judged: the record raises the
+        // estimate of an endpoint failing fast, so a latency-driven balancer would otherwise stop
+        // sending them. (The layer asks only after a fast failure: a streak of timeouts is left to
+        // the balancer, which avoids it at less cost to callers than judging it would.) The
+        // statistical detectors judge on a timer and want nothing: calls pulled to them would
+        // only fail.
         (0..3)
             .filter(|&index| self.thresholds[index] > 0 && self.enforcing[index])
             .map(|index| {

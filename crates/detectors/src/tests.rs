@@ -158,18 +158,35 @@ fn enforcement_zero_counts_but_never_ejects() {
 }
 
 #[test]
-fn a_streak_of_timeouts_wants_exactly_its_remaining_calls() {
+fn a_streak_wants_exactly_its_remaining_calls() {
     let endpoint = policy(DetectorConfig::envoy()).endpoint();
     assert_eq!(endpoint.calls_wanted(SECOND), 0);
-    signals(&endpoint, &[TIMEOUT, TIMEOUT]);
+    signals(&endpoint, &[E500, E500]);
     assert_eq!(endpoint.calls_wanted(SECOND), 3);
     signals(&endpoint, &[OK]);
-    assert_eq!(endpoint.calls_wanted(SECOND), 0);
-    // Fast failures keep coming without help; asking for more would only feed a gray failure.
-    signals(&endpoint, &[E500, E500]);
-    assert_eq!(endpoint.calls_wanted(SECOND), 0);
+    assert_eq!(
+        endpoint.calls_wanted(SECOND),
+        0,
+        "a success ends the streak"
+    );
     signals(&endpoint, &[TIMEOUT]);
-    assert_eq!(endpoint.calls_wanted(SECOND), 2);
+    assert_eq!(
+        endpoint.calls_wanted(SECOND),
+        4,
+        "the policy counts timeouts too; the layer asks only after a fast failure"
+    );
+}
+
+#[test]
+fn statistical_detectors_want_no_calls() {
+    let config = DetectorConfig::grpc();
+    let endpoint = policy(config).endpoint();
+    signals(&endpoint, &[E500; 3]);
+    assert_eq!(
+        endpoint.calls_wanted(SECOND),
+        0,
+        "success rate is judged on a timer: calls pulled to it would only fail"
+    );
 }
 
 #[test]

@@ -199,8 +199,8 @@ impl<C> Holder<C> {
     }
 }
 
-/// How many power-of-two-choices draws in a row an endpoint whose last call succeeded may lose
-/// before it wins one anyway (at most one in 17 of its draws).
+/// How many power-of-two-choices draws in a row an endpoint whose estimate rests on one
+/// unconfirmed slow call may lose before it wins one anyway (at most one in 17 of its draws).
 const EXPLORE_AFTER: u32 = 16;
 
 /// How long a computed evidence request stays good while no call completes: the windows it reads
@@ -254,7 +254,7 @@ impl Draws {
     /// Counts one draw; true when the endpoint has lost enough in a row to win this one.
     fn explore(&self, record: &EndpointRecord) -> bool {
         let lost = self.lost.load(Ordering::Relaxed);
-        if lost >= EXPLORE_AFTER && !record.last_call_failed() {
+        if lost >= EXPLORE_AFTER && record.peak_unconfirmed() {
             return true;
         }
         self.lost.store(lost.saturating_add(1), Ordering::Relaxed);
@@ -414,17 +414,27 @@ where
 /// clock). A weight of zero makes the cost infinite, so such an endpoint never wins a
 /// power-of-two-choices pair against one with a finite cost.
 ///
-/// A latency-driven balancer starves an endpoint after a slow call or a timeout, which would keep
-/// the layer from ever judging it. Two rules keep it in sight, each reporting a cost of zero
-/// (neither applies to an endpoint whose weight a policy lowered on purpose):
-/// * **Evidence.** While its last call failed (other than by overload), a policy wants more calls
-///   before it can judge (an error rate above the threshold on fewer calls than the minimum), and
-///   the layer could eject it, the endpoint wins until that many calls are in flight: exactly the
-///   failures the configured minimum asks for, no more.
-/// * **Exploration.** An endpoint whose last call succeeded and that lost 16 draws in a row wins
-///   the next one: at most one in 17 of its draws, so a genuinely slow endpoint still gets little
-///   traffic, and one slow call no longer shuts a healthy endpoint out for the estimate's decay
-///   time.
+/// The latency estimate follows the endpoint's calls, with three rules of its own
+/// ([`EndpointRecord`]): the first call after the endpoint joins or is re-admitted, which may set
+/// up a connection, moves it as an average (not as a peak); a call that fails fast doubles it, up
+/// to 16 times what it was before the failures began, so that failing fast never makes an endpoint
+/// the cheapest pick; the first success after failures restores it.
+///
+/// A latency-driven balancer then starves an endpoint whose calls fail or time out. That is
+/// deliberate (it is how p2c alone protects callers), but it would keep a policy that judges each
+/// call from ever judging it, and one slow call from a healthy endpoint would shut it out for the
+/// estimate's decay time. Two rules report a cost of zero instead (neither applies to an endpoint
+/// whose weight a policy lowered on purpose):
+/// * **Evidence.** While its last call failed fast (any failure but a timeout), a policy wants
+///   more calls before it can judge (the rest of a streak of consecutive failures, or an error
+///   rate above the threshold on fewer calls than the minimum), and the layer could eject it, the
+///   endpoint wins until that many calls are in flight: exactly the failures the policy asks for,
+///   no more. A policy that judges on a timer wants none. After a timeout nothing is wanted: each
+///   call sent on purpose would cost a caller a timeout, and p2c avoids the endpoint on its own.
+/// * **Exploration.** An endpoint whose estimate rests on one slow call far above its fresh
+///   estimate, not yet confirmed by another, wins a draw after losing 16 in a row. A genuinely
+///   slow endpoint's next call confirms it and ends the exploration, so it gets no more traffic
+///   than p2c alone gives it; a healthy one's fast calls bring its estimate back down.
 ///
 /// So reading the load counts a draw: it is meant for the balancer that holds this handle (p2c
 /// reads both candidates of every draw). The count lives in the handle, not the shared record.

@@ -110,6 +110,8 @@ pub(crate) struct Engine<K, S, C> {
     sharing: Option<Sharing>,
     // An endpoint on a host held out elsewhere stayed in for want of room: retried when there is.
     mirror_pending: bool,
+    // The fleet size the monitor was last told the budget allows no ejection for, if it was.
+    no_ejection: Option<usize>,
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -484,6 +486,7 @@ impl<K, S, C> Engine<K, S, C> {
             cancelled: Vec::new(),
             sharing,
             mirror_pending: false,
+            no_ejection: None,
         }
     }
 
@@ -671,10 +674,29 @@ where
     /// Tells the endpoints whether one more ejection would be allowed, the same test
     /// [`consider`](Self::consider) applies, so none gathers evidence for an ejection that would
     /// be refused.
-    pub(crate) fn publish_room(&self) {
-        let max = self.settings.budget.max_ejected(self.entries.len());
+    pub(crate) fn publish_room(&mut self) {
+        let n = self.entries.len();
+        let max = self.settings.budget.max_ejected(n);
         self.notifier
             .set_room_to_eject(self.available() > 1 && self.ejected < max);
+        // A budget that rounds to none for this fleet is said once, in the log and the monitor,
+        // and again whenever that changes.
+        let none = (max == 0 && n > 1).then_some(n);
+        if none != self.no_ejection {
+            self.no_ejection = none;
+            let why = none.map(|n| {
+                let ratio = self.settings.budget.max_ratio() * 100.0;
+                format!("ejection budget of 0 for {n} endpoints at {ratio:.0} %")
+            });
+            if let Some(why) = &why {
+                tracing::info!(
+                    target: "tower_outlier",
+                    endpoints = n,
+                    "no endpoint can be ejected: {why}"
+                );
+            }
+            self.registry.no_ejection(self.roster, why);
+        }
     }
 
     pub(crate) fn signalled(&mut self, now: Instant) {
@@ -756,12 +778,16 @@ where
             return;
         };
         if !entry.status().is_available() {
-            self.refused.remove(&entry.id);
+            if self.refused.remove(&entry.id).is_some() {
+                self.registry.refused(self.roster, entry.id, None);
+            }
             return;
         }
         let record = &entry.shared.record;
         let Some((policy, reason)) = record.judge(record.clock().now()) else {
-            self.refused.remove(&entry.id);
+            if self.refused.remove(&entry.id).is_some() {
+                self.registry.refused(self.roster, entry.id, None);
+            }
             return;
         };
         // Breaching during the trial is a failed recovery check, whether or not the rules below
@@ -785,9 +811,13 @@ where
             None
         };
         if let Some(refusal) = refusal {
+            let ratio = self.settings.budget.max_ratio() * 100.0;
             let why = match refusal {
-                Refusal::LastEndpoint => "last available endpoint",
-                _ => "ejection budget exhausted",
+                Refusal::LastEndpoint => "last available endpoint".to_owned(),
+                _ if max == 0 => {
+                    format!("ejection budget of 0 for {n} endpoints at {ratio:.0} %")
+                }
+                _ => format!("ejection budget of {max} for {n} endpoints at {ratio:.0} % is spent"),
             };
             let recorded_now = record.clock().now();
             for state in record.policies().iter() {
@@ -804,6 +834,7 @@ where
                     endpoints = n,
                     "ejection refused: {why}"
                 );
+                self.registry.refused(self.roster, entry.id, Some(why));
                 let reason = reason.clone();
                 self.registry
                     .emit_about(self.roster, entry.id, |key| Event::EjectionRefused {
@@ -819,7 +850,9 @@ where
             }
             return;
         }
-        self.refused.remove(&entry.id);
+        if self.refused.remove(&entry.id).is_some() {
+            self.registry.refused(self.roster, entry.id, None);
+        }
         let schedule = self.settings.policies[policy].recovery();
         // The ejecting state's own deadline, when it has one, owns the timing of the check.
         let recorded_now = record.clock().now();

@@ -18,6 +18,7 @@
 //! | `outlier_removals_total` | counter | `status` (where the endpoint stood) |
 //! | `outlier_endpoints` | gauge | `status` |
 //! | `outlier_ejections_active` | gauge | — |
+//! | `outlier_endpoints_avoided` | gauge | — (in the set, failing, routed around: [`EndpointSnapshot::avoided_for`](crate::EndpointSnapshot::avoided_for)) |
 //! | `outlier_endpoint_weight`, `outlier_endpoint_error_rate` | gauge | `endpoint` |
 //! | `outlier_endpoint_policy_state` | gauge (1) | `endpoint`, `policy`, `state` |
 //! | `outlier_detector_ejections_total` ([`OutlierMetrics::watch_detectors`]) | counter | `policy`, `detector`, `result` |
@@ -352,6 +353,22 @@ impl Collector for Live {
             let labels = [("service", layer.service.as_str())];
             ConstGauge::new(layer.snapshot.ejected() as i64)
                 .encode(active.encode_family(&labels)?)?;
+        }
+        let mut avoided = encoder.encode_descriptor(
+            "outlier_endpoints_avoided",
+            "Endpoints in the balancer's set that it routes around: their last call failed a second ago or more, none since, and no policy judged them",
+            None,
+            MetricType::Gauge,
+        )?;
+        for layer in &layers {
+            let labels = [("service", layer.service.as_str())];
+            let count = layer
+                .snapshot
+                .endpoints
+                .iter()
+                .filter(|e| e.avoided_for.is_some())
+                .count();
+            ConstGauge::new(count as i64).encode(avoided.encode_family(&labels)?)?;
         }
         let gauges: [(&str, &str, EndpointGauge); 2] = [
             (

@@ -38,6 +38,9 @@ impl EndpointStatus {
     }
 }
 
+/// How long after its last failed call an endpoint that gets no call is shown as avoided.
+const AVOIDED_AFTER: Duration = Duration::from_secs(1);
+
 /// One policy's window, as a snapshot shows it.
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -81,6 +84,19 @@ pub struct EndpointSnapshot {
     pub absolute_weight: Option<f64>,
     /// Whether a weight policy holds it degraded.
     pub degraded: bool,
+    /// Set while the endpoint is in the balancer's set, its last call failed at least a second ago
+    /// and no call has completed since: the balancer is **avoiding** it, since its latency
+    /// estimate carries the failures, and its policies have not judged it (a policy that judges
+    /// on a timer, a window short of its minimum after timeouts, a budget that refused). The time
+    /// since that last call. Callers get no traffic sent to it; it gets calls again as its
+    /// estimate decays (within about 30 s after fast failures, longer after timeouts), and the
+    /// first success brings it back to its share.
+    pub avoided_for: Option<Duration>,
+    /// Why the layer keeps the endpoint in although a policy judged it an outlier: "last
+    /// available endpoint", or the budget, as "ejection budget of 0 for 3 endpoints at 20 %"
+    /// (EDAS's 20 % rounds down to none below five endpoints) or "ejection budget of 1 for 5
+    /// endpoints at 20 % is spent". Cleared once it is ejected or no longer judged an outlier.
+    pub refused: Option<String>,
 }
 
 /// All endpoints of a layer, sorted by key.
@@ -96,6 +112,11 @@ pub struct Snapshot {
     pub rules_version: u64,
     /// Why the last reconfiguration was refused, if it was (cleared by the next accepted one).
     pub rules_error: Option<String>,
+    /// Set while the layer's budget allows no ejection at all for the endpoints it has, with
+    /// why: "ejection budget of 0 for 3 endpoints at 20 %" (EDAS's 20 % of fewer than five,
+    /// Envoy's 10 % of fewer than ten). Its policies may judge endpoints outliers; none is
+    /// ejected, and failing ones are only avoided by the balancer.
+    pub no_ejection: Option<String>,
 }
 
 impl Snapshot {
@@ -169,6 +190,8 @@ struct Roster {
     // available and was never ejected, as most are. Apart from `endpoints`, where every slot
     // would pay for it, and boxed, so that a map holding many costs little beyond the boxes.
     standings: HashMap<u64, Box<Standing>>,
+    // Why the adaptor can eject no endpoint at all now (its budget rounds to none), if so.
+    no_ejection: Option<Box<str>>,
 }
 
 pub(crate) struct Tracked {
@@ -182,6 +205,7 @@ struct Standing {
     next_check: Option<Instant>,
     failed_checks: u32,
     last_reason: Option<Reason>,
+    refused: Option<Box<str>>,
 }
 
 impl Standing {
@@ -191,6 +215,7 @@ impl Standing {
         next_check: None,
         failed_checks: 0,
         last_reason: None,
+        refused: None,
     };
 }
 
@@ -261,6 +286,13 @@ impl Monitor {
                     .next_check
                     .map(|at| at.saturating_duration_since(now));
                 let (absolute_weight, degraded) = weight_state(record);
+                let in_flight = shared.in_flight();
+                let avoided_for = match standing.status {
+                    EndpointStatus::Available | EndpointStatus::Trial if in_flight == 0 => record
+                        .failing_for(at)
+                        .filter(|since| *since >= AVOIDED_AFTER),
+                    _ => None,
+                };
                 Some(EndpointSnapshot {
                     key: tracked.key.clone(),
                     status: standing.status,
@@ -273,17 +305,23 @@ impl Monitor {
                     failed_checks: standing.failed_checks,
                     last_reason: standing.last_reason.clone(),
                     weight: record.weight(),
-                    in_flight: shared.in_flight(),
+                    in_flight,
+                    avoided_for,
+                    refused: standing.refused.as_deref().map(str::to_owned),
                 })
             })
             .collect();
         endpoints.sort_by(|a, b| a.key.cmp(&b.key));
+        let no_ejection = rosters
+            .values()
+            .find_map(|roster| roster.no_ejection.as_deref().map(str::to_owned));
         drop(rosters);
         let (rules_version, rules_error) = self.registry.rules.lock().clone();
         Snapshot {
             endpoints,
             rules_version,
             rules_error,
+            no_ejection,
         }
     }
 
@@ -353,6 +391,7 @@ impl Registry {
             policies,
             endpoints: HashMap::new(),
             standings: HashMap::new(),
+            no_ejection: None,
         };
         self.rosters.lock().insert(roster, joined);
         roster
@@ -480,6 +519,37 @@ impl Registry {
             standing.last_reason = Some(reason);
         }
     }
+
+    /// Shows why the adaptor of `roster` can eject nothing now, or (`None`) that it can.
+    pub(crate) fn no_ejection(&self, roster: u64, why: Option<String>) {
+        if let Some(roster) = self.rosters.lock().get_mut(&roster) {
+            roster.no_ejection = why.map(String::into_boxed_str);
+        }
+    }
+
+    /// Shows why the layer keeps endpoint `id` in although a policy judged it an outlier, or
+    /// (`None`) that it no longer does.
+    pub(crate) fn refused(&self, roster: u64, id: u64, why: Option<String>) {
+        let mut rosters = self.rosters.lock();
+        let Some(roster) = rosters.get_mut(&roster) else {
+            return;
+        };
+        if !roster.endpoints.contains_key(&id) {
+            return;
+        }
+        match (roster.standings.entry(id), why) {
+            (hash_map::Entry::Occupied(standing), why) => {
+                standing.into_mut().refused = why.map(String::into_boxed_str);
+            }
+            (hash_map::Entry::Vacant(vacant), Some(why)) => {
+                vacant.insert(Box::new(Standing {
+                    refused: Some(why.into_boxed_str()),
+                    ..Standing::INITIAL
+                }));
+            }
+            (hash_map::Entry::Vacant(_), None) => {}
+        }
+    }
 }
 
 impl fmt::Debug for Monitor {
@@ -519,10 +589,13 @@ mod tests {
                 in_flight: 0,
                 weight: 1.0,
                 absolute_weight: None,
+                avoided_for: None,
+                refused: None,
                 degraded: false,
             }],
             rules_version: 3,
             rules_error: None,
+            no_ejection: None,
         };
         let json = serde_json::to_value(&snapshot).unwrap();
         assert_eq!(json["endpoints"][0]["key"], "10.0.0.7:8080");

@@ -276,7 +276,9 @@ where
         let Some(entry) = self.entries.get(key) else {
             return;
         };
-        self.refused.remove(&entry.id);
+        if self.refused.remove(&entry.id).is_some() {
+            self.registry.refused(self.roster, entry.id, None);
+        }
         let shared = entry.shared.clone();
         self.seed_rtt(&shared.record);
         let Some(entry) = self.entries.get_mut(key) else {
