@@ -31,7 +31,7 @@ use tower_outlier::{
     OutlierDetectionLayer,
 };
 
-use sim::{Backend, Event, Fault, Log, Request, Scenario, Schedule, World};
+use sim::{Backend, Event, Fault, Log, Request, Scenario, Schedule, World, BIN};
 
 const SEED: u64 = 0x5EED_0F0D_7EC7;
 /// When the fault starts in every scenario (seconds): the fleet has a measured history by then.
@@ -60,9 +60,13 @@ enum Config {
     Grpc,
     /// linkerd's defaults: 7 consecutive failures, back-off from 1 s to 60 s, one probe request.
     Linkerd,
+    /// `DetectorConfig::recommended()` with an active probe, as the README recommends.
+    Recommended,
+    /// `DetectorConfig::recommended()` recovering by probation (one real request) instead.
+    RecommendedPassive,
 }
 
-const CONFIGS: [Config; 11] = [
+const CONFIGS: [Config; 13] = [
     Config::Baseline,
     Config::Edas,
     Config::EdasProbe,
@@ -74,6 +78,8 @@ const CONFIGS: [Config; 11] = [
     Config::EnvoyMax50,
     Config::Grpc,
     Config::Linkerd,
+    Config::Recommended,
+    Config::RecommendedPassive,
 ];
 
 impl Config {
@@ -90,6 +96,8 @@ impl Config {
             Config::EnvoyMax50 => "Envoy preset, max_ejection_percent 50",
             Config::Grpc => "gRPC preset",
             Config::Linkerd => "linkerd preset",
+            Config::Recommended => "recommended + active probe",
+            Config::RecommendedPassive => "recommended, passive",
         }
     }
 
@@ -125,6 +133,9 @@ impl Config {
             Config::EnvoyMax50 => detectors(DetectorConfig::envoy().max_ejection_percent(50)),
             Config::Grpc => detectors(DetectorConfig::grpc()),
             Config::Linkerd => detectors(DetectorConfig::linkerd()),
+            Config::Recommended | Config::RecommendedPassive => {
+                detectors(DetectorConfig::recommended())
+            }
         })
     }
 }
@@ -175,6 +186,24 @@ fn scenarios() -> Vec<Scenario> {
                 up: 6.0,
             },
             ..scenario("flapping (down 7 s, up 6 s)", &[0], Fault::Down)
+        },
+        Scenario {
+            schedule: Schedule::Window {
+                start: FAULT_AT,
+                end: Some(FAULT_AT + 20.0),
+            },
+            ..scenario("recovery (down 20 s, then healthy)", &[0], Fault::Down)
+        },
+        Scenario {
+            schedule: Schedule::Window {
+                start: FAULT_AT,
+                end: Some(FAULT_AT + 20.0),
+            },
+            ..scenario(
+                "recovery from a black hole (20 s, then healthy)",
+                &[0],
+                Fault::BlackHole,
+            )
         },
         scenario("two of five down", &[0, 1], Fault::Down),
         scenario("two of five black holes", &[0, 1], Fault::BlackHole),
@@ -229,7 +258,7 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
                 )
                 .await;
             }
-            Some(layer) if config == Config::EdasProbe => {
+            Some(layer) if matches!(config, Config::EdasProbe | Config::Recommended) => {
                 // The check is one request of the caller's kind, sent through a clone of the
                 // ejected endpoint's service; no caller's request is risked on it.
                 let layer = layer.probe(request_probe(Request::default, NetworkErrors));
@@ -282,6 +311,8 @@ struct Row {
     false_out_secs: f64,
     goodput: f64,
     shares: String,
+    back_after: String,
+    p99_ms: f64,
 }
 
 fn measure(scenario: &Scenario, log: &Log) -> Row {
@@ -357,6 +388,31 @@ fn measure(scenario: &Scenario, log: &Log) -> Row {
         .map(|&c| format!("{:.1}", 100.0 * c as f64 / total.max(1) as f64))
         .collect::<Vec<_>>()
         .join(" / ");
+    // Half its share back: the first second after the fault ended in which the first bad
+    // endpoint got at least half of a fair share of the calls sent in it.
+    let back_after = match scenario.schedule {
+        Schedule::Window { end: Some(end), .. } if !scenario.bad.is_empty() => {
+            let bad = scenario.bad[0];
+            let first = (end / BIN) as usize;
+            (first..log.bins[bad].len())
+                .find(|&bin| {
+                    let all: u32 = log.bins.iter().map(|b| b[bin]).sum();
+                    all > 0
+                        && f64::from(log.bins[bad][bin])
+                            >= 0.5 * f64::from(all) / scenario.endpoints as f64
+                })
+                .map_or_else(
+                    || "never".to_string(),
+                    |bin| format!("{:.0} s", (bin + 1) as f64 * BIN - end),
+                )
+        }
+        _ => "—".to_string(),
+    };
+    let mut latencies = log.latencies.clone();
+    latencies.sort_by(f64::total_cmp);
+    let p99_ms = latencies
+        .get((latencies.len().saturating_sub(1) as f64 * 0.99).round() as usize)
+        .map_or(0.0, |l| l * 1e3);
     Row {
         failed: log.failed,
         failed_from_bad: log.failed_from_bad,
@@ -366,6 +422,8 @@ fn measure(scenario: &Scenario, log: &Log) -> Row {
         false_out_secs,
         goodput: 100.0 * log.succeeded as f64 / scheduled as f64,
         shares,
+        back_after,
+        p99_ms,
     }
 }
 
@@ -387,9 +445,9 @@ fn table(scenario: &Scenario, out: &mut String) {
     );
     let _ = writeln!(
         out,
-        "| configuration | failed to callers | of them from bad | sent before 1st ejection | time to eject | false ejections (time out) | goodput | share per endpoint (%) |"
+        "| configuration | failed to callers | of them from bad | sent before 1st ejection | time to eject | false ejections (time out) | goodput | callers' p99 | half share back after heal | share per endpoint (%) |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut baseline_failed = None;
     for config in CONFIGS {
         let log = run(scenario, config, false);
@@ -412,7 +470,7 @@ fn table(scenario: &Scenario, out: &mut String) {
         };
         let _ = writeln!(
             out,
-            "| {} | {}{change} | {} | {} | {} | {} ({:.0} s) | {:.2} % | {} |",
+            "| {} | {}{change} | {} | {} | {} | {} ({:.0} s) | {:.2} % | {:.1} ms | {} | {} |",
             config.name(),
             row.failed,
             row.failed_from_bad,
@@ -421,6 +479,8 @@ fn table(scenario: &Scenario, out: &mut String) {
             row.false_ejections,
             row.false_out_secs,
             row.goodput,
+            row.p99_ms,
+            row.back_after,
             row.shares
         );
     }
@@ -487,7 +547,7 @@ fn main() {
     println!("\nwrote {path}");
 
     let incident = plot::incident_scenario();
-    let log = run(&incident, Config::Edas, true);
+    let log = run(&incident, Config::Recommended, true);
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/detection/incident.svg");
     plot::draw(&incident, &log, path).expect("the picture is written");
     println!("\nwrote {path}");

@@ -7,9 +7,9 @@ use plotters::prelude::*;
 
 use crate::sim::{Event, Fault, Log, Scenario, Schedule, BIN};
 
-/// Endpoint #0 refuses connections from 10 s to 60 s; the EDAS preset (30 s recovery unit) ejects
-/// it, tries it again one unit later while it is still down, and two units after that, once it
-/// has healed.
+/// Endpoint #0 refuses connections from 10 s to 60 s; the recommended configuration ejects it at
+/// its third failure, probes it every 1 to 5 s while it is down (no caller's request), and
+/// re-admits it at the first probe after it healed.
 pub fn incident_scenario() -> Scenario {
     Scenario {
         name: "incident",
@@ -33,7 +33,7 @@ pub fn draw(scenario: &Scenario, log: &Log, path: &str) -> Result<(), Box<dyn st
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "Share of requests per endpoint, EDAS preset: #0 refuses connections from 10 s to 60 s",
+            "Share of requests per endpoint, recommended + active probe: #0 refuses connections from 10 s to 60 s",
             ("sans-serif", 18),
         )
         .margin(12)

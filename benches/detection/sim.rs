@@ -134,6 +134,8 @@ pub struct Log {
     pub bad_failures_sent_at: Vec<f64>,
     /// Requests the balancer could not take before the run ended (it had no ready endpoint).
     pub unsent: u64,
+    /// Every answered request's latency (seconds), for the callers' percentiles.
+    pub latencies: Vec<f64>,
     /// `(seconds, endpoint, event)`: every removal from and re-insertion into the balancer's set
     /// after the initial inserts, and (where the run samples the monitor) passed trials.
     pub events: Vec<(f64, usize, Event)>,
@@ -163,6 +165,7 @@ impl World {
                 failed_from_bad: 0,
                 bad_failures_sent_at: Vec::new(),
                 unsent: 0,
+                latencies: Vec::new(),
                 events: Vec::new(),
                 nth_call: vec![0; n],
             }),
@@ -342,8 +345,10 @@ where
         world.log.lock().unwrap().sent += 1;
         answers.spawn(async move {
             let ok = answer.await.is_ok();
+            let latency = world.elapsed() - sent_at;
             let endpoint = served_by.load(Ordering::Relaxed);
             let mut log = world.log.lock().unwrap();
+            log.latencies.push(latency);
             if ok {
                 log.succeeded += 1;
             } else {

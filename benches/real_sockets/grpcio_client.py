@@ -49,6 +49,9 @@ def main():
     options = [
         ("grpc.service_config", json.dumps(service_config)),
         ("grpc.enable_retries", 0),
+        # The target lists every backend; its text ("127.0.0.1:a,127.0.0.1:b") is not a valid
+        # :authority, which the backends' HTTP/2 server refuses.
+        ("grpc.default_authority", "backends"),
     ]
     target = "ipv4:" + args.targets
     channel = grpc.insecure_channel(target, options=options)
@@ -56,6 +59,10 @@ def main():
     check = channel.unary_unary(
         METHOD, request_serializer=None, response_deserializer=None
     )
+    try:
+        check(REQUEST, timeout=args.timeout)
+    except grpc.RpcError as error:
+        print(f"grpcio: a first call failed: {error.code()} {error.details()}", file=sys.stderr)
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         sys.exit("expected go")

@@ -39,9 +39,12 @@ const PROBING: u8 = 3;
 // The probe failed: every call is held until the layer ejects the endpoint or refuses to.
 const SHUT: u8 = 4;
 
-// The most calls a streak asks the balancer for at once: enough for the presets' thresholds (5,
-// 7) in one round, and a bound on what a large threshold could pull into a black hole.
-const MOST_CALLS_WANTED: u64 = 8;
+// The most calls a streak asks the balancer for at once: one, the next of the streak. An endpoint
+// failing every call is judged as fast (each failure comes fast and asks for the next), and a
+// gray one, whose streaks a success breaks, is not sent a burst that would mostly fail: with the
+// remaining calls asked at once linkerd's 7 in a row pulled a 30 % gray failure to 23.9 % of the
+// traffic (1 718 failed requests against 1 492 with no detection).
+const MOST_CALLS_WANTED: u64 = 1;
 
 /// One endpoint's state under a [`DetectorPolicy`](crate::DetectorPolicy).
 pub struct DetectorEndpoint {

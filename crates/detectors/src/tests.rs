@@ -158,11 +158,17 @@ fn enforcement_zero_counts_but_never_ejects() {
 }
 
 #[test]
-fn a_streak_wants_exactly_its_remaining_calls() {
+fn a_streak_wants_its_next_call() {
     let endpoint = policy(DetectorConfig::envoy()).endpoint();
     assert_eq!(endpoint.calls_wanted(SECOND), 0);
     signals(&endpoint, &[E500, E500]);
-    assert_eq!(endpoint.calls_wanted(SECOND), 3);
+    assert_eq!(
+        endpoint.calls_wanted(SECOND),
+        1,
+        "the next call of the streak"
+    );
+    signals(&endpoint, &[E500, E500]);
+    assert_eq!(endpoint.calls_wanted(SECOND), 1);
     signals(&endpoint, &[OK]);
     assert_eq!(
         endpoint.calls_wanted(SECOND),
@@ -172,7 +178,7 @@ fn a_streak_wants_exactly_its_remaining_calls() {
     signals(&endpoint, &[TIMEOUT]);
     assert_eq!(
         endpoint.calls_wanted(SECOND),
-        4,
+        1,
         "the policy counts timeouts too; the layer asks only after a fast failure"
     );
 }

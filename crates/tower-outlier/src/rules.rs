@@ -15,7 +15,9 @@
 //! decides which results are failures ([`classify`](crate::classify)): EDAS counts network
 //! exceptions, or network exceptions and HTTP 5xx; HSF lets a predicate decide; SOFARPC counts
 //! timeouts and overload only. A gRPC status may arrive in the trailers, so a classifier may
-//! decide when the response body ends.
+//! decide when the response body ends. Overload (503, gRPC UNAVAILABLE) is judged like any other
+//! failure: behind a proxy or a mesh it is also what a dead upstream looks like (Envoy's "no
+//! healthy upstream", a gRPC server going away).
 //!
 //! # 2. Error-rate ejection (EDAS, HSF)
 //!
@@ -35,6 +37,11 @@
 //!   `always_eject_one_host`; gRPC's rounds up (an ejection is allowed while fewer than
 //!   `n × ratio` are out, so the first always is).
 //! * The last available endpoint is never ejected.
+//! * A refusal is said in the log and in the monitor
+//!   ([`EndpointSnapshot::refused`](crate::EndpointSnapshot), with the budget's arithmetic:
+//!   "ejection budget of 1 for 5 endpoints at 20 % is spent"); a budget that allows no ejection at
+//!   all for the fleet, once ([`Snapshot::no_ejection`](crate::Snapshot): "ejection budget of 0
+//!   for 3 endpoints at 20 %").
 //! * An ejection the rules refuse is retried when they may allow it (the set grows, an endpoint
 //!   comes back). If the upstream removes endpoints so that more are out than the budget allows,
 //!   or none is left in, endpoints come back on trial until the rules hold: first those being
@@ -104,13 +111,32 @@
 //! * Each endpoint's [`Load`](tower::load::Load) is (latency estimate + 1 µs) × (calls in
 //!   flight + 1) ÷ relative weight ([`Cost`](crate::Cost)). The latency estimate is a
 //!   peak-sensitive moving average that decays toward zero while the endpoint is idle (10 s time
-//!   constant).
-//! * **Evidence.** While an endpoint's last call failed (other than by overload) and a policy
-//!   needs more calls to judge it (an error rate above the threshold on fewer calls than the
-//!   minimum), its load is zero until that many calls are in flight — only while the layer
-//!   could eject it, and not when a policy lowered its weight.
-//! * **Exploration.** An endpoint whose last call succeeded and that lost 16 power-of-two-choices
-//!   draws in a row wins the next one (at most 1 in 17 of its draws).
+//!   constant), with three rules of its own:
+//!   * **The first call** after the endpoint joins or is re-admitted moves the estimate an eighth
+//!     of the way to its latency, never as a peak: it may have set up the connection (TCP, TLS,
+//!     an HTTP/2 handshake, 1.5 to 43 ms against 0.1 ms warm calls on loopback). A first call that
+//!     times out is taken as it is.
+//!   * **A fast failure** (any failure but a timeout: a refused connection, a reset, a 5xx, a
+//!     gRPC error status) doubles the estimate, from at least 1 µs and up to 16 times what it was
+//!     before the failures began, or takes the failure's own latency if longer. Failing fast
+//!     never makes an endpoint the balancer's cheapest pick.
+//!   * **The first success** after failures restores the estimate from before them.
+//! * **Evidence.** While an endpoint's last call failed fast, a policy needs more calls to judge
+//!   it (the rest of a streak of consecutive failures; an error rate above the threshold on fewer
+//!   calls than the minimum), and the layer could eject it (budget and last endpoint, section 3),
+//!   its load is zero until that many calls are in flight: exactly the failures the policy asks
+//!   for. Never after a timeout (each call would cost a caller a timeout, and the balancer
+//!   already routes around the endpoint), never for a detector that judges on a timer, never when
+//!   a policy lowered the endpoint's weight.
+//! * **Avoided.** An endpoint whose last call failed, with none in flight and none completed for
+//!   a second or more, is shown avoided ([`EndpointSnapshot::avoided_for`](crate::EndpointSnapshot)):
+//!   the balancer routes around it and no policy has judged it. It gets a call again as its
+//!   estimate decays, and its first success restores its share.
+//! * **Exploration.** An endpoint whose estimate rests on one slow call far above a fresh
+//!   estimate (4 times or more), which no later call has confirmed, wins a power-of-two-choices
+//!   draw after losing 16 in a row: a healthy endpoint's one slow call does not shut it out for
+//!   the estimate's decay time. A genuinely slow endpoint's next slow call confirms it, so it gets
+//!   no more traffic than p2c alone gives it.
 //!
 //! # 8. Upstream changes
 //!
