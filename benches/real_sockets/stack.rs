@@ -74,9 +74,9 @@ impl Preset {
 
     fn policy(self) -> Arc<dyn PolicyFactory> {
         match self {
-            Preset::Recommended => {
-                Arc::new(|| DetectorPolicy::new(DetectorConfig::linkerd().build().expect("valid")))
-            }
+            Preset::Recommended => Arc::new(|| {
+                DetectorPolicy::new(DetectorConfig::recommended().build().expect("valid"))
+            }),
             Preset::Edas => Arc::new(|| {
                 ErrorRatePolicy::new(ErrorRateConfig::edas_spring_cloud().build().expect("valid"))
             }),

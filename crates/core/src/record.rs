@@ -127,15 +127,15 @@ const LAST_TIMED_OUT: u8 = 2;
 // No call has been sampled since the endpoint was made or re-admitted: the first one may carry a
 // connection's set-up (TCP, TLS, an HTTP/2 handshake), which says nothing of the endpoint's speed.
 const FRESH: u8 = 0b100;
-// The estimate rests on one slow sample that jumped far above a fresh estimate, not confirmed
-// by another: a healthy endpoint's one slow call. The balancer may explore such an endpoint.
+// The estimate rests on one slow sample that jumped above a fresh estimate, not confirmed by
+// another: a healthy endpoint's one slow call, or a connection's handshake. The balancer may
+// explore such an endpoint: p2c never picks the costliest of three endpoints, so left to the
+// estimate's decay (10 s time constant) it would get nothing for seconds, whatever its speed.
 const PEAK_UNCONFIRMED: u8 = 0b1000;
 
-// A sample this many times a fresh estimate is a jump worth confirming before the endpoint is
-// left to the estimate's decay.
-const PEAK_JUMP: u64 = 4;
-// An estimate sampled within this long is fresh enough for a jump above it to be one slow call.
-const PEAK_FRESH: Nanos = 1_000_000_000;
+// A sample more than this many times a fresh estimate is a jump to confirm; a later sample more
+// than this many times the estimate before the jump confirms it (the endpoint is slow).
+const PEAK_JUMP: u64 = 2;
 // A failed call raises the estimate to at least this multiple of what it was ...
 const FAILURE_STEP: u64 = 2;
 // ... up to this multiple of the estimate before the failures began: past it, the endpoint
@@ -173,8 +173,9 @@ pub struct EndpointRecord {
 struct Latency {
     rtt_nanos: AtomicU64,
     last_sample: AtomicU64,
-    // The estimate when the current streak of failures began: restored by the first success.
-    before_failures: AtomicU64,
+    // The estimate before the current streak of failures began (restored by the first success),
+    // or before an unconfirmed peak (what a confirming sample is measured against).
+    anchor: AtomicU64,
     // `LAST_*`, `FRESH`, `PEAK_UNCONFIRMED`. Written only when it changes, so steady success or
     // steady failure costs one load per call; it sits on the line completions already write, away
     // from the read-mostly fields.
@@ -211,7 +212,7 @@ impl EndpointRecord {
             latency: Latency {
                 rtt_nanos: AtomicU64::new(0),
                 last_sample: AtomicU64::new(now),
-                before_failures: AtomicU64::new(0),
+                anchor: AtomicU64::new(0),
                 flags: AtomicU8::new(LAST_SUCCEEDED | FRESH),
             },
             weight: AtomicU64::new(1.0f64.to_bits()),
@@ -243,8 +244,8 @@ impl EndpointRecord {
             self.latency.last_sample.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
-        next.latency.before_failures.store(
-            self.latency.before_failures.load(Ordering::Relaxed),
+        next.latency.anchor.store(
+            self.latency.anchor.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
         next.latency.flags.store(
@@ -431,7 +432,8 @@ impl EndpointRecord {
         let (next, flags_next) =
             if flags & (FRESH | LAST_MASK) == LAST_SUCCEEDED && last == LAST_SUCCEEDED {
                 // The steady state: a success after a success.
-                (peak_ewma(old, rtt), peak_flags(flags, old, rtt, idle))
+                let next = peak_ewma(old, rtt);
+                (next, self.peak_flags(flags, old, next, rtt))
             } else {
                 self.sample_unusual(flags, old, rtt, last)
             };
@@ -449,12 +451,34 @@ impl EndpointRecord {
         }
     }
 
+    /// `PEAK_UNCONFIRMED` after a success of latency `rtt` moved the estimate from `old` to `next`.
+    /// Set by a jump above the estimate, remembering the estimate before it; cleared by a sample
+    /// that jumps as far above that (the endpoint is slow: a genuinely slow endpoint that p2c
+    /// tries again as its estimate decays gets one explored call more, no more), or once the
+    /// estimate is back within a quarter of it. An endpoint starved by p2c is sampled rarely, so
+    /// one noisy sample must not be enough to keep it out.
+    #[inline]
+    fn peak_flags(&self, flags: u8, old: u64, next: u64, rtt: u64) -> u8 {
+        if flags & PEAK_UNCONFIRMED != 0 {
+            let anchor = self.latency.anchor.load(Ordering::Relaxed);
+            let confirmed = rtt > anchor.saturating_mul(PEAK_JUMP);
+            let settled = next.saturating_mul(4) <= anchor.saturating_mul(5);
+            if confirmed || settled {
+                return flags & !PEAK_UNCONFIRMED;
+            }
+        } else if old > 0 && rtt > old.saturating_mul(PEAK_JUMP) {
+            self.latency.anchor.store(old, Ordering::Relaxed);
+            return flags | PEAK_UNCONFIRMED;
+        }
+        flags
+    }
+
     /// The estimate and flags after a sample that is not a success following a success: the
     /// first sample of a fresh endpoint, a failure, or the success that ends failures.
     #[cold]
     fn sample_unusual(&self, flags: u8, old: u64, rtt: u64, last: u8) -> (u64, u8) {
-        let before_failures = &self.latency.before_failures;
-        let next_flags = (flags & !(LAST_MASK | FRESH)) | last;
+        let anchor = &self.latency.anchor;
+        let mut next_flags = (flags & !(LAST_MASK | FRESH)) | last;
         let next = if flags & FRESH != 0 && last != LAST_TIMED_OUT {
             // The first call may have set up the connection: it moves the estimate as an
             // ordinary average would, without the peak rule. (A timeout is taken as it is: a black
@@ -465,24 +489,31 @@ impl EndpointRecord {
                 old - (old - rtt) / 8
             };
             if last == LAST_FAILED {
-                before_failures.store(blended, Ordering::Relaxed);
+                anchor.store(blended, Ordering::Relaxed);
+            } else if old > 0 && rtt > old.saturating_mul(PEAK_JUMP) {
+                // Even an eighth of a handshake can make the endpoint the costliest pick.
+                anchor.store(old, Ordering::Relaxed);
+                next_flags |= PEAK_UNCONFIRMED;
             }
-            blended
+            return (blended, next_flags);
         } else if last == LAST_SUCCEEDED {
             // The first success after failures: the endpoint is back, at the speed it had before
             // they began (their penalties and timeouts say nothing of it).
-            let before = before_failures.load(Ordering::Relaxed);
+            let before = anchor.load(Ordering::Relaxed);
             peak_ewma(old.min(before.max(rtt)), rtt)
         } else {
-            if flags & LAST_MASK == LAST_SUCCEEDED {
-                before_failures.store(old, Ordering::Relaxed);
+            // A failure ends an unconfirmed peak, whose anchor (the estimate before it) is then
+            // the estimate before the failures too.
+            if flags & (LAST_MASK | PEAK_UNCONFIRMED) == LAST_SUCCEEDED {
+                anchor.store(old, Ordering::Relaxed);
             }
+            next_flags &= !PEAK_UNCONFIRMED;
             if last == LAST_TIMED_OUT {
                 peak_ewma(old, rtt)
             } else {
                 // A fast failure must not make the endpoint the balancer's cheapest pick: each one
                 // doubles the estimate (from at least a microsecond), up to a cap.
-                let cap = before_failures
+                let cap = anchor
                     .load(Ordering::Relaxed)
                     .max(1_000)
                     .saturating_mul(FAILURE_CAP);
@@ -563,7 +594,7 @@ impl EndpointRecord {
         };
         self.latency.rtt_nanos.store(rtt, Ordering::Relaxed);
         self.latency.last_sample.store(now, Ordering::Relaxed);
-        self.latency.before_failures.store(rtt, Ordering::Relaxed);
+        self.latency.anchor.store(rtt, Ordering::Relaxed);
         // Its next call may set up a connection again.
         self.latency.flags.fetch_or(FRESH, Ordering::Relaxed);
     }
@@ -618,25 +649,6 @@ impl EndpointRecord {
             .flags
             .store(flags & !(LAST_MASK | PEAK_UNCONFIRMED), Ordering::Relaxed);
     }
-}
-
-/// `PEAK_UNCONFIRMED` after a success of latency `rtt` on the estimate `old`, `idle` after the
-/// last sample: set by a jump far above an estimate that was fresh when the call began (not an
-/// idle endpoint's decayed one: that is how a balancer tries a slow endpoint again), cleared by a
-/// sample that confirms the endpoint is slow.
-#[inline]
-fn peak_flags(flags: u8, old: u64, rtt: u64, idle: Nanos) -> u8 {
-    if flags & PEAK_UNCONFIRMED != 0 {
-        if rtt.saturating_mul(2) >= old {
-            return flags & !PEAK_UNCONFIRMED;
-        }
-    } else if idle.saturating_sub(rtt) < PEAK_FRESH
-        && old > 0
-        && rtt > old.saturating_mul(PEAK_JUMP)
-    {
-        return flags | PEAK_UNCONFIRMED;
-    }
-    flags
 }
 
 /// The peak-sensitive moving average: a sample above the estimate replaces it, one below moves
@@ -855,7 +867,7 @@ mod tests {
     }
 
     #[test]
-    fn one_slow_call_on_a_fresh_estimate_is_a_peak_to_confirm() {
+    fn one_slow_call_is_a_peak_to_confirm() {
         let record = warm_record();
         let now = record.clock().now();
         record.seed_rtt(MS as f64, now);

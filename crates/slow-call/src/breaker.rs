@@ -382,7 +382,19 @@ impl Breaker {
             counts,
         };
         for observer in self.observers.iter() {
-            observer(&change);
+            // Observers are user code, run where the state changes: on a caller's task, or as a
+            // probe is admitted. A panic must not leave the state half changed (HALF_OPEN with
+            // no probe to decide it): it is caught and logged.
+            let observe = std::panic::AssertUnwindSafe(|| observer(&change));
+            if let Err(panic) = std::panic::catch_unwind(observe) {
+                tracing::error!(
+                    target: "tower_outlier::breaker",
+                    %from,
+                    %to,
+                    panic = panic_text(&*panic),
+                    "a state observer panicked"
+                );
+            }
         }
     }
 
@@ -390,6 +402,15 @@ impl Breaker {
     pub fn open_duration(&self) -> Duration {
         Duration::from_nanos(self.open_nanos)
     }
+}
+
+/// The message a panic carried, if it was text.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not text)")
 }
 
 struct StrategyDisplay(Strategy);

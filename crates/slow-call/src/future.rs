@@ -92,12 +92,28 @@ where
             KindProj::Called { future } => {
                 let result = std::task::ready!(future.poll(cx));
                 if let Some(mut completion) = this.completion.take() {
+                    let shared = &completion.lane.shared;
+                    let now = shared.clock.now();
+                    // The classifier is user code. One that panics leaves the call unrecorded;
+                    // the guard, still armed, gives a probe's slot back as it drops.
+                    let classify = std::panic::AssertUnwindSafe(|| {
+                        shared.classifier.classify(result.as_ref())
+                    });
+                    let outcome = match std::panic::catch_unwind(classify) {
+                        Ok(outcome) => outcome,
+                        Err(panic) => {
+                            tracing::error!(
+                                target: "tower_outlier::breaker",
+                                panic = crate::breaker::panic_text(&*panic),
+                                "the classifier panicked: the call is not recorded"
+                            );
+                            return Poll::Ready(result.map_err(Into::into));
+                        }
+                    };
                     // Disarm the drop guard: this completion reports itself.
                     let admission =
                         std::mem::replace(&mut completion.admission, Admission::Rejected);
                     let shared = &completion.lane.shared;
-                    let now = shared.clock.now();
-                    let outcome = shared.classifier.classify(result.as_ref());
                     if outcome == Outcome::Cancelled {
                         if admission == Admission::Probe {
                             shared.breaker.probe_cancelled(now);

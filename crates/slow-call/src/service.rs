@@ -137,6 +137,25 @@ impl<S, C> CircuitBreaker<S, C> {
     }
 }
 
+/// Gives the probe slot back unless disarmed (the response future then holds the duty).
+struct ProbeSlot<C> {
+    shared: Option<Arc<Shared<C>>>,
+}
+
+impl<C> ProbeSlot<C> {
+    fn disarm(mut self) {
+        self.shared = None;
+    }
+}
+
+impl<C> Drop for ProbeSlot<C> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.breaker.probe_cancelled(shared.clock.now());
+        }
+    }
+}
+
 impl<S: Clone, C> Clone for CircuitBreaker<S, C> {
     fn clone(&self) -> Self {
         CircuitBreaker {
@@ -182,7 +201,13 @@ where
                 ResponseFuture::rejected(BrokenCircuit::new(shared.breaker.state()))
             }
             admission => {
+                // The probe slot is taken: should the inner service panic in `call`, the slot
+                // goes back, or the breaker would stay HALF_OPEN with no probe to decide it.
+                let slot = ProbeSlot {
+                    shared: (admission == Admission::Probe).then(|| self.lane.shared.clone()),
+                };
                 let future = self.inner.call(request);
+                slot.disarm();
                 ResponseFuture::called(future, self.lane(), admission, now)
             }
         }

@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::future::{AbortHandle, Abortable};
+use futures::future::{AbortHandle, Abortable, FutureExt};
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
@@ -202,7 +202,7 @@ fn poll_events<K, S, C, P>(
             if sleep.as_mut().poll(cx).is_ready() {
                 *timer_at = None;
                 engine.advance(Instant::now(), &mut |key, service| {
-                    probe.probe(key, service.clone())
+                    start_user_probe(probe, key, service)
                 });
                 progressed = true;
             }
@@ -228,6 +228,30 @@ fn poll_events<K, S, C, P>(
     }
 }
 
+/// The user's probe for `key`; a probe that panics while it starts is a check that failed.
+fn start_user_probe<K, S, P>(
+    probe: &mut P,
+    key: &K,
+    service: &S,
+) -> Option<crate::probe::ProbeFuture>
+where
+    S: Clone,
+    P: Probe<K, S>,
+{
+    let start = std::panic::AssertUnwindSafe(|| probe.probe(key, service.clone()));
+    match std::panic::catch_unwind(start) {
+        Ok(started) => started,
+        Err(panic) => {
+            tracing::error!(
+                target: "tower_outlier",
+                panic = crate::events::panic_text(&*panic),
+                "a probe panicked as it started: counted as a failed check"
+            );
+            Some(Box::pin(std::future::ready(false)))
+        }
+    }
+}
+
 fn start_probe<K: Send + 'static>(
     start: ProbeStart<K>,
     probes: &mut FuturesUnordered<ProbeTask<K>>,
@@ -241,7 +265,21 @@ fn start_probe<K: Send + 'static>(
     } = start;
     let (abort, registration) = AbortHandle::new_pair();
     let task: Pin<Box<dyn Future<Output = (K, u64, bool)> + Send>> = Box::pin(async move {
-        let healthy = tokio::time::timeout(timeout, probe).await.unwrap_or(false);
+        // The probe is user code polled inside the balancer's `poll_ready` (behind `Buffer`, in
+        // its worker): a panic is a failed check, logged, never the caller's service gone.
+        let probe = std::panic::AssertUnwindSafe(probe).catch_unwind();
+        let healthy = match tokio::time::timeout(timeout, probe).await {
+            Ok(Ok(healthy)) => healthy,
+            Ok(Err(panic)) => {
+                tracing::error!(
+                    target: "tower_outlier",
+                    panic = crate::events::panic_text(&*panic),
+                    "a probe panicked: counted as a failed check"
+                );
+                false
+            }
+            Err(_) => false,
+        };
         (key, id, healthy)
     });
     probes.push(Abortable::new(task, registration));

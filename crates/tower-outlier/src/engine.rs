@@ -621,14 +621,8 @@ where
         let tracked = self.registry.remove(self.roster, entry.id);
         self.refused.remove(&entry.id);
         self.mirror_refused.remove(&entry.id);
-        if let Some(tracked) = tracked {
-            let status = entry.status().public();
-            self.registry.events.emit(|| Event::Removed {
-                key: tracked.key,
-                status,
-            });
-        }
-        match entry.status() {
+        let status = entry.status();
+        match status {
             Status::Available | Status::Trial { .. } => {
                 self.queue.push_back(Change::Remove(key.clone()));
             }
@@ -643,6 +637,14 @@ where
         }
         if let Some(sharing) = &mut self.sharing {
             sharing.hosts.remove(&entry.id);
+        }
+        // Once the engine's state is complete: a callback reading a snapshot sees the removal.
+        if let Some(tracked) = tracked {
+            let status = status.public();
+            self.registry.events.emit(|| Event::Removed {
+                key: tracked.key,
+                status,
+            });
         }
         self.enforce_budget(now);
         self.retry_refused(now);
@@ -913,6 +915,13 @@ impl<K, S, C> Drop for Engine<K, S, C> {
     fn drop(&mut self) {
         // The monitor outlives the adaptor; it must not keep listing endpoints nobody tracks.
         let mut tracked = self.registry.leave(self.roster);
+        if let Some(sharing) = &self.sharing {
+            sharing.registry.leave(sharing.member);
+        }
+        // No user code in a destructor run by an unwind (a second panic there would abort).
+        if std::thread::panicking() {
+            return;
+        }
         let mut gone: Vec<&Entry<S, C>> = self.entries.values().collect();
         gone.sort_unstable_by_key(|entry| entry.id);
         for entry in gone {
@@ -923,9 +932,6 @@ impl<K, S, C> Drop for Engine<K, S, C> {
                     status,
                 });
             }
-        }
-        if let Some(sharing) = &self.sharing {
-            sharing.registry.leave(sharing.member);
         }
     }
 }

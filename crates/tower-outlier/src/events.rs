@@ -317,7 +317,19 @@ impl EventHub {
         if callbacks {
             let callbacks = self.callbacks.lock().clone();
             for callback in callbacks {
-                callback(&event);
+                // A callback runs on the adaptor's task, inside the balancer's `poll_ready` (and
+                // behind `Buffer`, in its worker): a panic there would take the service down.
+                // It is caught, logged, and the next callbacks and subscribers still get the
+                // event.
+                let run = std::panic::AssertUnwindSafe(|| callback(&event));
+                if let Err(panic) = std::panic::catch_unwind(run) {
+                    tracing::error!(
+                        target: "tower_outlier",
+                        event = ?event,
+                        panic = panic_text(&*panic),
+                        "an on_event callback panicked; the event was still delivered to the others"
+                    );
+                }
             }
         }
         // A receiver may have subscribed while the callbacks ran.
@@ -326,4 +338,13 @@ impl EventHub {
             let _ = sender.send(event);
         }
     }
+}
+
+/// The message a panic carried, if it was text.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not text)")
 }

@@ -74,8 +74,15 @@ macro_rules! immediate {
 
             #[inline]
             fn complete(result: Result<Res, E>, recorder: Recorder<Self>) -> Result<Res, E> {
-                let outcome = recorder.classifier().classify(result.as_ref());
-                recorder.record(outcome);
+                // A classifier is user code: one that panics leaves the call unrecorded (as
+                // cancelled: its probe permits go back) and the caller gets the service's answer.
+                let classify = std::panic::AssertUnwindSafe(|| {
+                    recorder.classifier().classify(result.as_ref())
+                });
+                match std::panic::catch_unwind(classify) {
+                    Ok(outcome) => recorder.record(outcome),
+                    Err(panic) => classifier_panicked(&*panic),
+                }
                 result
             }
         }
@@ -88,6 +95,15 @@ immediate! {
     ServerErrors;
     Predicate<F>, F;
     ClassifyFn<F>, F;
+}
+
+#[cold]
+fn classifier_panicked(panic: &(dyn std::any::Any + Send)) {
+    tracing::error!(
+        target: "tower_outlier",
+        panic = crate::events::panic_text(panic),
+        "the classifier panicked: the call is not recorded"
+    );
 }
 
 /// One call's pending record: where and when to record its outcome, and the classifier.

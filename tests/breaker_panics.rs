@@ -1,0 +1,85 @@
+//! The standalone breaker survives user code that panics: a state observer that panics as the
+//! probe is admitted, a classifier that panics on the probe's answer. Before, either left the
+//! breaker HALF_OPEN for ever, rejecting every call.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower::{service_fn, Layer, Service, ServiceExt};
+use tower_outlier::classify::{classify_fn, FailureKind, Outcome};
+use tower_outlier::slow_call::{BreakerConfig, CircuitBreakerLayer, State};
+
+fn config() -> BreakerConfig {
+    BreakerConfig::error_count(0)
+        .min_requests(1)
+        .open_duration(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// A backend failing while `failing` is set.
+fn backend(
+    failing: Arc<AtomicBool>,
+) -> impl Service<
+    (),
+    Response = u32,
+    Error = std::io::Error,
+    Future = std::future::Ready<Result<u32, std::io::Error>>,
+> + Clone {
+    service_fn(move |()| {
+        std::future::ready(if failing.load(Ordering::SeqCst) {
+            Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+        } else {
+            Ok(7)
+        })
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_observer_that_panics_as_the_probe_is_admitted_does_not_strand_the_breaker() {
+    let failing = Arc::new(AtomicBool::new(true));
+    let layer = CircuitBreakerLayer::new(config()).on_state_change(|change| {
+        if change.to == State::HalfOpen {
+            panic!("an observer that cannot take HALF_OPEN");
+        }
+    });
+    let mut breaker = layer.layer(backend(failing.clone()));
+    assert!(breaker.ready().await.unwrap().call(()).await.is_err());
+    assert_eq!(breaker.state(), State::Open);
+    failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    // The probe goes through although its observer panicked, and closes the breaker.
+    assert_eq!(breaker.ready().await.unwrap().call(()).await.unwrap(), 7);
+    assert_eq!(breaker.state(), State::Closed);
+    assert_eq!(breaker.ready().await.unwrap().call(()).await.unwrap(), 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_classifier_that_panics_on_the_probe_gives_its_slot_back() {
+    let failing = Arc::new(AtomicBool::new(true));
+    let panic_once = Arc::new(AtomicBool::new(false));
+    let layer = CircuitBreakerLayer::new(config()).classifier(classify_fn({
+        let panic_once = panic_once.clone();
+        move |result: Result<&u32, &std::io::Error>| {
+            if panic_once.swap(false, Ordering::SeqCst) {
+                panic!("a classifier that cannot read this answer");
+            }
+            match result {
+                Ok(_) => Outcome::Success,
+                Err(_) => Outcome::Failure(FailureKind::Transport),
+            }
+        }
+    }));
+    let mut breaker = layer.layer(backend(failing.clone()));
+    assert!(breaker.ready().await.unwrap().call(()).await.is_err());
+    assert_eq!(breaker.state(), State::Open);
+    failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    panic_once.store(true, Ordering::SeqCst);
+    // The probe's answer reaches its caller; its classification panicked, so it decides nothing
+    // and the next call is the probe.
+    assert_eq!(breaker.ready().await.unwrap().call(()).await.unwrap(), 7);
+    assert_eq!(breaker.ready().await.unwrap().call(()).await.unwrap(), 7);
+    assert_eq!(breaker.state(), State::Closed);
+}
