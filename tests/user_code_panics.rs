@@ -73,7 +73,7 @@ async fn a_probe_that_panics_is_a_failed_check_not_a_dead_buffer() {
     let monitor = layer.monitor();
     let balancer = Buffer::new(Balance::new(layer.layer(announce(&services))), 64);
     backends[0].set_failing(true);
-    assert_eq!(send(&balancer, 20).await, 3, "three in a row eject #0");
+    assert_eq!(send(&balancer, 60).await, 3, "three in a row eject #0");
     assert_eq!(status(&monitor, 0), EndpointStatus::Ejected);
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_secs(3)).await;

@@ -133,6 +133,14 @@ const FRESH: u8 = 0b100;
 // estimate's decay (10 s time constant) it would get nothing for seconds, whatever its speed.
 const PEAK_UNCONFIRMED: u8 = 0b1000;
 
+// A success has been recorded since the endpoint joined or was re-admitted.
+const SERVED: u8 = 0b1_0000;
+// The last two calls failed: with `SERVED`, what it takes before calls are sent on purpose to
+// judge the endpoint. One failure of an endpoint that has served may be a gray endpoint's (some
+// calls failing, most not), and pulling a call to it after each would hold it at the traffic
+// p2c alone gives it.
+const REPEATED: u8 = 0b10_0000;
+
 // A sample more than this many times a fresh estimate is a jump to confirm; a later sample more
 // than this many times the estimate before the jump confirms it (the endpoint is slow).
 const PEAK_JUMP: u64 = 2;
@@ -142,6 +150,8 @@ const FAILURE_STEP: u64 = 2;
 // already loses every pairing with a healthy one, and the cap bounds how long its estimate takes
 // to decay once it heals (about 10 s × ln 16 ≈ 28 s).
 const FAILURE_CAP: u64 = 16;
+// The cap for an endpoint never measured, in nanoseconds.
+const UNMEASURED_FAILURE_CAP: u64 = 16_000_000;
 
 /// Everything the layer knows about one endpoint: its policies' state, its latency estimate and
 /// its relative weight.
@@ -176,7 +186,7 @@ struct Latency {
     // The estimate before the current streak of failures began (restored by the first success),
     // or before an unconfirmed peak (what a confirming sample is measured against).
     anchor: AtomicU64,
-    // `LAST_*`, `FRESH`, `PEAK_UNCONFIRMED`. Written only when it changes, so steady success or
+    // `LAST_*`, `FRESH`, `PEAK_UNCONFIRMED`, `SERVED`, `REPEATED`. Written only when it changes, so steady success or
     // steady failure costs one load per call; it sits on the line completions already write, away
     // from the read-mostly fields.
     flags: AtomicU8,
@@ -437,7 +447,18 @@ impl EndpointRecord {
             } else {
                 self.sample_unusual(flags, old, rtt, last)
             };
-        if flags_next != flags {
+        let flags_next = if last == LAST_SUCCEEDED {
+            (flags_next | SERVED) & !REPEATED
+        } else if flags & LAST_MASK != LAST_SUCCEEDED && flags & FRESH == 0 {
+            flags_next | REPEATED
+        } else {
+            flags_next
+        };
+        // After a failure the flags are stored even when unchanged: a success completing at the
+        // same time on another core may have just cleared them, and its restored estimate lost
+        // to this failure's penalty; the failure's flags then say what the estimate holds (the
+        // next success restores it). Failures are the rare path; successes store only changes.
+        if flags_next != flags || last != LAST_SUCCEEDED {
             self.latency.flags.store(flags_next, Ordering::Relaxed);
         }
         if !recent {
@@ -479,18 +500,22 @@ impl EndpointRecord {
     fn sample_unusual(&self, flags: u8, old: u64, rtt: u64, last: u8) -> (u64, u8) {
         let anchor = &self.latency.anchor;
         let mut next_flags = (flags & !(LAST_MASK | FRESH)) | last;
-        let next = if flags & FRESH != 0 && last != LAST_TIMED_OUT {
+        let next = if flags & FRESH != 0 && last == LAST_SUCCEEDED {
             // The first call may have set up the connection: it moves the estimate as an
-            // ordinary average would, without the peak rule. (A timeout is taken as it is: a black
-            // hole must not look fast.)
-            let blended = if rtt >= old {
+            // ordinary average would, without the peak rule. (A failure is no such sample: it
+            // takes the failure rules below, so that an endpoint refusing from its first call
+            // is not the cheapest pick, and a black hole does not look fast.)
+            let blended = if old == 0 {
+                // Never measured and not seeded (the fleet's first endpoints): nothing to average
+                // with, and an eighth of a 40 ms handshake is still fifty times a 0.1 ms call. The
+                // next call is the first sample.
+                0
+            } else if rtt >= old {
                 old + (rtt - old) / 8
             } else {
                 old - (old - rtt) / 8
             };
-            if last == LAST_FAILED {
-                anchor.store(blended, Ordering::Relaxed);
-            } else if old > 0 && rtt > old.saturating_mul(PEAK_JUMP) {
+            if old > 0 && rtt > old.saturating_mul(PEAK_JUMP) {
                 // Even an eighth of a handshake can make the endpoint the costliest pick.
                 anchor.store(old, Ordering::Relaxed);
                 next_flags |= PEAK_UNCONFIRMED;
@@ -504,7 +529,7 @@ impl EndpointRecord {
         } else {
             // A failure ends an unconfirmed peak, whose anchor (the estimate before it) is then
             // the estimate before the failures too.
-            if flags & (LAST_MASK | PEAK_UNCONFIRMED) == LAST_SUCCEEDED {
+            if flags & (LAST_MASK | PEAK_UNCONFIRMED) == LAST_SUCCEEDED || flags & FRESH != 0 {
                 anchor.store(old, Ordering::Relaxed);
             }
             next_flags &= !PEAK_UNCONFIRMED;
@@ -512,11 +537,15 @@ impl EndpointRecord {
                 peak_ewma(old, rtt)
             } else {
                 // A fast failure must not make the endpoint the balancer's cheapest pick: each one
-                // doubles the estimate (from at least a microsecond), up to a cap.
-                let cap = anchor
-                    .load(Ordering::Relaxed)
-                    .max(1_000)
-                    .saturating_mul(FAILURE_CAP);
+                // doubles the estimate (from at least a microsecond), up to a cap. An endpoint
+                // never measured (failing from its first call, before the fleet had an estimate
+                // to seed it with) has nothing to scale the cap by: 16 ms then.
+                let before = anchor.load(Ordering::Relaxed);
+                let cap = if before == 0 {
+                    UNMEASURED_FAILURE_CAP
+                } else {
+                    before.saturating_mul(FAILURE_CAP)
+                };
                 rtt.max(old.saturating_mul(FAILURE_STEP).max(1_000).min(cap))
             }
         };
@@ -559,15 +588,20 @@ impl EndpointRecord {
     /// calls at all (two relaxed loads, no window read).
     #[inline]
     pub fn may_want_calls(&self) -> bool {
-        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_FAILED
+        let flags = self.latency.flags.load(Ordering::Relaxed);
+        flags & LAST_MASK == LAST_FAILED
+            && (flags & REPEATED != 0 || flags & SERVED == 0)
             && self.notifier.room_to_eject()
     }
 
     /// How many more calls this endpoint should get before its policies can judge it: the most
     /// any policy wants ([`EndpointPolicy::calls_wanted`]). Asked only while the last call failed
     /// fast (any failure but a timeout: 503 and UNAVAILABLE included, which behind a proxy are what
-    /// a dead upstream looks like) and the layer has room to eject ([`Notifier::room_to_eject`]);
-    /// 0 otherwise, without reading any window. After a timeout nothing is wanted: the balancer
+    /// a dead upstream looks like), the one before it failed too or the endpoint has served
+    /// nothing since it joined or was re-admitted (one failure of a serving endpoint may be a gray
+    /// endpoint's: pulling a call after each would hold it at the traffic p2c alone gives it),
+    /// and the layer has room to eject ([`Notifier::room_to_eject`]); 0 otherwise, without reading
+    /// any window. After a timeout nothing is wanted: the balancer
     /// already avoids the endpoint for the time the call took, and each call sent on purpose would
     /// cost a caller a timeout.
     pub fn calls_wanted(&self, now: Nanos) -> u64 {
@@ -595,8 +629,11 @@ impl EndpointRecord {
         self.latency.rtt_nanos.store(rtt, Ordering::Relaxed);
         self.latency.last_sample.store(now, Ordering::Relaxed);
         self.latency.anchor.store(rtt, Ordering::Relaxed);
-        // Its next call may set up a connection again.
-        self.latency.flags.fetch_or(FRESH, Ordering::Relaxed);
+        // Its next call may set up a connection again, and it has served nothing since.
+        let flags = self.latency.flags.load(Ordering::Relaxed);
+        self.latency
+            .flags
+            .store((flags | FRESH) & !(SERVED | REPEATED), Ordering::Relaxed);
     }
 
     /// The weight relative to the endpoint's original weight (1.0 until a weight policy sets it).
@@ -645,9 +682,10 @@ impl EndpointRecord {
         }
         self.flagged.store(false, Ordering::Release);
         let flags = self.latency.flags.load(Ordering::Relaxed);
-        self.latency
-            .flags
-            .store(flags & !(LAST_MASK | PEAK_UNCONFIRMED), Ordering::Relaxed);
+        self.latency.flags.store(
+            flags & !(LAST_MASK | PEAK_UNCONFIRMED | REPEATED),
+            Ordering::Relaxed,
+        );
     }
 }
 

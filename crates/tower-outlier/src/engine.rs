@@ -825,7 +825,8 @@ where
             for state in record.policies().iter() {
                 state.ejection_refused(recorded_now);
             }
-            if !self.refused.contains_key(&entry.id) {
+            let first = !self.refused.contains_key(&entry.id);
+            if first {
                 tracing::info!(
                     target: "tower_outlier",
                     endpoint = ?key,
@@ -836,7 +837,10 @@ where
                     endpoints = n,
                     "ejection refused: {why}"
                 );
-                self.registry.refused(self.roster, entry.id, Some(why));
+            }
+            // Said again when the cause changes (the budget, then the last endpoint).
+            self.registry.refused(self.roster, entry.id, Some(why));
+            if first {
                 let reason = reason.clone();
                 self.registry
                     .emit_about(self.roster, entry.id, |key| Event::EjectionRefused {

@@ -307,7 +307,13 @@ impl Monitor {
                     weight: record.weight(),
                     in_flight,
                     avoided_for,
-                    refused: standing.refused.as_deref().map(str::to_owned),
+                    // Only while a policy still judges it an outlier: an endpoint that healed
+                    // sends the layer no signal, so the refusal the engine noted can outlive it.
+                    refused: standing
+                        .refused
+                        .as_deref()
+                        .filter(|_| record.judge(at).is_some())
+                        .map(str::to_owned),
                 })
             })
             .collect();
