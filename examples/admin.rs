@@ -557,6 +557,7 @@ fn status_name(status: EndpointStatus) -> &'static str {
         EndpointStatus::Trial => "Trial",
         EndpointStatus::Ejected => "Ejected",
         EndpointStatus::Probing => "Probing",
+        EndpointStatus::Unready => "Unready",
         _ => "Unknown",
     }
 }

@@ -501,10 +501,14 @@ impl tower::Service<()> for NeverReady {
 async fn readiness_errors_are_not_outcomes() {
     let layer = layer(ErrorRateConfig::hsf().min_calls(1));
     let mut endpoint = layer.endpoint(NeverReady);
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
     for _ in 0..20 {
-        assert!(futures::future::poll_fn(|cx| endpoint.poll_ready(cx))
-            .await
-            .is_err());
+        // Held not ready (a balancer given the error would drop the endpoint for good), and
+        // asked again after a back-off.
+        assert!(endpoint.poll_ready(&mut cx).is_pending());
+        assert!(endpoint.record().is_unready());
+        tokio::time::sleep(Duration::from_secs(31)).await;
     }
     let record = endpoint.record();
     assert_eq!(record.policies()[0].counts(record.clock().now()).calls, 0);

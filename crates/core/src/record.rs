@@ -176,6 +176,9 @@ pub struct EndpointRecord {
     // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
     weight: AtomicU64,
     flagged: AtomicBool,
+    // A handle's `poll_ready` failed and it holds the endpoint out of its balancer's picks until
+    // the service is ready again (cold path: written on the transitions only).
+    unready: AtomicBool,
     notifier: Arc<Notifier>,
 }
 
@@ -227,6 +230,7 @@ impl EndpointRecord {
             },
             weight: AtomicU64::new(1.0f64.to_bits()),
             flagged: AtomicBool::new(false),
+            unready: AtomicBool::new(false),
             notifier,
         }
     }
@@ -657,6 +661,20 @@ impl EndpointRecord {
         if !self.flagged.swap(true, Ordering::AcqRel) {
             self.notifier.notify();
         }
+    }
+
+    /// Marks the endpoint's service not ready (its `poll_ready` failed) or ready again, and tells
+    /// the layer when that changes: an endpoint the balancer cannot pick must not count as one it
+    /// could fall back on (cold path).
+    pub fn set_unready(&self, unready: bool) {
+        if self.unready.swap(unready, Ordering::AcqRel) != unready {
+            self.request_evaluation();
+        }
+    }
+
+    /// Whether a handle holds the endpoint out for a readiness error.
+    pub fn is_unready(&self) -> bool {
+        self.unready.load(Ordering::Acquire)
     }
 
     /// Clears the signal mark and says whether it was set.

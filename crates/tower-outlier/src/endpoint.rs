@@ -1,9 +1,12 @@
 //! The endpoint service: wraps one discovered service, records its outcomes and reports its load.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tower::load::Load;
 use tower_outlier_core::{EndpointRecord, Lock, Nanos, ProbePermits};
@@ -116,6 +119,9 @@ impl<C: Send + Sync> HasRecord for Shared<C> {
 /// evicting a ready endpoint).
 struct Holder<C> {
     shared: Arc<Shared<C>>,
+    // Set while the inner service's `poll_ready` failed and this handle holds the endpoint out
+    // of its balancer's picks, retrying after a back-off.
+    unready: Option<Box<Unready>>,
     // Set through `&self` too: cloning a handle that has no lane yet gives it one, for the clone
     // to inherit.
     lane: OnceLock<Arc<Lane<C>>>,
@@ -144,6 +150,7 @@ impl<C> Holder<C> {
     fn new(shared: Arc<Shared<C>>) -> Self {
         Holder {
             shared,
+            unready: None,
             lane: OnceLock::new(),
             lane_use: LaneUse::Fresh,
             permits: 0,
@@ -269,6 +276,48 @@ impl Draws {
     }
 }
 
+/// A handle's hold on an endpoint whose service failed `poll_ready`: when it asks again.
+struct Unready {
+    retry: Pin<Box<tokio::time::Sleep>>,
+    failures: u32,
+}
+
+/// The first wait after a readiness error, doubled after each one in a row, up to the cap.
+const UNREADY_FIRST_RETRY: Duration = Duration::from_millis(100);
+const UNREADY_MAX_RETRY: Duration = Duration::from_secs(30);
+
+impl<C> Holder<C> {
+    /// The inner service's `poll_ready` failed. A balancer given the error would drop the
+    /// endpoint for good (p2c does), out of step with the layer, which would still count it as
+    /// one to fall back on; so the handle keeps it, reports it not ready, tells the layer, and
+    /// asks the service again after a back-off (a reconnecting service recovers; a dead one is
+    /// asked every 30 s at most). `Pending` with the retry timer registered.
+    #[cold]
+    fn readiness_failed<E>(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
+        let failures = self
+            .unready
+            .as_ref()
+            .map_or(0, |u| u.failures)
+            .saturating_add(1);
+        let wait = UNREADY_FIRST_RETRY
+            .saturating_mul(1 << (failures - 1).min(16))
+            .min(UNREADY_MAX_RETRY);
+        if failures == 1 {
+            tracing::warn!(
+                target: "tower_outlier",
+                error = std::any::type_name::<E>(),
+                "an endpoint's service failed poll_ready: held out of the balancer's picks and asked again after a back-off"
+            );
+        }
+        self.shared.record.set_unready(true);
+        let mut retry = Box::pin(tokio::time::sleep(wait));
+        // Registers the timer: woken when it is time to ask the service again.
+        let _ = retry.as_mut().poll(cx);
+        self.unready = Some(Box::new(Unready { retry, failures }));
+        Poll::Pending
+    }
+}
+
 impl<C> Clone for Holder<C> {
     fn clone(&self) -> Self {
         let lane = self.lane_or_new();
@@ -283,6 +332,10 @@ impl<C> Clone for Holder<C> {
 impl<C> Drop for Holder<C> {
     fn drop(&mut self) {
         self.shared.record.cancel_probes(self.permits);
+        if self.unready.is_some() {
+            // Its balancer dropped it (the endpoint was ejected or removed): nobody holds it out.
+            self.shared.record.set_unready(false);
+        }
         if let Some(lane) = self.lane.get() {
             lane.holders.fetch_sub(1, Ordering::Relaxed);
         }
@@ -386,7 +439,19 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        std::task::ready!(self.inner.poll_ready(cx))?;
+        if let Some(unready) = self.holder.unready.as_mut() {
+            std::task::ready!(unready.retry.as_mut().poll(cx));
+        }
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(_)) => return self.holder.readiness_failed(cx),
+            Poll::Ready(Ok(())) => {
+                if self.holder.unready.take().is_some() {
+                    tracing::info!(target: "tower_outlier", "an endpoint's service is ready again");
+                    self.holder.shared.record.set_unready(false);
+                }
+            }
+        }
         // Policies gate readiness only while one of them probes (a half-open breaker admits one
         // call and keeps the others waiting until that call decides).
         let holder = &mut self.holder;

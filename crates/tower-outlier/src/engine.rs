@@ -112,6 +112,9 @@ pub(crate) struct Engine<K, S, C> {
     mirror_pending: bool,
     // The fleet size the monitor was last told the budget allows no ejection for, if it was.
     no_ejection: Option<usize>,
+    // The endpoints in the balancer's set whose service failed `poll_ready`, by id: the balancer
+    // cannot pick them, so they are no endpoint to fall back on (the last-endpoint rule).
+    unready: HashSet<u64>,
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -487,6 +490,7 @@ impl<K, S, C> Engine<K, S, C> {
             sharing,
             mirror_pending: false,
             no_ejection: None,
+            unready: HashSet::new(),
         }
     }
 
@@ -621,6 +625,7 @@ where
         let tracked = self.registry.remove(self.roster, entry.id);
         self.refused.remove(&entry.id);
         self.mirror_refused.remove(&entry.id);
+        self.unready.remove(&entry.id);
         let status = entry.status();
         match status {
             Status::Available | Status::Trial { .. } => {
@@ -669,8 +674,37 @@ where
         }
     }
 
+    /// Endpoints the balancer can pick: in its set and ready.
     fn available(&self) -> usize {
-        self.entries.len() - self.ejected
+        self.entries.len() - self.ejected - self.unready.len()
+    }
+
+    /// Follows `key`'s readiness as its balancer handle reported it; true if that changed.
+    fn sync_unready(&mut self, key: &K) -> bool {
+        let Some(entry) = self.entries.get(key) else {
+            return false;
+        };
+        let unready = entry.status().is_available() && entry.record().is_unready();
+        let id = entry.id;
+        let changed = if unready {
+            self.unready.insert(id)
+        } else {
+            self.unready.remove(&id)
+        };
+        if changed {
+            if unready {
+                tracing::warn!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    available = self.available(),
+                    "endpoint not ready: its service failed poll_ready; not counted as an endpoint to fall back on"
+                );
+            } else {
+                tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint ready again");
+            }
+            self.registry.unready(self.roster, id, unready);
+        }
+        changed
     }
 
     /// Tells the endpoints whether one more ejection would be allowed, the same test
@@ -766,9 +800,16 @@ where
     }
 
     fn consider(&mut self, key: &K, now: Instant) {
+        let readiness_changed = self.sync_unready(key);
         self.report_states(key);
         self.judge_and_eject(key, now);
         self.report_states(key);
+        if readiness_changed {
+            // Fewer endpoints to pick may leave none (an ejected one comes back on trial); more
+            // may make room for an ejection that was refused.
+            self.enforce_budget(now);
+            self.retry_refused(now);
+        }
     }
 
     fn judge_and_eject(&mut self, key: &K, now: Instant) {
@@ -873,6 +914,9 @@ where
         };
         let next_check = later(now, delay);
         let ejected_by = Ejector::Policy(policy);
+        if self.unready.remove(&entry.id) {
+            self.registry.unready(self.roster, entry.id, false);
+        }
         let episode = entry.eject(key, ejected_by, next_check, &mut self.deadlines);
         episode.schedule = Some(schedule);
         self.ejected += 1;

@@ -271,7 +271,7 @@ fn cause_label(cause: Readmission) -> &'static str {
 }
 
 fn status_label(status: EndpointStatus) -> &'static str {
-    ["available", "trial", "ejected", "probing"][status_index(status)]
+    ["available", "trial", "ejected", "probing", "unready"][status_index(status)]
 }
 
 /// How a per-endpoint gauge reads its value from a snapshot.
@@ -331,11 +331,11 @@ impl Collector for Live {
             MetricType::Gauge,
         )?;
         for layer in &layers {
-            let mut by_status = [0i64; 4];
+            let mut by_status = [0i64; 5];
             for endpoint in &layer.snapshot.endpoints {
                 by_status[status_index(endpoint.status)] += 1;
             }
-            for (status, count) in ["available", "trial", "ejected", "probing"]
+            for (status, count) in ["available", "trial", "ejected", "probing", "unready"]
                 .into_iter()
                 .zip(by_status)
             {
@@ -471,5 +471,6 @@ fn status_index(status: EndpointStatus) -> usize {
         EndpointStatus::Trial => 1,
         EndpointStatus::Ejected => 2,
         EndpointStatus::Probing => 3,
+        EndpointStatus::Unready => 4,
     }
 }

@@ -29,6 +29,10 @@ pub enum EndpointStatus {
     Ejected,
     /// Out of the balancer's set while an active probe is in flight.
     Probing,
+    /// In the balancer's set, but its service's `poll_ready` failed: the endpoint reports itself
+    /// not ready (the balancer does not pick it) and asks its service again after a back-off,
+    /// from 100 ms up to 30 s. The layer does not count it as an endpoint to fall back on.
+    Unready,
 }
 
 impl EndpointStatus {
@@ -206,6 +210,7 @@ struct Standing {
     failed_checks: u32,
     last_reason: Option<Reason>,
     refused: Option<Box<str>>,
+    unready: bool,
 }
 
 impl Standing {
@@ -216,6 +221,7 @@ impl Standing {
         failed_checks: 0,
         last_reason: None,
         refused: None,
+        unready: false,
     };
 }
 
@@ -287,6 +293,12 @@ impl Monitor {
                     .map(|at| at.saturating_duration_since(now));
                 let (absolute_weight, degraded) = weight_state(record);
                 let in_flight = shared.in_flight();
+                let status = match standing.status {
+                    EndpointStatus::Available | EndpointStatus::Trial if standing.unready => {
+                        EndpointStatus::Unready
+                    }
+                    status => status,
+                };
                 let avoided_for = match standing.status {
                     EndpointStatus::Available | EndpointStatus::Trial if in_flight == 0 => record
                         .failing_for(at)
@@ -295,7 +307,7 @@ impl Monitor {
                 };
                 Some(EndpointSnapshot {
                     key: tracked.key.clone(),
-                    status: standing.status,
+                    status,
                     error_rate: windows.first().map_or(0.0, |w| w.counts.failure_rate()),
                     windows,
                     next_check_in,
@@ -523,6 +535,27 @@ impl Registry {
         standing.failed_checks = failed_checks;
         if let Some(reason) = reason {
             standing.last_reason = Some(reason);
+        }
+    }
+
+    /// Shows endpoint `id` not ready (its service failed `poll_ready`), or ready again.
+    pub(crate) fn unready(&self, roster: u64, id: u64, unready: bool) {
+        let mut rosters = self.rosters.lock();
+        let Some(roster) = rosters.get_mut(&roster) else {
+            return;
+        };
+        if !roster.endpoints.contains_key(&id) {
+            return;
+        }
+        match roster.standings.entry(id) {
+            hash_map::Entry::Occupied(standing) => standing.into_mut().unready = unready,
+            hash_map::Entry::Vacant(vacant) if unready => {
+                vacant.insert(Box::new(Standing {
+                    unready,
+                    ..Standing::INITIAL
+                }));
+            }
+            hash_map::Entry::Vacant(_) => {}
         }
     }
 

@@ -150,7 +150,11 @@
 //! # 9. Invariants
 //!
 //! Every change keeps these, and the tests check them:
-//! 1. While the upstream holds endpoints, at least one is available (rule 3).
+//! 1. While the upstream holds endpoints, at least one is available (rule 3): in the balancer's
+//!    set and ready. An endpoint whose service failed `poll_ready` is held in the set but reports
+//!    itself not ready, asks its service again after a back-off (100 ms doubling to 30 s), and is
+//!    shown `Unready`; it does not count as one to fall back on, and if no endpoint is left to
+//!    pick an ejected one comes back on trial.
 //! 2. The endpoints out never exceed the budget, all policies together (rule 3).
 //! 3. No real request reaches an ejected endpoint; only probes do.
 //! 4. Nothing busy-polls: `Pending` always means a waker or timer is registered, and the adaptor
@@ -164,7 +168,11 @@
 //!    deterministic); deadlines from tokio's timer.
 //! 8. Bad configuration is a typed error naming the field, the value and the allowed range; no
 //!    input, configuration or response makes the library panic.
-//! 9. A readiness error never ejects (tower's balancer drops such an endpoint for good).
+//! 9. A readiness error never ejects, and never reaches the balancer (tower's p2c would drop the
+//!    endpoint for good, out of step with the layer).
+//! 10. User code that panics — a probe, an `on_event` callback, a classifier, a breaker's state
+//!    observer — is contained and logged: a panicking probe is a failed check, a panicking
+//!    classifier leaves its call unrecorded; no user code runs in a destructor during an unwind.
 //!
 //! # 10. The detectors of Envoy, gRPC and linkerd
 //!

@@ -119,6 +119,9 @@ where
         let next_check = later(now, UNTIL_THE_HOST_RETURNS);
         entry.eject(key, Ejector::Host, next_check, &mut self.deadlines);
         self.mirror_refused.remove(&entry.id);
+        if self.unready.remove(&entry.id) {
+            self.registry.unready(self.roster, entry.id, false);
+        }
         if self.refused.remove(&entry.id).is_some() {
             self.registry.refused(self.roster, entry.id, None);
         }
