@@ -171,8 +171,8 @@
 //! 9. A readiness error never ejects, and never reaches the balancer (tower's p2c would drop the
 //!    endpoint for good, out of step with the layer).
 //! 10. User code that panics — a probe, an `on_event` callback, a classifier, a breaker's state
-//!    observer — is contained and logged: a panicking probe is a failed check, a panicking
-//!    classifier leaves its call unrecorded; no user code runs in a destructor during an unwind.
+//!     observer — is contained and logged: a panicking probe is a failed check, a panicking
+//!     classifier leaves its call unrecorded; no user code runs in a destructor during an unwind.
 //!
 //! # 10. The detectors of Envoy, gRPC and linkerd
 //!
