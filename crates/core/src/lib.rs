@@ -55,7 +55,9 @@ pub use policy::{
     Admit, AsAny, Budget, BudgetFloor, EndpointPolicy, FleetEvaluation, FleetMember, FleetPolicy,
     Judgement, Policy, ProbeGate, Reason, RecoverySchedule, Signal,
 };
-pub use record::{store_if_changed, EndpointRecord, Notifier, ProbePermits, RTT_DECAY};
+pub use record::{
+    store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,
+};
 /// The boxed error type of tower middleware (`tower::BoxError`).
 pub use tower::BoxError;
 pub use window::{SharedWindow, Window, WindowCounts, WindowShape};

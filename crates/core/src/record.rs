@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -82,6 +82,77 @@ impl fmt::Debug for Notifier {
             .field("dirty", &self.dirty.load(Ordering::Relaxed))
             .field("room_to_eject", &self.room_to_eject())
             .finish()
+    }
+}
+
+/// Where an endpoint's record marks that it wants the layer to look at it: one bit of a board the
+/// layer scans a word (64 endpoints) at a time, so a signal never costs the layer a scan of every
+/// record. Handed to the record by the layer that tracks it ([`EndpointRecord::set_signal_slot`]).
+#[derive(Clone, Debug)]
+pub struct SignalSlot {
+    chunk: Arc<SignalChunk>,
+    word: u16,
+    bit: u64,
+}
+
+/// 4 096 signal bits, in 64 words.
+pub struct SignalChunk {
+    words: [AtomicU64; SignalChunk::WORDS],
+}
+
+impl SignalChunk {
+    const WORDS: usize = 64;
+    /// The endpoints one chunk holds.
+    pub const SLOTS: usize = Self::WORDS * 64;
+
+    /// A chunk with no bit set.
+    pub fn new() -> Arc<Self> {
+        Arc::new(SignalChunk {
+            words: std::array::from_fn(|_| AtomicU64::new(0)),
+        })
+    }
+
+    /// The slot `index` (below [`SLOTS`](Self::SLOTS)) of `chunk`.
+    pub fn slot(chunk: &Arc<Self>, index: usize) -> SignalSlot {
+        let index = index % Self::SLOTS;
+        SignalSlot {
+            chunk: chunk.clone(),
+            word: (index / 64) as u16,
+            bit: 1 << (index % 64),
+        }
+    }
+
+    /// Takes every bit set, calling `signalled` with each slot's index, lowest first.
+    pub fn take(&self, mut signalled: impl FnMut(usize)) {
+        for (word_index, word) in self.words.iter().enumerate() {
+            // Checking first keeps a quiet word to a plain load.
+            if word.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = word.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                signalled(word_index * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+        }
+    }
+}
+
+impl fmt::Debug for SignalChunk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let set: u32 = self
+            .words
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones())
+            .sum();
+        f.debug_struct("SignalChunk").field("set", &set).finish()
+    }
+}
+
+impl SignalSlot {
+    #[inline]
+    fn raise(&self) {
+        self.chunk.words[self.word as usize].fetch_or(self.bit, Ordering::Release);
     }
 }
 
@@ -176,6 +247,8 @@ pub struct EndpointRecord {
     // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
     weight: AtomicU64,
     flagged: AtomicBool,
+    // The bit the layer reads the flag by, once a layer tracks the record.
+    signal_slot: OnceLock<SignalSlot>,
     // A handle's `poll_ready` failed and it holds the endpoint out of its balancer's picks until
     // the service is ready again (cold path: written on the transitions only).
     unready: AtomicBool,
@@ -230,6 +303,7 @@ impl EndpointRecord {
             },
             weight: AtomicU64::new(1.0f64.to_bits()),
             flagged: AtomicBool::new(false),
+            signal_slot: OnceLock::new(),
             unready: AtomicBool::new(false),
             notifier,
         }
@@ -250,6 +324,9 @@ impl EndpointRecord {
             })
             .collect();
         let next = EndpointRecord::new(self.clock.clone(), states, self.notifier.clone());
+        if let Some(slot) = self.signal_slot.get() {
+            next.set_signal_slot(slot.clone());
+        }
         next.latency.rtt_nanos.store(
             self.latency.rtt_nanos.load(Ordering::Relaxed),
             Ordering::Relaxed,
@@ -403,7 +480,7 @@ impl EndpointRecord {
             && !self.flagged.load(Ordering::Relaxed)
             && !self.flagged.swap(true, Ordering::AcqRel)
         {
-            self.notifier.notify();
+            self.raise_flag();
         }
     }
 
@@ -659,7 +736,24 @@ impl EndpointRecord {
     /// fleet policy whose evaluation found the endpoint an outlier (cold path).
     pub fn request_evaluation(&self) {
         if !self.flagged.swap(true, Ordering::AcqRel) {
-            self.notifier.notify();
+            self.raise_flag();
+        }
+    }
+
+    /// The flag was just set: mark the record's bit and wake the layer.
+    #[cold]
+    fn raise_flag(&self) {
+        if let Some(slot) = self.signal_slot.get() {
+            slot.raise();
+        }
+        self.notifier.notify();
+    }
+
+    /// Gives the record the bit its layer reads its flag by (once; later calls are ignored).
+    /// A flag already set is marked at once.
+    pub fn set_signal_slot(&self, slot: SignalSlot) {
+        if self.signal_slot.set(slot).is_ok() && self.flagged.load(Ordering::Acquire) {
+            self.raise_flag();
         }
     }
 

@@ -42,6 +42,22 @@ impl EndpointStatus {
     }
 }
 
+/// Endpoints a snapshot copies per hold of the registry's lock.
+const SNAPSHOT_BATCH: usize = 1024;
+
+/// What a snapshot copies of one endpoint under the registry's lock.
+struct Copied {
+    key: EndpointKey,
+    names: Arc<[&'static str]>,
+    shared: Arc<dyn HasRecord>,
+    status: EndpointStatus,
+    unready: bool,
+    next_check: Option<Instant>,
+    failed_checks: u32,
+    last_reason: Option<Reason>,
+    refused: Option<String>,
+}
+
 /// How long after its last failed call an endpoint that gets no call is shown as avoided.
 const AVOIDED_AFTER: Duration = Duration::from_secs(1);
 
@@ -264,49 +280,80 @@ impl Monitor {
         // with it (measurements read the layer's `Clock`).
         #[allow(clippy::disallowed_methods)]
         let wall = SystemTime::now();
-        let rosters = self.registry.rosters.lock();
-        let tracked = rosters.values().flat_map(|roster| {
-            roster
-                .endpoints
+        // What the snapshot needs is copied under the registry's lock, a batch of endpoints at a
+        // time, and computed outside it (windows, calls in flight, judgements): the adaptor takes
+        // that lock for every upstream change and every decision, so a snapshot of 100 000
+        // endpoints held it for a third of a second. The snapshot is consistent per endpoint, not
+        // across endpoints (as it never was across adaptors' records).
+        let ids: Vec<(u64, u64)> = {
+            let rosters = self.registry.rosters.lock();
+            rosters
                 .iter()
-                .map(move |(&id, tracked)| (roster, id, tracked))
-        });
-        let mut endpoints: Vec<EndpointSnapshot> = tracked
-            .filter_map(|(roster, id, tracked)| {
-                let names = &roster.policies;
-                let shared = tracked.record.upgrade()?;
+                .flat_map(|(&roster, r)| r.endpoints.keys().map(move |&id| (roster, id)))
+                .collect()
+        };
+        let mut copied: Vec<Copied> = Vec::with_capacity(ids.len());
+        for batch in ids.chunks(SNAPSHOT_BATCH) {
+            let rosters = self.registry.rosters.lock();
+            for &(roster_id, id) in batch {
+                let Some(roster) = rosters.get(&roster_id) else {
+                    continue;
+                };
+                let Some(tracked) = roster.endpoints.get(&id) else {
+                    continue;
+                };
+                let Some(shared) = tracked.record.upgrade() else {
+                    continue;
+                };
+                let standing = roster.standing(id);
+                copied.push(Copied {
+                    key: tracked.key.clone(),
+                    names: roster.policies.clone(),
+                    shared,
+                    status: standing.status,
+                    unready: standing.unready,
+                    next_check: standing.next_check,
+                    failed_checks: standing.failed_checks,
+                    last_reason: standing.last_reason.clone(),
+                    refused: standing.refused.as_deref().map(str::to_owned),
+                });
+            }
+        }
+        let mut endpoints: Vec<EndpointSnapshot> = copied
+            .into_iter()
+            .map(|copied| {
+                let shared = &copied.shared;
                 let record = shared.record();
                 let at = record.clock().now();
                 let windows: Vec<PolicyWindow> = record
                     .policies()
                     .iter()
-                    .zip(names.iter())
+                    .zip(copied.names.iter())
                     .map(|(policy, name)| PolicyWindow {
                         policy: name,
                         counts: policy.counts(at),
                         state: policy.state_name(),
                     })
                     .collect();
-                let standing = roster.standing(id);
-                let next_check_in = standing
+                let next_check_in = copied
                     .next_check
                     .map(|at| at.saturating_duration_since(now));
                 let (absolute_weight, degraded) = weight_state(record);
                 let in_flight = shared.in_flight();
-                let status = match standing.status {
-                    EndpointStatus::Available | EndpointStatus::Trial if standing.unready => {
+                let status = match copied.status {
+                    EndpointStatus::Available | EndpointStatus::Trial if copied.unready => {
                         EndpointStatus::Unready
                     }
                     status => status,
                 };
-                let avoided_for = match standing.status {
+                let avoided_for = match copied.status {
                     EndpointStatus::Available | EndpointStatus::Trial if in_flight == 0 => record
                         .failing_for(at)
                         .filter(|since| *since >= AVOIDED_AFTER),
                     _ => None,
                 };
-                Some(EndpointSnapshot {
-                    key: tracked.key.clone(),
+                EndpointSnapshot {
+                    key: copied.key,
                     status,
                     error_rate: windows.first().map_or(0.0, |w| w.counts.failure_rate()),
                     windows,
@@ -314,26 +361,24 @@ impl Monitor {
                     next_check_at: next_check_in.map(|wait| wall + wait),
                     absolute_weight,
                     degraded,
-                    failed_checks: standing.failed_checks,
-                    last_reason: standing.last_reason.clone(),
+                    failed_checks: copied.failed_checks,
+                    last_reason: copied.last_reason,
                     weight: record.weight(),
                     in_flight,
                     avoided_for,
                     // Only while a policy still judges it an outlier: an endpoint that healed
                     // sends the layer no signal, so the refusal the engine noted can outlive it.
-                    refused: standing
-                        .refused
-                        .as_deref()
-                        .filter(|_| record.judge(at).is_some())
-                        .map(str::to_owned),
-                })
+                    refused: copied.refused.filter(|_| record.judge(at).is_some()),
+                }
             })
             .collect();
         endpoints.sort_by(|a, b| a.key.cmp(&b.key));
-        let no_ejection = rosters
+        let no_ejection = self
+            .registry
+            .rosters
+            .lock()
             .values()
             .find_map(|roster| roster.no_ejection.as_deref().map(str::to_owned));
-        drop(rosters);
         let (rules_version, rules_error) = self.registry.rules.lock().clone();
         Snapshot {
             endpoints,
