@@ -153,3 +153,89 @@ async fn a_plain_file_and_a_configmap_swap_are_followed() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// HSF JSON, remembering every document it is given.
+struct Recording(Hsf, Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Dialect for Recording {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn policy_name(&self) -> &'static str {
+        self.0.policy_name()
+    }
+    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+        self.1.lock().unwrap().push(text.to_owned());
+        self.0.parse(text, current)
+    }
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn only_a_stable_regular_file_of_bounded_size_is_read() {
+    use std::io::Write;
+
+    let dir = std::env::temp_dir().join(format!(
+        "tower-outlier-file-source-hostile-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let rules = layer.rules();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let path = dir.join("hsf.json");
+
+    // A FIFO at the path: no writer will ever come. The watcher must not wait for one.
+    let status = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let task = tokio::spawn(watch_file(
+        path.clone(),
+        Recording(Hsf::service("svc:1.0"), seen.clone()),
+        rules.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(rules.version(), 0);
+    // Replaced by a link to /dev/zero: a device, never read.
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(rules.version(), 0);
+    assert!(seen.lock().unwrap().is_empty(), "nothing parsed");
+    // Then a regular file: followed as usual.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, document(0.4)).unwrap();
+    until("the regular file", || rules.version() == 1).await;
+
+    // A torn rewrite in place: truncated, half written, a pause, the rest. Half a document is
+    // never parsed, only the whole one once it stays the same.
+    let whole = document(0.3);
+    let (first, second) = whole.split_at(whole.len() / 2);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.write_all(first.as_bytes()).unwrap();
+    file.flush().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    file.write_all(second.as_bytes()).unwrap();
+    drop(file);
+    until("the whole rewrite", || rules.version() == 2).await;
+    let parsed = seen.lock().unwrap().clone();
+    assert!(!parsed.iter().any(|t| t == first), "{parsed:?}");
+
+    // Larger than 1 MiB: refused, the rules in force stay.
+    let mut big = document(0.2);
+    big.push_str(&" ".repeat(2 << 20));
+    std::fs::write(&path, big).unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(rules.version(), 2);
+    task.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}

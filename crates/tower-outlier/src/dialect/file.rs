@@ -13,6 +13,15 @@ use crate::reconfigure::{Dialect, RulesHandle};
 /// is several events in a few milliseconds.
 const DEBOUNCE: Duration = Duration::from_millis(200);
 
+/// How long a document read must stay the same before it is applied: a file rewritten in place
+/// (truncated, then written) can be read half written, and half a SOFA properties file is a valid
+/// document nobody wrote.
+const STABLE: Duration = Duration::from_millis(500);
+
+/// The largest document read: configuration, not data (a path resolving to `/dev/zero` or a log
+/// must not be read until memory runs out).
+const MAX_DOCUMENT: u64 = 1 << 20;
+
 /// Follows the configuration file at `path`: applies it once now, then again each time it
 /// changes, in `dialect`, through `rules`. Run it on a task of its own, and abort the task to
 /// stop following; it ends by itself only when the watch fails (the error is returned).
@@ -20,9 +29,11 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// It watches the file's directory, not the file, so it sees a file replaced as Kubernetes
 /// replaces a mounted ConfigMap (the `..data` symlink swapped to a new directory in one rename)
 /// as well as a file rewritten in place or renamed over. Reads and changes to other files of the
-/// directory are ignored. Changes are read once the directory has been quiet for 200 ms, and
-/// only a content different from the last one read is applied. A file
-/// that is missing or unreadable for a moment is logged and waited out; a document that does not
+/// directory are ignored. Changes are read once the directory has been quiet for 200 ms, and a
+/// content is applied once two reads 500 ms apart agree (a file rewritten in place may be read
+/// half written) and it differs from the last one applied. Only a regular file of at most 1 MiB
+/// is read, and never in a way that blocks (a FIFO or a device at the path is refused). A file
+/// that is missing, unreadable or refused is logged and waited out; a document that does not
 /// parse is refused ([`RulesHandle::apply`]) and the rules in force stay.
 ///
 /// ```no_run
@@ -106,7 +117,7 @@ async fn read_and_apply<D: Dialect>(
     last: &mut Option<String>,
 ) {
     tracing::trace!(target: "tower_outlier", path = %path.display(), "configuration file read");
-    match tokio::fs::read_to_string(path).await {
+    match read_stable(path).await {
         Ok(text) if last.as_deref() == Some(text.as_str()) => {}
         Ok(text) => {
             if let Ok(version) = rules.apply(dialect, &text) {
@@ -119,4 +130,53 @@ async fn read_and_apply<D: Dialect>(
             tracing::warn!(target: "tower_outlier", path = %path.display(), %error, "configuration file unreadable; waiting for it")
         }
     }
+}
+
+/// The document at `path` once two reads `STABLE` apart agree (five tries).
+async fn read_stable(path: &Path) -> io::Result<String> {
+    let mut text = read_document(path).await?;
+    for _ in 0..5 {
+        tokio::time::sleep(STABLE).await;
+        let again = read_document(path).await?;
+        if again == text {
+            return Ok(text);
+        }
+        text = again;
+    }
+    Err(io::Error::other("the file kept changing while it was read"))
+}
+
+/// Reads the regular file at `path`, of at most `MAX_DOCUMENT` bytes, without blocking on a FIFO.
+async fn read_document(path: &Path) -> io::Result<String> {
+    use tokio::io::AsyncReadExt;
+
+    let refuse = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_owned());
+    // `metadata` follows links, as the read would: a symlink to `/dev/zero` is a device.
+    let metadata = tokio::fs::metadata(path).await?;
+    if !metadata.is_file() {
+        return Err(refuse("not a regular file"));
+    }
+    if metadata.len() > MAX_DOCUMENT {
+        return Err(refuse("larger than 1 MiB"));
+    }
+    let mut options = tokio::fs::OpenOptions::new();
+    options.read(true);
+    // Should the path become a FIFO between the check and the open, opening it must not wait
+    // for a writer.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    options.custom_flags(0o4000);
+    #[cfg(any(target_os = "macos", target_os = "ios", target_os = "freebsd"))]
+    options.custom_flags(0x0004);
+    let file = options.open(path).await?;
+    if !file.metadata().await?.is_file() {
+        return Err(refuse("not a regular file"));
+    }
+    let mut text = String::new();
+    file.take(MAX_DOCUMENT + 1)
+        .read_to_string(&mut text)
+        .await?;
+    if text.len() as u64 > MAX_DOCUMENT {
+        return Err(refuse("larger than 1 MiB"));
+    }
+    Ok(text)
 }
