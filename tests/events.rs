@@ -205,3 +205,34 @@ async fn probes_weights_and_removals_are_events_too() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_callback_unsubscribed_is_called_no_more() {
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let monitor = layer.monitor();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = {
+        let seen = seen.clone();
+        monitor.on_event(move |event| seen.lock().unwrap().push(line(event)))
+    };
+    let gone = Arc::new(Mutex::new(0usize));
+    let removed = {
+        let gone = gone.clone();
+        monitor.on_event(move |_| *gone.lock().unwrap() += 1)
+    };
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 10, 0).await;
+    let before = *gone.lock().unwrap();
+    assert!(before >= 1, "both saw the ejection");
+    assert!(removed.unsubscribe());
+    h.calls(1, 10, 0).await;
+    assert_eq!(*gone.lock().unwrap(), before, "unsubscribed: no more calls");
+    assert!(
+        seen.lock().unwrap().iter().any(|l| l.starts_with("1 ")),
+        "the other one still sees events"
+    );
+    drop(kept);
+    h.calls(2, 0, 1).await;
+}

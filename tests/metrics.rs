@@ -190,6 +190,8 @@ async fn several_layers_share_one_registry_under_service_labels() {
     let mut registry = Registry::default();
     let metrics = tower_outlier::metrics::OutlierMetrics::register(&mut registry);
     metrics.watch("orders", &orders.monitor());
+    // Watched twice: the second is ignored, or every event would be counted twice.
+    metrics.watch("orders again", &orders.monitor());
     metrics.watch("pay\"ments", &payments.monitor());
     let mut o = Harness::new(&orders, 5);
     let _p = Harness::new(&payments, 5);
@@ -197,6 +199,15 @@ async fn several_layers_share_one_registry_under_service_labels() {
     o.remove(4);
     o.sync();
     let text = scrape(&registry);
+    assert_eq!(
+        sample(
+            &text,
+            r#"outlier_ejections_total{service="orders",policy="error-rate",measure="error rate"}"#
+        ),
+        Some(1.0),
+        "one ejection, counted once: {text}"
+    );
+    assert!(!text.contains("orders again"), "{text}");
     // One TYPE line per family, whatever the number of layers: a valid exposition.
     let mut types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
     let all = types.len();

@@ -307,6 +307,18 @@ impl EventHub {
         self.has_callbacks.store(true, Ordering::Release);
     }
 
+    /// Removes `callback` (the same `Arc`); true if it was there.
+    pub(crate) fn remove_callback(&self, callback: &Callback) -> bool {
+        let mut callbacks = self.callbacks.lock();
+        let before = callbacks.len();
+        callbacks.retain(|c| !Arc::ptr_eq(c, callback));
+        let removed = callbacks.len() != before;
+        if callbacks.is_empty() {
+            self.has_callbacks.store(false, Ordering::Release);
+        }
+        removed
+    }
+
     /// Sends the event `make` builds, if anybody listens. Cold path: the adaptor's decisions.
     pub(crate) fn emit(&self, make: impl FnOnce() -> Event) {
         let callbacks = self.has_callbacks.load(Ordering::Acquire);

@@ -99,7 +99,9 @@ pub use classify::{NetworkErrors, ServerErrors};
 pub use discover::OutlierDetectionDiscover;
 pub use endpoint::{Cost, OutlierEndpoint};
 pub use layer::OutlierDetectionLayer;
-pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, PolicyWindow, Snapshot};
+pub use monitor::{
+    EndpointSnapshot, EndpointStatus, EventCallback, Monitor, PolicyWindow, Snapshot,
+};
 pub use reconfigure::{ReconfigureError, RulesHandle};
 pub use tower_outlier_core::{
     Budget, BudgetFloor, Clock, ConfigError, Reason, RecoverySchedule, WindowCounts,

@@ -163,12 +163,21 @@ impl OutlierMetrics {
     /// Counts the events of the layer `monitor` watches, and reads its gauges at each scrape,
     /// under `service`.
     pub fn watch(&self, service: &str, monitor: &Monitor) {
-        self.watched
-            .lock()
-            .layers
-            .push((service.to_owned(), monitor.clone()));
+        let mut watched = self.watched.lock();
+        if let Some((already, _)) = watched.layers.iter().find(|(_, m)| m.same_as(monitor)) {
+            // Counted twice, every event would be: the first name stays.
+            tracing::warn!(
+                target: "tower_outlier",
+                service,
+                already = already.as_str(),
+                "this layer's monitor is already watched; the second watch is ignored"
+            );
+            return;
+        }
+        watched.layers.push((service.to_owned(), monitor.clone()));
+        drop(watched);
         let (counters, service) = (self.counters.clone(), String::from(service));
-        monitor.on_event(move |event| counters.count(&service, event));
+        let _ = monitor.on_event(move |event| counters.count(&service, event));
     }
 
     /// Exports the counters of a [`DetectorPolicy`](crate::DetectorPolicy) (Envoy's

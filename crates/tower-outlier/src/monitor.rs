@@ -273,6 +273,11 @@ impl Monitor {
         &self.registry
     }
 
+    /// Whether `other` is a handle on the same layer's monitor.
+    pub(crate) fn same_as(&self, other: &Monitor) -> bool {
+        Arc::ptr_eq(&self.registry, &other.registry)
+    }
+
     /// The current state of every endpoint.
     pub fn snapshot(&self) -> Snapshot {
         let now = Instant::now();
@@ -421,9 +426,49 @@ impl Monitor {
 
     /// Calls `callback` with every [`Event`], on the adaptor's task as it decides (a refused
     /// reconfiguration: on the task that offered it), with no lock of the layer held; keep it
-    /// short (metrics, logs). Callbacks see every event; none is dropped.
-    pub fn on_event(&self, callback: impl Fn(&Event) + Send + Sync + 'static) {
-        self.registry.events.on_event(Arc::new(callback));
+    /// short (metrics, logs). Callbacks see every event; none is dropped. A callback that panics
+    /// is logged and keeps its place. The returned handle removes it
+    /// ([`EventCallback::unsubscribe`]); dropping the handle keeps it.
+    ///
+    #[cfg_attr(feature = "ejection", doc = "```")]
+    #[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+    /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+    ///
+    /// # fn main() -> Result<(), tower::BoxError> {
+    /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
+    /// let logging = layer.monitor().on_event(|event| println!("{event:?}"));
+    /// assert!(logging.unsubscribe(), "it was subscribed");
+    /// # Ok(()) }
+    /// ```
+    pub fn on_event(&self, callback: impl Fn(&Event) + Send + Sync + 'static) -> EventCallback {
+        let callback: crate::events::Callback = Arc::new(callback);
+        self.registry.events.on_event(callback.clone());
+        EventCallback {
+            registry: Arc::downgrade(&self.registry),
+            callback,
+        }
+    }
+}
+
+/// A callback given to [`Monitor::on_event`]: [`unsubscribe`](Self::unsubscribe) removes it.
+/// Dropping the handle leaves it subscribed.
+pub struct EventCallback {
+    registry: std::sync::Weak<Registry>,
+    callback: crate::events::Callback,
+}
+
+impl EventCallback {
+    /// Stops calling the callback; false if it was already removed or the layer is gone.
+    pub fn unsubscribe(self) -> bool {
+        self.registry
+            .upgrade()
+            .is_some_and(|registry| registry.events.remove_callback(&self.callback))
+    }
+}
+
+impl fmt::Debug for EventCallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventCallback").finish_non_exhaustive()
     }
 }
 
