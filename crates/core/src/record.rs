@@ -646,6 +646,13 @@ impl EndpointRecord {
         self.latency.flags.load(Ordering::Relaxed) & LAST_MASK != LAST_SUCCEEDED
     }
 
+    /// When a call of the endpoint last completed (or its estimate was seeded), on the layer's
+    /// clock, to a millisecond.
+    #[inline]
+    pub fn last_completed(&self) -> Nanos {
+        self.latency.last_sample.load(Ordering::Relaxed)
+    }
+
     /// How long ago the endpoint's last call completed, if that call failed: while this grows the
     /// balancer is routing around the endpoint (its estimate carries the failures) without its
     /// policies having judged it. Approximate to a millisecond.

@@ -61,6 +61,9 @@ pub(crate) struct Lane<C> {
     pub(crate) shared: Arc<Shared<C>>,
     // Handles holding this lane: the one that made it, and its clones until they make their own.
     holders: AtomicUsize,
+    // When this lane last went from no call in flight to one (the layer's clock): how long its
+    // calls have been waiting, for the load of an endpoint whose calls do not come back.
+    busy_since: AtomicU64,
     // Not padded to a cache line, though two lanes may then share one: padding cost every called
     // endpoint 32 bytes, and p2c_throughput with `Buffer` on two workers (one thread makes every
     // endpoint's lane, responses complete on both) measured no slower without it.
@@ -71,6 +74,7 @@ impl<C> Lane<C> {
         let lane = Arc::new(Lane {
             shared,
             holders: AtomicUsize::new(1),
+            busy_since: AtomicU64::new(Nanos::MAX),
         });
         let mut lanes = lane.shared.lanes.lock();
         lanes.retain(|lane| lane.strong_count() > 0);
@@ -194,6 +198,23 @@ impl<C> Holder<C> {
         }
     }
 
+    /// How long this handle's calls in flight have been waited for with no call completing: from
+    /// the later of when its lane last became busy and the endpoint's last completion, less the
+    /// millisecond by which completions are dated.
+    #[inline]
+    fn waiting(&self, record: &EndpointRecord, now: Nanos) -> Nanos {
+        let Some(lane) = self.lane.get() else {
+            return 0;
+        };
+        let busy = lane.busy_since.load(Ordering::Relaxed);
+        if busy == Nanos::MAX {
+            return 0;
+        }
+        let since = busy.max(record.last_completed());
+        now.saturating_sub(since)
+            .saturating_sub(WAITING_GRANULARITY)
+    }
+
     /// Calls in flight through every handle of the endpoint.
     #[inline]
     fn in_flight(&self) -> usize {
@@ -209,6 +230,10 @@ impl<C> Holder<C> {
 /// How many power-of-two-choices draws in a row an endpoint whose estimate rests on one
 /// unconfirmed slow call may lose before it wins one anyway (at most one in 17 of its draws).
 const EXPLORE_AFTER: u32 = 16;
+
+/// How far the record's time of the last completion may lag (it is written at most once a
+/// millisecond, so that cores calling one endpoint do not share a written line).
+const WAITING_GRANULARITY: Nanos = 1_000_000;
 
 /// How long a computed evidence request stays good while no call completes: the windows it reads
 /// move by whole buckets, far slower than the balancer draws.
@@ -258,10 +283,13 @@ impl Draws {
         wanted
     }
 
-    /// Counts one draw; true when the endpoint has lost enough in a row to win this one.
-    fn explore(&self, record: &EndpointRecord) -> bool {
+    /// Counts one draw; true when the endpoint has lost enough in a row to win this one. Never
+    /// while a call is in flight: a sample is on its way, and a black hole (whose calls never
+    /// complete) would otherwise be sent one more call each time it lost 16 draws until its first
+    /// timeout came back.
+    fn explore(&self, record: &EndpointRecord, in_flight: usize) -> bool {
         let lost = self.lost.load(Ordering::Relaxed);
-        if lost >= EXPLORE_AFTER && record.peak_unconfirmed() {
+        if lost >= EXPLORE_AFTER && in_flight == 0 && record.peak_unconfirmed() {
             return true;
         }
         self.lost.store(lost.saturating_add(1), Ordering::Relaxed);
@@ -467,7 +495,12 @@ where
         self.holder.draws.dispatched();
         let start = self.record().clock().now();
         let probes = std::mem::take(&mut self.holder.permits);
-        ResponseFuture::new(self.inner.call(request), self.holder.lane(), start, probes)
+        let lane = self.holder.lane();
+        if lane.in_flight() == 1 {
+            // The first call in flight on this lane: it is waited for from now.
+            lane.busy_since.store(start, Ordering::Relaxed);
+        }
+        ResponseFuture::new(self.inner.call(request), lane, start, probes)
     }
 }
 
@@ -496,10 +529,11 @@ where
 ///   endpoint wins until that many calls are in flight: exactly the failures the policy asks for,
 ///   no more. A policy that judges on a timer wants none. After a timeout nothing is wanted: each
 ///   call sent on purpose would cost a caller a timeout, and p2c avoids the endpoint on its own.
-/// * **Exploration.** An endpoint whose estimate rests on one slow call far above its fresh
-///   estimate, not yet confirmed by another, wins a draw after losing 16 in a row. A genuinely
-///   slow endpoint's next call confirms it and ends the exploration, so it gets no more traffic
-///   than p2c alone gives it; a healthy one's fast calls bring its estimate back down.
+/// * **Exploration.** An endpoint with no call in flight whose estimate rests on one slow call
+///   more than twice what it was, not yet confirmed by another, wins a draw after losing 16 in a
+///   row. A genuinely slow endpoint's next call confirms it and ends the exploration, so it gets
+///   no more traffic than p2c alone gives it (one call more each time p2c tries it again); a
+///   healthy one's fast calls bring its estimate back down.
 ///
 /// So reading the load counts a draw: it is meant for the balancer that holds this handle (p2c
 /// reads both candidates of every draw). The count lives in the handle, not the shared record.
@@ -529,11 +563,19 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         let draws = &self.holder.draws;
         if weight >= 1.0
             && (draws.wanted(record, now, in_flight as u64) > in_flight as u64
-                || draws.explore(record))
+                || draws.explore(record, in_flight))
         {
             return Cost(0.0);
         }
-        let rtt = record.rtt_estimate(now) + COST_FLOOR_NANOS;
+        let mut rtt = record.rtt_estimate(now);
+        if in_flight > 0 {
+            // Calls in flight count at their age so far: one that has waited far longer than
+            // the estimate (a black hole, a hung call) says more of the endpoint than samples
+            // from before it. Measured from when the calls began or the last call completed,
+            // whichever is later (a busy endpoint completes calls all the time).
+            rtt = rtt.max(self.holder.waiting(record, now) as f64);
+        }
+        let rtt = rtt + COST_FLOOR_NANOS;
         Cost(rtt * (in_flight as f64 + 1.0) / weight)
     }
 }

@@ -98,6 +98,9 @@ pub struct EndpointSnapshot {
     pub last_reason: Option<Reason>,
     /// Requests in flight.
     pub in_flight: usize,
+    /// The latency estimate the endpoint's load is computed from (decayed to the snapshot's
+    /// time): raised by fast failures, restored by the first success after them.
+    pub latency_estimate: Duration,
     /// Relative weight (1.0 = the endpoint's original weight).
     pub weight: f64,
     /// The absolute weight a weight policy gives it (SOFARPC's), if the layer has one.
@@ -274,6 +277,7 @@ impl Monitor {
     }
 
     /// Whether `other` is a handle on the same layer's monitor.
+    #[cfg(feature = "prometheus")]
     pub(crate) fn same_as(&self, other: &Monitor) -> bool {
         Arc::ptr_eq(&self.registry, &other.registry)
     }
@@ -370,6 +374,7 @@ impl Monitor {
                     last_reason: copied.last_reason,
                     weight: record.weight(),
                     in_flight,
+                    latency_estimate: Duration::from_nanos(record.rtt_estimate(at) as u64),
                     avoided_for,
                     // Only while a policy still judges it an outlier: an endpoint that healed
                     // sends the layer no signal, so the refusal the engine noted can outlive it.
@@ -716,6 +721,7 @@ mod tests {
                 failed_checks: 0,
                 last_reason: None,
                 in_flight: 0,
+                latency_estimate: Duration::ZERO,
                 weight: 1.0,
                 absolute_weight: None,
                 avoided_for: None,

@@ -112,31 +112,38 @@
 //!   flight + 1) ÷ relative weight ([`Cost`](crate::Cost)). The latency estimate is a
 //!   peak-sensitive moving average that decays toward zero while the endpoint is idle (10 s time
 //!   constant), with three rules of its own:
-//!   * **The first call** after the endpoint joins or is re-admitted moves the estimate an eighth
-//!     of the way to its latency, never as a peak: it may have set up the connection (TCP, TLS,
-//!     an HTTP/2 handshake, 1.5 to 43 ms against 0.1 ms warm calls on loopback). A first call that
-//!     times out is taken as it is.
+//!   * **The first call** after the endpoint joins or is re-admitted, if it succeeds, moves the
+//!     estimate an eighth of the way to its latency, never as a peak (not at all for an endpoint
+//!     never measured and not seeded): it may have set up the connection (TCP, TLS, an HTTP/2
+//!     handshake, 1.5 to 43 ms against 0.1 ms warm calls on loopback). A first call that fails
+//!     takes the failure rules.
 //!   * **A fast failure** (any failure but a timeout: a refused connection, a reset, a 5xx, a
 //!     gRPC error status) doubles the estimate, from at least 1 µs and up to 16 times what it was
-//!     before the failures began, or takes the failure's own latency if longer. Failing fast
-//!     never makes an endpoint the balancer's cheapest pick.
+//!     before the failures began (16 ms for an endpoint never measured), or takes the failure's
+//!     own latency if longer; after a timeout's 1 s it comes down to that cap. Failing fast never
+//!     makes an endpoint the balancer's cheapest pick. (Two calls completing at once on two cores
+//!     can leave a penalty in place until the next success: the estimate is updated without a
+//!     compare-and-swap, as it always was.)
 //!   * **The first success** after failures restores the estimate from before them.
-//! * **Evidence.** While an endpoint's last call failed fast, a policy needs more calls to judge
-//!   it (the rest of a streak of consecutive failures; an error rate above the threshold on fewer
-//!   calls than the minimum), and the layer could eject it (budget and last endpoint, section 3),
-//!   its load is zero until that many calls are in flight: exactly the failures the policy asks
-//!   for. Never after a timeout (each call would cost a caller a timeout, and the balancer
+//! * **Evidence.** While an endpoint's last call failed fast, the one before it failed too or the
+//!   endpoint has served nothing since it joined or was re-admitted (one failure of a serving
+//!   endpoint may be a gray endpoint's), a policy needs more calls to judge it (the next call of a
+//!   streak of consecutive failures; an error rate above the threshold on fewer calls than the
+//!   minimum), and the layer could eject it (budget and last endpoint, section 3), its load is
+//!   zero until that many calls are in flight: exactly the failures the policy asks for. Never after a timeout (each call would cost a caller a timeout, and the balancer
 //!   already routes around the endpoint), never for a detector that judges on a timer, never when
 //!   a policy lowered the endpoint's weight.
 //! * **Avoided.** An endpoint whose last call failed, with none in flight and none completed for
 //!   a second or more, is shown avoided ([`EndpointSnapshot::avoided_for`](crate::EndpointSnapshot)):
 //!   the balancer routes around it and no policy has judged it. It gets a call again as its
 //!   estimate decays, and its first success restores its share.
-//! * **Exploration.** An endpoint whose estimate rests on one slow call far above a fresh
-//!   estimate (4 times or more), which no later call has confirmed, wins a power-of-two-choices
-//!   draw after losing 16 in a row: a healthy endpoint's one slow call does not shut it out for
-//!   the estimate's decay time. A genuinely slow endpoint's next slow call confirms it, so it gets
-//!   no more traffic than p2c alone gives it.
+//! * **Exploration.** An endpoint with no call in flight whose estimate rests on one slow call
+//!   more than twice the estimate before it (a connection's handshake on the first call counts),
+//!   which no later call has confirmed, wins a power-of-two-choices draw after losing 16 in a
+//!   row, until its estimate is back within a quarter of where it was: p2c never picks the
+//!   costliest of three endpoints, so a healthy endpoint's one noisy or slow call would otherwise
+//!   shut it out for the estimate's decay time. A genuinely slow endpoint's next slow call
+//!   confirms it: it gets one call more each time p2c tries it again, no more.
 //!
 //! # 8. Upstream changes
 //!
