@@ -23,6 +23,7 @@ use tower::discover::{Change, Discover};
 
 use crate::endpoint::OutlierEndpoint;
 use crate::engine::{Engine, ProbeStart, Settings};
+use crate::layer::DiscoverErrors;
 use crate::monitor::Registry;
 use crate::probe::Probe;
 
@@ -40,7 +41,8 @@ pin_project! {
     /// * `Remove` forgets the key at once (its record, timers and probe); removing an unknown key
     ///   is ignored. If the removal leaves only ejected endpoints, or more ejected than the budget
     ///   allows, the earliest-due ejected endpoints are re-admitted on trial.
-    /// * An upstream error is passed through and nothing is forgotten.
+    /// * An upstream error is passed through and nothing is forgotten, or, with
+    ///   [`DiscoverErrors::KeepServing`], logged and counted while the stream is read on.
     /// * When the upstream ends, the last known set stays under detection; this stream ends only
     ///   once the upstream has ended and holds no endpoint.
     pub struct OutlierDetectionDiscover<D, C, P>
@@ -56,6 +58,8 @@ pin_project! {
         timer_at: Option<Instant>,
         probes: FuturesUnordered<ProbeTask<D::Key>>,
         aborts: HashMap<u64, AbortHandle>,
+        discover_errors: DiscoverErrors,
+        registry: Arc<Registry>,
     }
 }
 
@@ -75,13 +79,20 @@ where
         OutlierDetectionDiscover {
             discover,
             upstream_done: false,
-            engine: Engine::new(settings, classifier, registry, Instant::now()),
+            engine: Engine::new(settings, classifier, registry.clone(), Instant::now()),
             probe,
             timer: None,
             timer_at: None,
             probes: FuturesUnordered::new(),
             aborts: HashMap::new(),
+            discover_errors: DiscoverErrors::PassThrough,
+            registry,
         }
+    }
+
+    pub(crate) fn with_discover_errors(mut self, choice: DiscoverErrors) -> Self {
+        self.discover_errors = choice;
+        self
     }
 
     /// How many endpoints this adaptor tracks (every key the upstream holds).
@@ -126,7 +137,19 @@ where
                         this.engine.remove(&key, Instant::now());
                         continue;
                     }
-                    Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
+                    Poll::Ready(Some(Err(error))) => match this.discover_errors {
+                        DiscoverErrors::KeepServing => {
+                            this.registry.discover_error();
+                            tracing::warn!(
+                                target: "tower_outlier",
+                                error = std::any::type_name::<D::Error>(),
+                                tracked = this.engine.tracked(),
+                                "the upstream discover stream failed; serving the endpoints it gave so far"
+                            );
+                            continue;
+                        }
+                        _ => return Poll::Ready(Some(Err(error))),
+                    },
                     Poll::Ready(None) => {
                         tracing::debug!(target: "tower_outlier", "upstream discovery ended");
                         *this.upstream_done = true;

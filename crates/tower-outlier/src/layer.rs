@@ -51,6 +51,7 @@ use crate::reconfigure::{RulesCell, RulesHandle};
 /// # Ok(()) }
 /// ```
 pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
+    discover_errors: DiscoverErrors,
     rules: Arc<RulesCell>,
     hosts: Option<(HostRegistry, HostOf)>,
     budget: Option<Budget>,
@@ -67,6 +68,7 @@ impl OutlierDetectionLayer {
         let monitor = Monitor::new();
         let rules = RulesCell::new(vec![Arc::new(policy)], monitor.registry().clone());
         OutlierDetectionLayer {
+            discover_errors: DiscoverErrors::PassThrough,
             monitor,
             rules,
             hosts: None,
@@ -111,6 +113,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     /// Sets the classifier deciding which results count as failures.
     pub fn classifier<C2>(self, classifier: C2) -> OutlierDetectionLayer<C2, P> {
         OutlierDetectionLayer {
+            discover_errors: self.discover_errors,
             rules: self.rules,
             hosts: self.hosts,
             budget: self.budget,
@@ -125,6 +128,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     /// passive trial).
     pub fn probe<P2>(self, probe: P2) -> OutlierDetectionLayer<C, P2> {
         OutlierDetectionLayer {
+            discover_errors: self.discover_errors,
             rules: self.rules,
             hosts: self.hosts,
             budget: self.budget,
@@ -133,6 +137,25 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             probe,
             monitor: self.monitor,
         }
+    }
+
+    /// Sets what the adaptor does with an error from the upstream discover stream: pass it to the
+    /// balancer (the default, as tower's own stack does; tower's `Balance` then fails every later
+    /// call, and `Buffer` with it), or log it and keep serving the endpoints the upstream gave so
+    /// far ([`DiscoverErrors::KeepServing`], what the README's stack uses).
+    ///
+    #[cfg_attr(feature = "ejection", doc = "```")]
+    #[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+    /// use tower_outlier::{DiscoverErrors, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+    ///
+    /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?))
+    ///     .discover_errors(DiscoverErrors::KeepServing);
+    /// # let _ = layer;
+    /// # Ok::<(), tower_outlier::ConfigError>(())
+    /// ```
+    pub fn discover_errors(mut self, choice: DiscoverErrors) -> Self {
+        self.discover_errors = choice;
+        self
     }
 
     /// A handle for reading per-endpoint state. Every adaptor this layer builds reports to it.
@@ -210,12 +233,31 @@ where
             self.probe.clone(),
             self.monitor.registry().clone(),
         )
+        .with_discover_errors(self.discover_errors)
     }
+}
+
+/// What the discover adaptor does with an error from the upstream stream
+/// ([`OutlierDetectionLayer::discover_errors`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DiscoverErrors {
+    /// Pass the error on to the balancer, as tower's discover adaptors do. tower's `Balance`
+    /// takes it for a broken upstream: every later call fails, and a `Buffer` in front fails with
+    /// it.
+    #[default]
+    PassThrough,
+    /// Log the error (with its type, at WARN), count it in the monitor
+    /// ([`Snapshot::discover_errors`](crate::Snapshot)), lose nothing, and read the stream on:
+    /// the balancer keeps the endpoints the upstream gave so far, as linkerd's discovery survives
+    /// a resolver error. A stream that ends after its error leaves the last set under detection.
+    KeepServing,
 }
 
 impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
     fn clone(&self) -> Self {
         OutlierDetectionLayer {
+            discover_errors: self.discover_errors,
             rules: self.rules.clone(),
             hosts: self.hosts.clone(),
             budget: self.budget,

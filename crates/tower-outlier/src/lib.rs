@@ -98,7 +98,7 @@ pub mod classify {
 pub use classify::{NetworkErrors, ServerErrors};
 pub use discover::OutlierDetectionDiscover;
 pub use endpoint::{Cost, OutlierEndpoint};
-pub use layer::OutlierDetectionLayer;
+pub use layer::{DiscoverErrors, OutlierDetectionLayer};
 pub use monitor::{
     EndpointSnapshot, EndpointStatus, EventCallback, Monitor, PolicyWindow, Snapshot,
 };

@@ -135,6 +135,9 @@ pub struct Snapshot {
     pub rules_version: u64,
     /// Why the last reconfiguration was refused, if it was (cleared by the next accepted one).
     pub rules_error: Option<String>,
+    /// Errors the upstream discover streams returned that the layer kept serving through
+    /// ([`DiscoverErrors::KeepServing`](crate::DiscoverErrors)).
+    pub discover_errors: u64,
     /// Set while the layer's budget allows no ejection at all for the endpoints it has, with
     /// why: "ejection budget of 0 for 3 endpoints at 20 %" (EDAS's 20 % of fewer than five,
     /// Envoy's 10 % of fewer than ten). Its policies may judge endpoints outliers; none is
@@ -201,6 +204,7 @@ pub(crate) struct Registry {
     rosters: Lock<HashMap<u64, Roster>>,
     rules: Lock<(u64, Option<String>)>,
     pub(crate) events: EventHub,
+    discover_errors: AtomicU64,
 }
 
 /// The endpoints of one adaptor.
@@ -264,6 +268,7 @@ impl Monitor {
     pub(crate) fn new() -> Self {
         Monitor {
             registry: Arc::new(Registry {
+                discover_errors: AtomicU64::new(0),
                 next_id: AtomicU64::new(0),
                 rosters: Lock::new(HashMap::new()),
                 rules: Lock::new((0, None)),
@@ -394,6 +399,7 @@ impl Monitor {
             endpoints,
             rules_version,
             rules_error,
+            discover_errors: self.registry.discover_errors.load(Ordering::Relaxed),
             no_ejection,
         }
     }
@@ -654,6 +660,11 @@ impl Registry {
         }
     }
 
+    /// Counts an upstream error an adaptor kept serving through.
+    pub(crate) fn discover_error(&self) {
+        self.discover_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Shows why the adaptor of `roster` can eject nothing now, or (`None`) that it can.
     pub(crate) fn no_ejection(&self, roster: u64, why: Option<String>) {
         if let Some(roster) = self.rosters.lock().get_mut(&roster) {
@@ -730,6 +741,7 @@ mod tests {
             }],
             rules_version: 3,
             rules_error: None,
+            discover_errors: 0,
             no_ejection: None,
         };
         let json = serde_json::to_value(&snapshot).unwrap();
