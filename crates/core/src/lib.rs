@@ -43,6 +43,7 @@ mod lock;
 mod outcome;
 mod policy;
 mod record;
+mod sync;
 pub mod text;
 mod window;
 

@@ -22,12 +22,22 @@
 //! recorder that read its timestamp just before a boundary and records just after another thread
 //! recycled the bucket may have its call counted in the new slice. That shifts the call by one
 //! slice (by more only if the recorder was descheduled for a whole window), and never counts one
-//! twice. Sentinel's `LeapArray` has the same property. Two races can lose calls instead, never
-//! invent them: a claim that takes a slice's old counts out after a [`Window::clear`] (or after
-//! another claim a whole window later) emptied the bucket takes them out of whatever the bucket
-//! holds by then, down to zero at most; and calls recorded while a clear runs may be forgotten with
-//! the rest. A bucket counts at most about 4.29 billion calls per ring (2^32 − 2^16); calls past
-//! that in one slice are not counted.
+//! twice. Sentinel's `LeapArray` has the same property. A call recorded while another recorder is
+//! still claiming an older slice is counted in the slice being claimed (early, by as many slices
+//! as the claimer is behind). Two races can lose calls instead, never invent them: a claim that
+//! takes a slice's old counts out after a [`Window::clear`] (or after another claim a whole window
+//! later) emptied the bucket takes them out of whatever the bucket holds by then, down to zero at
+//! most; and calls recorded while a clear runs may be forgotten with the rest. A bucket counts at
+//! most about 4.29 billion calls per ring (2^32 − 2^16); calls past that in one slice are not
+//! counted.
+//!
+//! **What a reader racing recorders sees.** A claim publishes its slice only once the bucket's old
+//! counts are out (until then readers skip that bucket), so a read never shows a slice with an
+//! older slice's counts in it. It shows each call at most once, in its own slice or one of those
+//! shifts, or not yet; a bucket being claimed at that instant reads as empty; and a call's failure
+//! is never shown without the call (failures and slow calls are clamped to calls). These are
+//! checked under every interleaving of a recycle, two claims and a clear racing recorders and a
+//! reader, by the loom models in `tests/loom_window.rs` (at most three preemptions).
 //!
 //! **Quiet endpoints.** The first call after a pause claims the slices passed one at a time, one
 //! compare-and-swap each, at most one per bucket: about 80 ns for ten buckets, microseconds for
@@ -38,12 +48,11 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::clock::{duration_to_nanos, Nanos};
 use crate::error::ConfigError;
+use crate::sync::{AtomicU32, AtomicU64, OnceLock, Ordering};
 
 /// Counts of calls in a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,6 +97,9 @@ const SATURATED: u64 = CALLS - (1 << 16);
 // `Ring::newest` packs the epoch above the bucket index (`MAX_BUCKETS` = 2^10).
 const INDEX_BITS: u32 = 10;
 const INDEX: u64 = (1 << INDEX_BITS) - 1;
+// Set in `Ring::newest` while the claim of its slice has not yet taken the old counts out of the
+// slice's bucket (epochs never reach this bit: it would take 2^53 slices).
+const CLAIMING: u64 = 1 << 63;
 
 struct Bucket {
     // Calls (low half) and failures (high half).
@@ -127,6 +139,7 @@ impl Ring {
     /// window are allocated one after another, and without it the last buckets of one could share
     /// a line with the first of the next, which another core writes. The padding is never used
     /// (indices stay below the window's bucket count).
+    #[cfg_attr(loom, allow(dead_code))]
     fn for_another_core(buckets: usize, counts_slow: bool) -> Self {
         Ring::with_padding(buckets, counts_slow, 64)
     }
@@ -169,20 +182,28 @@ impl Ring {
 
     /// Makes slice `next` (in bucket `index`) the newest if `seen` still is; then takes `stale`,
     /// read before, out of its bucket. False when another claim or a clear came first.
+    ///
+    /// In two steps, so that no reader sees the new slice in a bucket still holding the old
+    /// one's counts: the slice is first claimed with `CLAIMING` set (readers skip its bucket,
+    /// recorders of it add to the bucket as usual and their calls survive the take), and
+    /// published once the old counts are out. A clear meanwhile wins: the ring stays empty.
     fn advance(&self, seen: u64, next: u64, index: usize, stale: (u64, u32)) -> bool {
-        let claimed = self
+        let slice = next << INDEX_BITS | index as u64;
+        if self
             .newest
-            .compare_exchange(
-                seen,
-                next << INDEX_BITS | index as u64,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok();
-        if claimed {
-            self.take(index, stale);
+            .compare_exchange(seen, slice | CLAIMING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
         }
-        claimed
+        self.take(index, stale);
+        let _ = self.newest.compare_exchange(
+            slice | CLAIMING,
+            slice,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+        true
     }
 
     /// Takes `stale`, read before a claim, out of bucket `index`, never below zero: a clear (or
@@ -202,6 +223,14 @@ impl Ring {
                 Some(count.saturating_sub(stale.1))
             });
         }
+    }
+
+    /// The newest slice as readers take it, and the bucket to skip while a claim of that slice
+    /// is still taking the old counts out of it.
+    fn published(&self) -> (u64, Option<usize>) {
+        let newest = self.newest.load(Ordering::Acquire);
+        let claiming = (newest & CLAIMING != 0).then_some((newest & INDEX) as usize);
+        (newest & !CLAIMING, claiming)
     }
 
     fn clear(&self) {
@@ -351,6 +380,7 @@ impl Window {
         self.first.buckets.len()
     }
 
+    #[cfg_attr(loom, allow(dead_code))]
     fn counts_slow(&self) -> bool {
         self.first.slow.is_some()
     }
@@ -387,7 +417,9 @@ impl Window {
         let slice_start = (newest >> INDEX_BITS)
             .wrapping_sub(1)
             .wrapping_mul(self.bucket_nanos);
-        let index = if newest != 0 && now.wrapping_sub(slice_start) < self.bucket_nanos {
+        // `newest` in 1..CLAIMING: a slice claimed and published (one comparison, as `!= 0` was).
+        let published = newest.wrapping_sub(1) < CLAIMING - 1;
+        let index = if published && now.wrapping_sub(slice_start) < self.bucket_nanos {
             (newest & INDEX) as usize
         } else {
             match self.claim(ring, now) {
@@ -428,7 +460,14 @@ impl Window {
         let index_of = |epoch: u64| (epoch % buckets) as usize;
         loop {
             let newest = ring.newest.load(Ordering::Acquire);
-            let newest_epoch = newest >> INDEX_BITS;
+            let newest_epoch = (newest & !CLAIMING) >> INDEX_BITS;
+            if newest & CLAIMING != 0 {
+                // Another recorder is moving the ring onto `newest_epoch`. A call of that slice
+                // or an older one goes to its bucket as usual; a newer one is counted in the slice
+                // being claimed, a slice or so early, rather than wait for the claim to finish.
+                return (newest_epoch.saturating_sub(epoch) < buckets)
+                    .then(|| index_of(epoch.min(newest_epoch)));
+            }
             if newest != 0 && epoch <= newest_epoch {
                 // Its slice is claimed already: its bucket still holds it unless the ring has
                 // moved a whole window past it.
@@ -453,6 +492,12 @@ impl Window {
 
     /// Cores contend on this window: give each its own ring, or move this thread to another.
     #[cold]
+    #[cfg(loom)]
+    fn contended(&self) {}
+
+    /// Cores contend on this window: give each its own ring, or move this thread to another.
+    #[cold]
+    #[cfg(not(loom))]
     fn contended(&self) {
         if self.more.get().is_some() {
             rehash_thread_stripe();
@@ -477,9 +522,12 @@ impl Window {
         let buckets = self.buckets();
         let mut counts = WindowCounts::default();
         for ring in self.rings() {
-            let ring_newest = ring.newest.load(Ordering::Acquire);
+            let (ring_newest, claiming) = ring.published();
             // The extra rings' padding past `buckets` is never used.
             for (index, bucket) in ring.buckets[..buckets].iter().enumerate() {
+                if claiming == Some(index) {
+                    continue;
+                }
                 let Some(epoch) = slice_held(ring_newest, index, buckets) else {
                     continue;
                 };
@@ -491,8 +539,8 @@ impl Window {
                 }
             }
         }
-        // A reader racing a recycle can see the new epoch before the old counts are subtracted;
-        // keep the reported counts self-consistent.
+        // Failures and slow calls are added apart from calls (a separate counter for slow ones):
+        // a reader between the two adds of a call could see one without the other.
         counts.failures = counts.failures.min(counts.calls);
         counts.slow = counts.slow.min(counts.calls);
         counts
@@ -507,10 +555,7 @@ impl Window {
         if previous.bucket_nanos == self.bucket_nanos && previous.buckets() == buckets {
             // Each ring's newest slice read once, so that every slot is read against the same
             // one even if `previous` is still recorded into (cold path: the one allocation).
-            let newest: Vec<u64> = previous
-                .rings()
-                .map(|ring| ring.newest.load(Ordering::Acquire))
-                .collect();
+            let newest: Vec<(u64, Option<usize>)> = previous.rings().map(Ring::published).collect();
             for index in 0..buckets {
                 // Each ring's slot may hold another slice: keep the newest, summed over rings.
                 // (The ring with the newest slice holds the newest of every slot, so the slots
@@ -518,12 +563,16 @@ impl Window {
                 let epoch = previous
                     .rings()
                     .zip(&newest)
-                    .filter_map(|(_, &newest)| slice_held(newest, index, buckets))
+                    .filter(|(_, &(_, claiming))| claiming != Some(index))
+                    .filter_map(|(_, &(newest, _))| slice_held(newest, index, buckets))
                     .max()
                     .unwrap_or(0);
                 let (mut calls, mut failures, mut slow) = (0, 0, 0);
-                for (ring, &newest) in previous.rings().zip(&newest) {
-                    if epoch != 0 && slice_held(newest, index, buckets) == Some(epoch) {
+                for (ring, &(newest, claiming)) in previous.rings().zip(&newest) {
+                    if epoch != 0
+                        && claiming != Some(index)
+                        && slice_held(newest, index, buckets) == Some(epoch)
+                    {
                         let (c, f) = ring.buckets[index].counts();
                         calls += c;
                         failures += f;
@@ -613,7 +662,7 @@ impl fmt::Debug for Window {
 /// ```
 pub struct SharedWindow {
     window: Window,
-    watching: AtomicBool,
+    watching: std::sync::atomic::AtomicBool,
 }
 
 impl SharedWindow {
@@ -621,7 +670,7 @@ impl SharedWindow {
     pub fn new(window: Window) -> Self {
         SharedWindow {
             window,
-            watching: AtomicBool::new(false),
+            watching: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -665,6 +714,7 @@ impl fmt::Debug for SharedWindow {
 }
 
 /// How many rings a contended window splits into: one per core, a power of two, 2 to 16.
+#[cfg(not(loom))]
 fn stripes() -> usize {
     static STRIPES: OnceLock<usize> = OnceLock::new();
     *STRIPES.get_or_init(|| {
@@ -686,8 +736,11 @@ thread_local! {
 fn thread_stripe() -> u32 {
     STRIPE.with(|stripe| match stripe.get() {
         0 => {
-            static NEXT: AtomicU32 = AtomicU32::new(1);
-            let assigned = NEXT.fetch_add(1, Ordering::Relaxed).max(1);
+            // A numbering, not part of the window's protocol: std's even under loom.
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+            let assigned = NEXT
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .max(1);
             stripe.set(assigned);
             assigned
         }
@@ -696,6 +749,7 @@ fn thread_stripe() -> u32 {
 }
 
 /// Moves this thread to another ring after it met another core on its own (xorshift).
+#[cfg(not(loom))]
 fn rehash_thread_stripe() {
     STRIPE.with(|stripe| {
         let mut x = stripe.get().max(1);
