@@ -301,3 +301,40 @@ async fn transport_errors_fail() {
         (1, 1)
     );
 }
+
+/// With `stalled_after`, a body dropped after its reader waited on the server that long is a
+/// timeout; one dropped sooner, or never read, is cancelled as before.
+#[tokio::test(start_paused = true)]
+async fn a_body_dropped_after_a_long_wait_is_a_timeout_with_stalled_after() {
+    let classifier = GrpcErrors::default().stalled_after(Duration::from_secs(1));
+    let slow_trailers = Answer {
+        trailers_after: Duration::from_secs(10),
+        ..Answer::trailers("0")
+    };
+    for (wait, expected) in [
+        (None, (0, 0)),
+        (Some(Duration::from_millis(500)), (0, 0)),
+        (Some(Duration::from_secs(2)), (1, 1)),
+    ] {
+        let mut endpoint = endpoint(classifier);
+        let response = endpoint
+            .ready()
+            .await
+            .unwrap()
+            .call(slow_trailers.clone())
+            .await
+            .unwrap();
+        if let Some(wait) = wait {
+            let mut body = response.into_body();
+            let read = async {
+                while let Some(frame) = body.frame().await {
+                    let _ = frame;
+                }
+            };
+            assert!(tokio::time::timeout(wait, read).await.is_err());
+        } else {
+            drop(response);
+        }
+        assert_eq!(failures(counts(&endpoint)), expected, "waited {wait:?}");
+    }
+}

@@ -298,3 +298,64 @@ async fn not_found_is_ejected_when_the_classifier_counts_it() {
     }
     assert_eq!(servers[2].calls(), before);
 }
+
+/// A server that sends its response headers and then nothing, as a wedged handler does behind a
+/// front end that has already answered: the response future completes, the body never does.
+async fn stalling_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(|_: http::Request<hyper::body::Incoming>| async {
+                        let never = futures::stream::pending::<
+                            Result<http_body::Frame<bytes::Bytes>, Infallible>,
+                        >();
+                        Ok::<_, Infallible>(
+                            http::Response::builder()
+                                .header("content-type", "application/grpc")
+                                .body(http_body_util::StreamBody::new(never))
+                                .unwrap(),
+                        )
+                    });
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A server that stalls after its headers is dropped by the caller's deadline mid-body: counted
+/// as nothing by default (the call was cancelled), as a timeout with `stalled_after`.
+#[tokio::test]
+async fn a_server_stalling_after_its_headers_is_a_timeout_with_stalled_after() {
+    let addr = stalling_server().await;
+    let stalled = GrpcErrors::default().stalled_after(Duration::from_millis(200));
+    for (classifier, expected) in [(GrpcErrors::default(), (0, 0)), (stalled, (1, 1))] {
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+            ErrorRateConfig::hsf().build().unwrap(),
+        ))
+        .classifier(classifier);
+        let endpoint = layer.endpoint(channel);
+        let mut client = HealthClient::new(endpoint.clone());
+        let call = client.check(HealthCheckRequest {
+            service: String::new(),
+        });
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), call)
+                .await
+                .is_err(),
+            "the stalling server answered"
+        );
+        let record = endpoint.record();
+        let counts = record.policies()[0].counts(record.clock().now());
+        assert_eq!((counts.calls, counts.failures), expected, "{classifier:?}");
+    }
+}

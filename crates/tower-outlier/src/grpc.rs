@@ -11,7 +11,9 @@
 //! * otherwise the body is wrapped in a [`GrpcBody`] that records when the trailers arrive; a
 //!   stream that ends with no `grpc-status` at all is UNAVAILABLE, a body error is a transport
 //!   failure, and a body dropped before its end counts as cancelled (neither success nor
-//!   failure);
+//!   failure) — unless [`GrpcErrors::stalled_after`] is set and the body was dropped while its
+//!   reader had waited on the server that long: a server that sends its headers and then stalls
+//!   until the caller's deadline is a timeout;
 //! * an unparsable `grpc-status` counts as UNKNOWN.
 //!
 //! Which codes are failures is configurable; by default UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL,
@@ -24,12 +26,13 @@
 use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower_outlier_core::classify::error_kind;
-use tower_outlier_core::{FailureKind, Outcome};
+use tower_outlier_core::{duration_to_nanos, FailureKind, Nanos, Outcome};
 
 use crate::response::{Recorder, ResponseClassifier};
 
@@ -174,6 +177,8 @@ impl fmt::Display for Code {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct GrpcErrors {
     failures: u32,
+    // A body dropped after its reader waited on the server this long is a timeout.
+    stalled_after: Option<Nanos>,
 }
 
 impl Default for GrpcErrors {
@@ -194,7 +199,30 @@ impl GrpcErrors {
     pub fn only(codes: &[Code]) -> Self {
         GrpcErrors {
             failures: codes.iter().fold(0, |bits, code| bits | code.bit()),
+            stalled_after: None,
         }
+    }
+
+    /// Counts a call whose response body is dropped unfinished, after its reader had been waiting
+    /// on the server for at least `wait`, as a timeout (off by default: such a call is cancelled,
+    /// neither success nor failure).
+    ///
+    /// A server that sends its response headers and then stalls completes the response future
+    /// (so a `tower::timeout` around the endpoint does not fire) and is dropped by the caller's
+    /// own deadline mid-body: without this, such a server is never counted. Set `wait` to the
+    /// deadline of your unary calls, or above the longest quiet gap of your server streams: a
+    /// stream the caller drops after waiting longer for its next message counts as a timeout too.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_outlier::grpc::GrpcErrors;
+    ///
+    /// let classifier = GrpcErrors::default().stalled_after(Duration::from_secs(1));
+    /// # let _ = classifier;
+    /// ```
+    pub fn stalled_after(mut self, wait: Duration) -> Self {
+        self.stalled_after = Some(duration_to_nanos(wait));
+        self
     }
 
     /// Also counts `code` as a failure.
@@ -237,6 +265,10 @@ impl fmt::Debug for GrpcErrors {
             .collect();
         f.debug_struct("GrpcErrors")
             .field("failures", &failures)
+            .field(
+                "stalled_after",
+                &self.stalled_after.map(Duration::from_nanos),
+            )
             .finish()
     }
 }
@@ -270,7 +302,13 @@ impl<B, E: 'static> ResponseClassifier<http::Response<B>, E> for GrpcErrors {
                 Some(recorder)
             }
         };
-        Ok(response.map(|inner| GrpcBody { inner, recorder }))
+        Ok(response.map(|inner| GrpcBody {
+            inner,
+            pending: PendingRecord {
+                recorder,
+                waiting_since: None,
+            },
+        }))
     }
 }
 
@@ -279,7 +317,30 @@ pin_project! {
     pub struct GrpcBody<B> {
         #[pin]
         inner: B,
-        recorder: Option<Recorder<GrpcErrors>>,
+        pending: PendingRecord,
+    }
+}
+
+/// The call's record until the body decides it, and since when the body's reader has been
+/// waiting on the server (a poll returned `Pending` and no frame came since), for
+/// [`GrpcErrors::stalled_after`]. Dropped undecided, it records a stall as a timeout, or nothing
+/// (the recorder then counts the call as cancelled).
+struct PendingRecord {
+    recorder: Option<Recorder<GrpcErrors>>,
+    waiting_since: Option<Nanos>,
+}
+
+impl Drop for PendingRecord {
+    fn drop(&mut self) {
+        let Some(recorder) = self.recorder.take() else {
+            return;
+        };
+        if let (Some(wait), Some(since)) = (recorder.classifier().stalled_after, self.waiting_since)
+        {
+            if recorder.now().saturating_sub(since) >= wait {
+                recorder.record(Outcome::Failure(FailureKind::Timeout));
+            }
+        }
     }
 }
 
@@ -299,10 +360,25 @@ impl<B: Body> Body for GrpcBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
-        let frame = std::task::ready!(this.inner.poll_frame(cx));
+        let pending = this.pending;
+        let frame = match this.inner.poll_frame(cx) {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => {
+                if pending.waiting_since.is_none() {
+                    if let Some(recorder) = &pending.recorder {
+                        if recorder.classifier().stalled_after.is_some() {
+                            pending.waiting_since = Some(recorder.now());
+                        }
+                    }
+                }
+                return Poll::Pending;
+            }
+        };
+        pending.waiting_since = None;
+        let recorder_slot = &mut pending.recorder;
         let outcome = match &frame {
             Some(Ok(frame)) => frame.trailers_ref().map(|trailers| {
-                let recorder = this.recorder.as_ref();
+                let recorder = recorder_slot.as_ref();
                 match recorder.map(|r| (*r.classifier(), r.classifier().status_in(trailers))) {
                     Some((classifier, Some(code))) => classifier.outcome(code),
                     // Trailers without a status are as bad as none at all.
@@ -311,13 +387,12 @@ impl<B: Body> Body for GrpcBody<B> {
                 }
             }),
             Some(Err(_)) => Some(Outcome::Failure(FailureKind::Transport)),
-            None => this
-                .recorder
+            None => recorder_slot
                 .as_ref()
                 .map(|r| r.classifier().outcome(Code::Unavailable)),
         };
         if let Some(outcome) = outcome {
-            if let Some(recorder) = this.recorder.take() {
+            if let Some(recorder) = recorder_slot.take() {
                 recorder.record(outcome);
             }
         }
@@ -337,7 +412,7 @@ impl<B: fmt::Debug> fmt::Debug for GrpcBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcBody")
             .field("inner", &self.inner)
-            .field("pending", &self.recorder.is_some())
+            .field("pending", &self.pending.recorder.is_some())
             .finish()
     }
 }

@@ -136,6 +136,12 @@ impl<C> Recorder<C> {
         &self.lane.shared.classifier
     }
 
+    /// Now, on the layer's clock.
+    #[inline]
+    pub(crate) fn now(&self) -> Nanos {
+        self.lane.shared.record.clock().now()
+    }
+
     /// Fixes the call's latency at now (the time to the response headers), for an outcome that
     /// will be recorded later.
     pub fn freeze_latency(&mut self) {
