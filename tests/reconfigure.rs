@@ -364,3 +364,75 @@ async fn an_adaptor_built_after_a_change_shows_the_version_it_runs() {
     h.sync();
     assert_eq!(layer.monitor().snapshot().rules_version, 1);
 }
+
+/// A misspelt key in a runtime HSF document is accepted as HSF would (ignored) but noted, with
+/// the key it likely meant; a document leaving detection off says so; the strict dialect refuses
+/// both typos and keeps the rules in force; a clean document clears the notes.
+#[test]
+fn hsf_and_sentinel_typos_are_noted_or_refused() {
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let (rules, monitor) = (layer.rules(), layer.monitor());
+    let typo = r#"{"DEFAULT": {"qosEnabled": true, "errorRateThreshhold": 0.1}}"#;
+    let version = rules.apply(&Hsf::service(SERVICE), typo).unwrap();
+    assert_eq!(
+        monitor.snapshot().rules_notes,
+        ["unknown key `DEFAULT.errorRateThreshhold` ignored (did you mean `errorRateThreshold`?)"]
+    );
+
+    let error = rules
+        .apply(&Hsf::service(SERVICE).strict(), typo)
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("did you mean `errorRateThreshold`"),
+        "{error}"
+    );
+    assert_eq!(rules.version(), version, "refused: the rules in force stay");
+
+    rules
+        .apply(
+            &Hsf::service(SERVICE),
+            r#"{"DEFAULT": {"errorRateThreshold": 0.1}}"#,
+        )
+        .unwrap();
+    let notes = monitor.snapshot().rules_notes;
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].starts_with("detection is off for `com.example.Orders:1.0.0`"));
+
+    rules
+        .apply(
+            &Hsf::service(SERVICE).strict(),
+            r#"{"DEFAULT": {"qosEnabled": true, "errorRateThreshold": 0.1}}"#,
+        )
+        .unwrap();
+    assert!(
+        monitor.snapshot().rules_notes.is_empty(),
+        "a clean document clears them"
+    );
+
+    let breaker = OutlierDetectionLayer::new(SlowCallPolicy::new(
+        parse_degrade_rules(
+            r#"[{"resource": "orders", "grade": 0, "count": 50, "timeWindow": 10}]"#,
+        )
+        .unwrap()[0]
+            .config()
+            .clone(),
+    ));
+    let sentinel_typo = r#"[{"resource": "orders", "grade": 0, "count": 50, "timeWindow": 10, "slowRatioThreshhold": 0.2}]"#;
+    assert!(breaker
+        .rules()
+        .apply(&Sentinel::resource("orders").strict(), sentinel_typo)
+        .is_err());
+    breaker
+        .rules()
+        .apply(&Sentinel::resource("orders"), sentinel_typo)
+        .unwrap();
+    let notes = breaker.monitor().snapshot().rules_notes;
+    assert_eq!(
+        notes,
+        ["unknown field `slowRatioThreshhold` of the rule for `orders` ignored (did you mean `slowRatioThreshold`?)"]
+    );
+}

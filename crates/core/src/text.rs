@@ -44,3 +44,47 @@ pub fn name(raw: &str) -> String {
         clip(raw.to_string())
     }
 }
+
+/// The name of `known` closest to `unknown` when it is close enough to be a misspelling of it
+/// (at most one edit per four characters, and at least one: `errorRateThreshhold` →
+/// `errorRateThreshold`), for a "did you mean" note; `None` when nothing is that close.
+///
+/// ```
+/// use tower_outlier_core::text::closest;
+///
+/// let known = ["errorRateThreshold", "qosEnabled", "timeWindowInSeconds"];
+/// assert_eq!(closest("errorRateThreshhold", known), Some("errorRateThreshold"));
+/// assert_eq!(closest("qosenabled", known), Some("qosEnabled"));
+/// assert_eq!(closest("somethingElse", known), None);
+/// ```
+pub fn closest<'a>(unknown: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    // Names are short (tens of characters); longer input is no misspelling of one.
+    if unknown.chars().count() > 128 {
+        return None;
+    }
+    let allowed = (unknown.chars().count() / 4).max(1);
+    known
+        .into_iter()
+        .map(|name| (edit_distance(unknown, name), name))
+        .filter(|(distance, _)| *distance <= allowed)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name)
+}
+
+/// Levenshtein distance, ASCII letters compared without case (a wrong case is one edit less
+/// than a wrong letter would be: none).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().map(|c| c.to_ascii_lowercase()).collect();
+    let b: Vec<char> = b.chars().map(|c| c.to_ascii_lowercase()).collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    let mut current = vec![0; b.len() + 1];
+    for (i, ca) in a.iter().enumerate() {
+        current[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != cb);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        std::mem::swap(&mut previous, &mut current);
+    }
+    previous[b.len()]
+}

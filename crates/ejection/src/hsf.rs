@@ -368,6 +368,43 @@ impl HsfQosConfig {
         &self.ignored
     }
 
+    /// One line per [ignored key](Self::ignored_keys), for a log or a monitor, shown safely
+    /// ([`tower_outlier_core::text::name`]) and with the key it is likely a misspelling of:
+    ///
+    /// ```
+    /// use tower_outlier_ejection::HsfQosConfig;
+    ///
+    /// let hsf = HsfQosConfig::from_json(r#"{ "DEFAULT": { "errorRateThreshhold": 0.1 } }"#)?;
+    /// assert_eq!(
+    ///     hsf.ignored_key_notes(),
+    ///     ["unknown key `DEFAULT.errorRateThreshhold` ignored (did you mean `errorRateThreshold`?)"]
+    /// );
+    /// # Ok::<(), tower_outlier_ejection::HsfConfigError>(())
+    /// ```
+    pub fn ignored_key_notes(&self) -> Vec<String> {
+        self.ignored
+            .iter()
+            .map(|ignored| {
+                let shown = tower_outlier_core::text::name(ignored);
+                let suggestion = match ignored.strip_prefix("-D") {
+                    Some(property) => {
+                        tower_outlier_core::text::closest(property, Key::property_names())
+                            .map(|known| format!("-D{known}"))
+                    }
+                    None => ignored.rsplit_once('.').and_then(|(_, key)| {
+                        tower_outlier_core::text::closest(key, Key::json_names()).map(String::from)
+                    }),
+                };
+                match suggestion {
+                    Some(known) => {
+                        format!("unknown key `{shown}` ignored (did you mean `{known}`?)")
+                    }
+                    None => format!("unknown key `{shown}` ignored"),
+                }
+            })
+            .collect()
+    }
+
     /// The `bizExceptionPredicateClassName` (`-Dhsf.qos.biz.exception.class.name`) in effect for
     /// a service, resolved like the other keys; pass `"DEFAULT"` (or any service without a block)
     /// for the application level.

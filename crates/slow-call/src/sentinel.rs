@@ -109,6 +109,38 @@ impl DegradeRule {
     pub fn ignored_fields(&self) -> &[String] {
         &self.ignored_fields
     }
+
+    /// One line per [ignored field](Self::ignored_fields), for a log or a monitor, shown safely
+    /// ([`tower_outlier_core::text::name`]) and with the field it is likely a misspelling of:
+    ///
+    /// ```
+    /// use tower_outlier_slow_call::parse_degrade_rules;
+    ///
+    /// let rules = parse_degrade_rules(
+    ///     r#"[{"resource": "orders", "grade": 0, "count": 50, "timeWindow": 10, "slowRatioThreshhold": 0.2}]"#,
+    /// )?;
+    /// assert_eq!(
+    ///     rules[0].ignored_field_notes(),
+    ///     ["unknown field `slowRatioThreshhold` of the rule for `orders` ignored (did you mean `slowRatioThreshold`?)"]
+    /// );
+    /// # Ok::<(), tower_outlier_slow_call::RuleError>(())
+    /// ```
+    pub fn ignored_field_notes(&self) -> Vec<String> {
+        let resource = tower_outlier_core::text::name(&self.resource);
+        self.ignored_fields
+            .iter()
+            .map(|field| {
+                let shown = tower_outlier_core::text::name(field);
+                let known = READ_FIELDS.iter().chain(&BOOKKEEPING_FIELDS).copied();
+                match tower_outlier_core::text::closest(field, known) {
+                    Some(known) => format!(
+                        "unknown field `{shown}` of the rule for `{resource}` ignored (did you mean `{known}`?)"
+                    ),
+                    None => format!("unknown field `{shown}` of the rule for `{resource}` ignored"),
+                }
+            })
+            .collect()
+    }
 }
 
 /// Reads a JSON array of Alibaba Sentinel `DegradeRule`s (circuit-breaking rules), as Sentinel's

@@ -45,9 +45,15 @@ pub use file::watch_file;
 /// key over `DEFAULT`): replaces the layer's error-rate policy.
 #[cfg(feature = "hsf")]
 #[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
+///
+/// HSF ignores keys it does not know, and so does this dialect, noting each (with the key a
+/// misspelt one likely meant) in the log and [`Snapshot::rules_notes`](crate::Snapshot), with a
+/// note too when the document leaves detection off for the service (`qosEnabled` is off unless a
+/// block sets it); [`strict`](Hsf::strict) refuses a document with an unknown key.
 #[derive(Clone, Debug)]
 pub struct Hsf {
     service: String,
+    strict: bool,
 }
 
 #[cfg(feature = "hsf")]
@@ -56,7 +62,29 @@ impl Hsf {
     pub fn service(service_and_version: impl Into<String>) -> Self {
         Hsf {
             service: service_and_version.into(),
+            strict: false,
         }
+    }
+
+    /// Refuses a document with a key HSF does not know (the rules in force stay), where HSF
+    /// would ignore it.
+    ///
+    /// ```
+    /// use tower_outlier::dialect::Hsf;
+    /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+    ///
+    /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
+    /// let typo = r#"{"DEFAULT": {"qosEnabled": true, "errorRateThreshhold": 0.1}}"#;
+    /// let error = layer.rules().apply(&Hsf::service("Orders:1.0").strict(), typo).unwrap_err();
+    /// assert!(error.to_string().contains("did you mean `errorRateThreshold`"));
+    /// // Lenient, as HSF is: accepted, with a note.
+    /// layer.rules().apply(&Hsf::service("Orders:1.0"), typo)?;
+    /// assert_eq!(layer.monitor().snapshot().rules_notes.len(), 1);
+    /// # Ok::<(), tower::BoxError>(())
+    /// ```
+    pub fn strict(mut self) -> Self {
+        self.strict = true;
+        self
     }
 }
 
@@ -70,9 +98,29 @@ impl Dialect for Hsf {
         "error-rate"
     }
 
-    fn parse(&self, text: &str, _current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
-        let config =
-            tower_outlier_ejection::HsfQosConfig::from_json(text)?.service(&self.service)?;
+    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+        self.parse_noting(text, current, &mut Vec::new())
+    }
+
+    fn parse_noting(
+        &self,
+        text: &str,
+        _current: &dyn Policy,
+        notes: &mut Vec<String>,
+    ) -> Result<Arc<dyn Policy>, BoxError> {
+        let hsf = tower_outlier_ejection::HsfQosConfig::from_json(text)?;
+        let ignored = hsf.ignored_key_notes();
+        if self.strict && !ignored.is_empty() {
+            return Err(ignored.join("; ").replace(" ignored", "").into());
+        }
+        let config = hsf.service(&self.service)?;
+        notes.extend(ignored);
+        if !config.enabled() {
+            notes.push(format!(
+                "detection is off for `{}`: `qosEnabled` is not true in its block or in `DEFAULT` (HSF's default is off)",
+                tower_outlier_core::text::name(&self.service)
+            ));
+        }
         Ok(Arc::new(tower_outlier_ejection::ErrorRatePolicy::new(
             config,
         )))
@@ -86,9 +134,15 @@ impl Dialect for Hsf {
 /// stays), where Sentinel would drop the breaker.
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+///
+/// Sentinel ignores fields it does not know, and so does this dialect, noting each one of the
+/// resource's rule (with the field a misspelt one likely meant) in the log and
+/// [`Snapshot::rules_notes`](crate::Snapshot); [`strict`](Sentinel::strict) refuses the document
+/// instead.
 #[derive(Clone, Debug)]
 pub struct Sentinel {
     resource: String,
+    strict: bool,
 }
 
 #[cfg(feature = "sentinel")]
@@ -97,7 +151,27 @@ impl Sentinel {
     pub fn resource(resource: impl Into<String>) -> Self {
         Sentinel {
             resource: resource.into(),
+            strict: false,
         }
+    }
+
+    /// Refuses a document whose rule for the resource has a field Sentinel does not know (the
+    /// rule in force stays), where Sentinel would ignore it.
+    ///
+    /// ```
+    /// use tower_outlier::dialect::Sentinel;
+    /// use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
+    /// use tower_outlier::OutlierDetectionLayer;
+    ///
+    /// let layer = OutlierDetectionLayer::new(SlowCallPolicy::new(BreakerConfig::slow_ratio(std::time::Duration::from_millis(50)).open_duration(std::time::Duration::from_secs(10)).build()?));
+    /// let typo = r#"[{"resource": "orders", "grade": 0, "count": 50, "timeWindow": 10, "slowRatioThreshhold": 0.2}]"#;
+    /// let error = layer.rules().apply(&Sentinel::resource("orders").strict(), typo).unwrap_err();
+    /// assert!(error.to_string().contains("did you mean `slowRatioThreshold`"));
+    /// # Ok::<(), tower::BoxError>(())
+    /// ```
+    pub fn strict(mut self) -> Self {
+        self.strict = true;
+        self
     }
 }
 
@@ -112,11 +186,25 @@ impl Dialect for Sentinel {
     }
 
     fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+        self.parse_noting(text, current, &mut Vec::new())
+    }
+
+    fn parse_noting(
+        &self,
+        text: &str,
+        current: &dyn Policy,
+        notes: &mut Vec<String>,
+    ) -> Result<Arc<dyn Policy>, BoxError> {
         use tower_outlier_slow_call::{parse_degrade_rules, SlowCallPolicy};
         let rules = parse_degrade_rules(text)?;
         let Some(rule) = rules.iter().find(|r| r.resource() == self.resource) else {
             return Err(format!("no degrade rule for resource `{}`", self.resource).into());
         };
+        let ignored = rule.ignored_field_notes();
+        if self.strict && !ignored.is_empty() {
+            return Err(ignored.join("; ").replace(" ignored", "").into());
+        }
+        notes.extend(ignored);
         let policy = match current.as_any().downcast_ref::<SlowCallPolicy>() {
             Some(current) => current.with_config(rule.config().clone()),
             None => SlowCallPolicy::new(rule.config().clone()),

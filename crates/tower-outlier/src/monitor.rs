@@ -135,6 +135,10 @@ pub struct Snapshot {
     pub rules_version: u64,
     /// Why the last reconfiguration was refused, if it was (cleared by the next accepted one).
     pub rules_error: Option<String>,
+    /// What the rules in force said on their way in, when a document was accepted with notes:
+    /// keys it ignored (with the key a misspelt one likely meant), detection it switched off.
+    /// Replaced by the next accepted change.
+    pub rules_notes: Vec<String>,
     /// Errors the upstream discover streams returned that the layer kept serving through
     /// ([`DiscoverErrors::KeepServing`](crate::DiscoverErrors)).
     pub discover_errors: u64,
@@ -203,6 +207,7 @@ pub(crate) struct Registry {
     // Each adaptor's endpoints, by the adaptor's id.
     rosters: Lock<HashMap<u64, Roster>>,
     rules: Lock<(u64, Option<String>)>,
+    rules_notes: Lock<Vec<String>>,
     pub(crate) events: EventHub,
     discover_errors: AtomicU64,
 }
@@ -272,6 +277,7 @@ impl Monitor {
                 next_id: AtomicU64::new(0),
                 rosters: Lock::new(HashMap::new()),
                 rules: Lock::new((0, None)),
+                rules_notes: Lock::new(Vec::new()),
                 events: EventHub::new(EVENTS_CAPACITY),
             }),
         }
@@ -395,10 +401,12 @@ impl Monitor {
             .values()
             .find_map(|roster| roster.no_ejection.as_deref().map(str::to_owned));
         let (rules_version, rules_error) = self.registry.rules.lock().clone();
+        let rules_notes = self.registry.rules_notes.lock().clone();
         Snapshot {
             endpoints,
             rules_version,
             rules_error,
+            rules_notes,
             discover_errors: self.registry.discover_errors.load(Ordering::Relaxed),
             no_ejection,
         }
@@ -591,8 +599,17 @@ impl Registry {
         }
     }
 
-    /// The last reconfiguration was refused for `error`, or accepted (`None`).
+    /// The notes of the last accepted document ([`Dialect::parse_noting`](crate::dialect::Dialect)).
+    pub(crate) fn rules_notes(&self, notes: Vec<String>) {
+        *self.rules_notes.lock() = notes;
+    }
+
+    /// The last reconfiguration was refused for `error`, or accepted (`None`: its notes are
+    /// cleared too, until the dialect's are set).
     pub(crate) fn rules_error(&self, error: Option<String>) {
+        if error.is_none() {
+            self.rules_notes.lock().clear();
+        }
         self.rules.lock().1 = error.clone();
         if let Some(error) = error {
             self.events.emit(|| Event::RulesRejected { error });
@@ -741,6 +758,7 @@ mod tests {
             }],
             rules_version: 3,
             rules_error: None,
+            rules_notes: Vec::new(),
             discover_errors: 0,
             no_ejection: None,
         };

@@ -191,9 +191,10 @@ impl RulesHandle {
     ) -> Result<u64, ReconfigureError> {
         let rules = self.cell.current();
         let kind = dialect.policy_name();
+        let mut notes = Vec::new();
         let result = match rules.policies.iter().position(|p| p.name() == kind) {
             None => Err(ReconfigureError::new(Kind::NoPolicy { policy: kind })),
-            Some(slot) => match dialect.parse(text, &*rules.policies[slot]) {
+            Some(slot) => match dialect.parse_noting(text, &*rules.policies[slot], &mut notes) {
                 Ok(policy) => self.cell.publish(slot, policy),
                 Err(source) => Err(ReconfigureError::new(Kind::Document {
                     dialect: dialect.name(),
@@ -202,6 +203,18 @@ impl RulesHandle {
             },
         };
         self.log(&result, kind, dialect.name());
+        if let Ok(version) = result {
+            for note in &notes {
+                tracing::warn!(
+                    target: "tower_outlier",
+                    version,
+                    source = dialect.name(),
+                    note = note.as_str(),
+                    "reconfiguration accepted with a note"
+                );
+            }
+            self.cell.registry.rules_notes(notes);
+        }
         result
     }
 
@@ -284,6 +297,20 @@ pub trait Dialect: Send + Sync {
     /// Reads `text` into the policy that replaces `current` (the policy in force in that slot,
     /// whose callbacks or counters the new one may keep).
     fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError>;
+
+    /// As [`parse`](Self::parse), adding to `notes` what an operator should know of a document
+    /// that is accepted: keys that were ignored (a misspelling, with the key it likely meant),
+    /// detection switched off by it. [`RulesHandle::apply`] logs each at WARN and shows them in
+    /// [`Snapshot::rules_notes`](crate::Snapshot). By default, no notes.
+    fn parse_noting(
+        &self,
+        text: &str,
+        current: &dyn Policy,
+        notes: &mut Vec<String>,
+    ) -> Result<Arc<dyn Policy>, BoxError> {
+        let _ = notes;
+        self.parse(text, current)
+    }
 }
 
 /// Why a reconfiguration was refused. The rules in force stay.

@@ -116,6 +116,14 @@ impl Key {
         }
     }
 
+    pub(super) fn json_names() -> impl Iterator<Item = &'static str> {
+        Key::ALL.into_iter().map(Key::json_name)
+    }
+
+    pub(super) fn property_names() -> impl Iterator<Item = &'static str> {
+        Key::ALL.into_iter().filter_map(Key::property_name)
+    }
+
     pub(super) fn from_json(name: &str) -> Option<Key> {
         Key::ALL.into_iter().find(|key| key.json_name() == name)
     }
