@@ -34,7 +34,6 @@ use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
@@ -44,9 +43,7 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use futures::channel::mpsc;
-use futures::future::BoxFuture;
 use futures::TryStreamExt;
-use http::uri::{Authority, Scheme};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
@@ -60,13 +57,17 @@ use tower::balance::p2c::Balance;
 use tower::discover::Change;
 use tower::timeout::Timeout;
 use tower::util::BoxCloneSyncService;
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_outlier::events::Event;
+use tower_outlier::hyper_client::PinnedClient;
 use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::{
     EndpointSnapshot, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor,
     OutlierDetectionLayer, ServerErrors, Snapshot,
 };
+
+/// One upstream, as discovery hands it to the balancer.
+type Endpoint = PinnedClient<Empty<Bytes>>;
 
 type DynError = Box<dyn Error + Send + Sync>;
 
@@ -250,7 +251,7 @@ pub(crate) struct Demo {
     monitor: Monitor,
     pub(crate) admin: SocketAddr,
     /// Keeps the discover stream open.
-    _discovery: mpsc::UnboundedSender<Result<Change<SocketAddr, Backend>, Infallible>>,
+    _discovery: mpsc::UnboundedSender<Result<Change<SocketAddr, Endpoint>, Infallible>>,
 }
 
 impl Demo {
@@ -299,7 +300,7 @@ impl Demo {
         for upstream in &upstreams {
             discovery.unbounded_send(Ok(Change::Insert(
                 upstream.addr,
-                Backend::new(upstream.addr)?,
+                PinnedClient::new(upstream.addr),
             )))?;
         }
         let changes = changes.map_ok(|change| match change {
@@ -967,47 +968,6 @@ impl Upstream {
             name,
             addr,
             received,
-        })
-    }
-}
-
-/// What discovery hands the balancer for one upstream: a hyper-util client that sends every
-/// request to that upstream. `Clone`, as the layer requires (it re-inserts a clone on
-/// re-admission).
-#[derive(Clone, Debug)]
-struct Backend {
-    client: Client<HttpConnector, Empty<Bytes>>,
-    authority: Authority,
-}
-
-impl Backend {
-    fn new(addr: SocketAddr) -> Result<Self, DynError> {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        Ok(Backend {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            authority: addr.to_string().parse()?,
-        })
-    }
-}
-
-impl Service<Request<Empty<Bytes>>> for Backend {
-    type Response = Response<Incoming>;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<Incoming>, BoxError>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut request: Request<Empty<Bytes>>) -> Self::Future {
-        let mut parts = request.uri().clone().into_parts();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(self.authority.clone());
-        let client = self.client.clone();
-        Box::pin(async move {
-            *request.uri_mut() = Uri::from_parts(parts)?;
-            Ok(client.request(request).await?)
         })
     }
 }

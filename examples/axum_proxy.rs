@@ -30,7 +30,6 @@ use std::error::Error;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -39,9 +38,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use bytes::Bytes;
 use futures::channel::mpsc;
-use futures::future::BoxFuture;
 use futures::TryStreamExt;
-use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
@@ -53,7 +50,8 @@ use tower::balance::p2c::Balance;
 use tower::discover::Change;
 use tower::timeout::Timeout;
 use tower::util::BoxCloneSyncService;
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower::{BoxError, ServiceBuilder, ServiceExt};
+use tower_outlier::hyper_client::PinnedClient;
 use tower_outlier::{
     EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, ServerErrors,
 };
@@ -129,11 +127,12 @@ async fn main() -> Result<(), DynError> {
 
     // Service discovery: a channel of changes keyed by address. A real proxy feeds it from DNS,
     // Consul, Kubernetes...; keeping `discovery` alive keeps the stream open for more changes.
-    let (discovery, changes) = mpsc::unbounded::<Result<Change<SocketAddr, Backend>, Infallible>>();
+    let (discovery, changes) =
+        mpsc::unbounded::<Result<Change<SocketAddr, PinnedClient<Body>>, Infallible>>();
     for upstream in &upstreams {
         discovery.unbounded_send(Ok(Change::Insert(
             upstream.addr,
-            Backend::new(upstream.addr)?,
+            PinnedClient::new(upstream.addr),
         )))?;
     }
     // A timeout per endpoint, under the outlier layer, so that it sees timeouts as failures.
@@ -297,55 +296,6 @@ async fn proxy(State(upstreams): State<Upstreams>, request: Request) -> Response
             tracing::debug!(%error, "upstream call failed");
             (StatusCode::BAD_GATEWAY, format!("bad gateway: {error}\n")).into_response()
         }
-    }
-}
-
-/// The service discovery hands the balancer for one upstream: an HTTP client that sends every
-/// request to that upstream's address, keeping its path and query.
-///
-/// Each backend has its own `Client`, so its own connection pool. It must be `Clone`: the layer
-/// keeps a copy of every endpoint to re-admit it after an ejection.
-#[derive(Clone, Debug)]
-struct Backend {
-    client: Client<HttpConnector, Body>,
-    authority: Authority,
-}
-
-impl Backend {
-    fn new(addr: SocketAddr) -> Result<Self, DynError> {
-        let mut connector = HttpConnector::new();
-        // Small request/response pairs on a kept-alive connection: don't let Nagle delay them.
-        connector.set_nodelay(true);
-        Ok(Backend {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            authority: addr.to_string().parse()?,
-        })
-    }
-}
-
-impl Service<Request> for Backend {
-    type Response = http::Response<Incoming>;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<http::Response<Incoming>, BoxError>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        // The legacy client queues on its pool internally; it is always ready to take a request.
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut request: Request) -> Self::Future {
-        // axum hands the handler the origin form (`/path?query`); point it at this upstream.
-        let mut parts = request.uri().clone().into_parts();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(self.authority.clone());
-        parts
-            .path_and_query
-            .get_or_insert(PathAndQuery::from_static("/"));
-        let client = self.client.clone();
-        Box::pin(async move {
-            *request.uri_mut() = Uri::from_parts(parts)?;
-            Ok(client.request(request).await?)
-        })
     }
 }
 

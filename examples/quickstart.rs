@@ -19,23 +19,19 @@ use std::error::Error;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::channel::mpsc;
-use futures::future::BoxFuture;
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, StatusCode, Uri};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tower::balance::p2c::Balance;
 use tower::discover::Change;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_outlier::hyper_client::PinnedClient;
 use tower_outlier::{
     EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, ServerErrors,
 };
@@ -104,9 +100,13 @@ async fn main() -> Result<(), DynError> {
 
     // Service discovery: a channel of changes keyed by address. A real client feeds it from DNS,
     // Consul, Kubernetes...; keeping `discovery` alive keeps the stream open for more changes.
-    let (discovery, changes) = mpsc::unbounded::<Result<Change<SocketAddr, Backend>, Infallible>>();
+    let (discovery, changes) =
+        mpsc::unbounded::<Result<Change<SocketAddr, PinnedClient<Empty<Bytes>>>, Infallible>>();
     for server in &servers {
-        discovery.unbounded_send(Ok(Change::Insert(server.addr, Backend::new(server.addr)?)))?;
+        discovery.unbounded_send(Ok(Change::Insert(
+            server.addr,
+            PinnedClient::new(server.addr),
+        )))?;
     }
 
     // discovery -> outlier detection -> p2c balancer -> buffer. The buffer makes the balancer
@@ -271,54 +271,6 @@ impl Server {
             name,
             addr,
             received,
-        })
-    }
-}
-
-/// The service discovery hands the balancer for one server: an HTTP client that sends every
-/// request to that server's address, whatever authority the request names.
-///
-/// Each backend has its own `Client`, so its own connection pool. It must be `Clone`: the layer
-/// keeps a copy of every endpoint to re-admit it after an ejection.
-#[derive(Clone, Debug)]
-struct Backend {
-    client: Client<HttpConnector, Empty<Bytes>>,
-    authority: Authority,
-}
-
-impl Backend {
-    fn new(addr: SocketAddr) -> Result<Self, DynError> {
-        let mut connector = HttpConnector::new();
-        // Small request/response pairs on a kept-alive connection: don't let Nagle delay them.
-        connector.set_nodelay(true);
-        Ok(Backend {
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            authority: addr.to_string().parse()?,
-        })
-    }
-}
-
-impl Service<Request<Empty<Bytes>>> for Backend {
-    type Response = Response<Incoming>;
-    type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<Incoming>, BoxError>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        // The legacy client queues on its pool internally; it is always ready to take a request.
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut request: Request<Empty<Bytes>>) -> Self::Future {
-        let mut parts = request.uri().clone().into_parts();
-        parts.scheme = Some(Scheme::HTTP);
-        parts.authority = Some(self.authority.clone());
-        parts
-            .path_and_query
-            .get_or_insert(PathAndQuery::from_static("/"));
-        let client = self.client.clone();
-        Box::pin(async move {
-            *request.uri_mut() = Uri::from_parts(parts)?;
-            Ok(client.request(request).await?)
         })
     }
 }

@@ -52,7 +52,8 @@
 //!
 //! Features: `ejection`, `slow-call` and `weight` (the policies), `hsf`, `sentinel` and `sofa`
 //! (their configuration readers), all on by default; `tower-http` (a `tower_http` response
-//! classifier).
+//! classifier); `hyper-client` (`hyper_client::PinnedClient`, a hyper-util client pinned to one
+//! address, the discover item of an HTTP fleet).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -65,6 +66,9 @@ pub mod events;
 pub mod future;
 pub mod grpc;
 pub mod hosts;
+#[cfg(feature = "hyper-client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hyper-client")))]
+pub mod hyper_client;
 mod layer;
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
