@@ -417,3 +417,58 @@ async fn a_slow_endpoint_gets_no_more_traffic_than_p2c_alone_gives_it() {
         "the slow endpoint got {with_layer} of 12 000 calls"
     );
 }
+
+/// A server that had served and then fails fast on every call (killed: refused connections) is
+/// ejected within a few seconds of serial traffic, and a blip (one failure, then healthy) gets
+/// calls again within two seconds: after one fast failure p2c may stop picking the server (its
+/// estimate doubled), and before, nothing sent it the call that tells the two apart: it stayed
+/// avoided and unjudged, and once healthy unfed until its estimate decayed.
+#[tokio::test(start_paused = true)]
+async fn one_fast_failure_is_followed_up_within_seconds() {
+    for seed in 0..10 {
+        let backends = fleet(3);
+        let layer = recommended();
+        let monitor = layer.monitor();
+        let mut balancer = Balance::from_rng(
+            layer.layer(ServiceList::new(backends.clone())),
+            SeededRng(seed),
+        );
+        serial_for(&mut balancer, Duration::from_secs(2)).await;
+        backends[0].set_unavailable(true);
+        let mut ejected_after = None;
+        for tenth in 1..=50 {
+            serial_for(&mut balancer, Duration::from_millis(100)).await;
+            if standing(&monitor, 0).status == EndpointStatus::Ejected {
+                ejected_after = Some(tenth);
+                break;
+            }
+        }
+        assert!(
+            ejected_after.is_some_and(|t| t <= 30),
+            "seed {seed}: not ejected within 3 s ({ejected_after:?}): {:?}",
+            standing(&monitor, 0)
+        );
+    }
+    for seed in 0..10 {
+        let backends = fleet(3);
+        let layer = recommended();
+        let mut balancer = Balance::from_rng(
+            layer.layer(ServiceList::new(backends.clone())),
+            SeededRng(seed),
+        );
+        serial_for(&mut balancer, Duration::from_secs(2)).await;
+        // One failure, then healthy again.
+        backends[0].set_unavailable(true);
+        let before = backends[0].calls();
+        while backends[0].calls() == before {
+            serial(&mut balancer, 1).await;
+        }
+        backends[0].set_unavailable(false);
+        let healed = backends[0].calls();
+        serial_for(&mut balancer, Duration::from_secs(2)).await;
+        assert!(
+            backends[0].calls() > healed,
+            "seed {seed}: no call within 2 s of a blip"
+        );
+    }
+}

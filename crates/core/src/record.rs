@@ -664,6 +664,22 @@ impl EndpointRecord {
         Some(Duration::from_nanos(now.saturating_sub(last)))
     }
 
+    /// Whether the endpoint should get one call to follow up a fast failure (any failure but a
+    /// timeout) of `quiet` ago or more, after which no call has completed: the balancer is
+    /// avoiding it on that one failure, which may be a server gone for good or a blip, and only a
+    /// call tells them apart — when a policy would judge on it (one wants calls,
+    /// [`EndpointPolicy::calls_wanted`]: a streak under way) and the layer has room to eject.
+    /// Otherwise the call would only fail again for nothing.
+    pub fn follow_up_wanted(&self, quiet: Nanos, now: Nanos) -> bool {
+        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_FAILED
+            && now.saturating_sub(self.latency.last_sample.load(Ordering::Relaxed)) >= quiet
+            && self.notifier.room_to_eject()
+            && self
+                .policies
+                .iter()
+                .any(|policy| policy.calls_wanted(now) > 0)
+    }
+
     /// Whether the estimate rests on one slow sample that jumped far above a fresh estimate and
     /// that no later sample confirmed: a healthy endpoint's one slow call, which a balancer may
     /// explore past rather than wait for the estimate to decay.

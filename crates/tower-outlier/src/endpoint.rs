@@ -231,6 +231,14 @@ impl<C> Holder<C> {
 /// unconfirmed slow call may lose before it wins one anyway (at most one in 17 of its draws).
 const EXPLORE_AFTER: u32 = 16;
 
+/// How long an endpoint avoided after one fast failure waits, once it has lost
+/// [`EXPLORE_AFTER`] draws, for a call that tells a server gone (a second failure in a row, which
+/// its policies then judge) from a blip (a success, which restores its estimate), when a policy
+/// would judge on it: without it, serial traffic left a killed server avoided and unjudged under
+/// the recommended configuration, and once restarted unfed until its estimate decayed, half a
+/// minute or more.
+const RETRY_AFTER_FAST_FAILURE: Nanos = 1_000_000_000;
+
 /// How far the record's time of the last completion may lag (it is written at most once a
 /// millisecond, so that cores calling one endpoint do not share a written line).
 const WAITING_GRANULARITY: Nanos = 1_000_000;
@@ -283,13 +291,18 @@ impl Draws {
         wanted
     }
 
-    /// Counts one draw; true when the endpoint has lost enough in a row to win this one. Never
-    /// while a call is in flight: a sample is on its way, and a black hole (whose calls never
-    /// complete) would otherwise be sent one more call each time it lost 16 draws until its first
-    /// timeout came back.
-    fn explore(&self, record: &EndpointRecord, in_flight: usize) -> bool {
+    /// Counts one draw; true when the endpoint has lost enough in a row to win this one: its
+    /// estimate rests on one unconfirmed slow call, or its last call failed fast a second ago or
+    /// more and a policy would judge on the next ([`EndpointRecord::follow_up_wanted`]). Never while a call is in flight: a sample is on its way, and a black hole (whose
+    /// calls never complete) would otherwise be sent one more call each time it lost 16 draws
+    /// until its first timeout came back. Never after a timeout either: that call would cost a
+    /// caller a timeout too.
+    fn explore(&self, record: &EndpointRecord, in_flight: usize, now: Nanos) -> bool {
         let lost = self.lost.load(Ordering::Relaxed);
-        if lost >= EXPLORE_AFTER && in_flight == 0 && record.peak_unconfirmed() {
+        if lost >= EXPLORE_AFTER
+            && in_flight == 0
+            && (record.peak_unconfirmed() || record.follow_up_wanted(RETRY_AFTER_FAST_FAILURE, now))
+        {
             return true;
         }
         self.lost.store(lost.saturating_add(1), Ordering::Relaxed);
@@ -563,7 +576,7 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         let draws = &self.holder.draws;
         if weight >= 1.0
             && (draws.wanted(record, now, in_flight as u64) > in_flight as u64
-                || draws.explore(record, in_flight))
+                || draws.explore(record, in_flight, now))
         {
             return Cost(0.0);
         }
