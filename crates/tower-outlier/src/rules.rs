@@ -144,6 +144,14 @@
 //!   costliest of three endpoints, so a healthy endpoint's one noisy or slow call would otherwise
 //!   shut it out for the estimate's decay time. A genuinely slow endpoint's next slow call
 //!   confirms it: it gets one call more each time p2c tries it again, no more.
+//! * **Following up a fast failure.** An endpoint with no call in flight whose last call failed
+//!   fast a second ago or more, with none completed since, wins a draw after losing 16 in a row
+//!   when a policy would judge on the next call (a streak under way) and the layer could eject
+//!   it: a second failure makes the evidence rule above send it the rest of the streak, a success
+//!   restores its estimate. Under serial traffic p2c may stop picking an endpoint after one fast
+//!   failure (its estimate doubled), and a server killed then would be left avoided and unjudged,
+//!   and once restarted unfed until its estimate decayed. Policies that judge on a tick or a
+//!   window are not sent the call: it would only fail again.
 //!
 //! # 8. Upstream changes
 //!
