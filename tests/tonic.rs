@@ -359,3 +359,74 @@ async fn a_server_stalling_after_its_headers_is_a_timeout_with_stalled_after() {
         assert_eq!((counts.calls, counts.failures), expected, "{classifier:?}");
     }
 }
+
+/// The standalone breaker around one tonic `Channel`, calls one after another: with `GrpcErrors`
+/// it reads the UNAVAILABLE status and opens, and calls then fail at once without reaching the
+/// server; with the default classifier (transport errors only) it never sees a failure.
+#[tokio::test]
+async fn the_standalone_breaker_opens_on_unavailable_with_grpc_errors() {
+    use tower_outlier::slow_call::{BreakerConfig, BrokenCircuit, CircuitBreakerLayer, State};
+
+    let config = BreakerConfig::error_ratio(0.5)
+        .min_requests(5)
+        .stat_interval(Duration::from_secs(10))
+        .open_duration(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let server = TestServer::start(UNAVAILABLE).await;
+    let channel = || {
+        Endpoint::from_shared(format!("http://{}", server.addr))
+            .unwrap()
+            .connect_lazy()
+    };
+
+    let opened = Arc::new(AtomicUsize::new(0));
+    let seen = opened.clone();
+    let breaker = CircuitBreakerLayer::new(config.clone())
+        .classifier(GrpcErrors::default())
+        .on_state_change(move |change| {
+            if change.to == State::Open {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    let mut client = HealthClient::new(ServiceBuilder::new().layer(breaker).service(channel()));
+    let mut rejected = 0;
+    for _ in 0..20 {
+        let status = client
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap_err();
+        let broken = std::error::Error::source(&status)
+            .and_then(|source| source.downcast_ref::<BrokenCircuit>())
+            .is_some();
+        if broken {
+            rejected += 1;
+        } else {
+            assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        }
+    }
+    assert_eq!(opened.load(Ordering::SeqCst), 1, "the breaker opened once");
+    assert_eq!(
+        rejected, 15,
+        "after 5 UNAVAILABLE calls, the rest fail at once"
+    );
+    assert_eq!(server.calls(), 5, "rejected calls never reach the server");
+
+    // The default classifier sees only transport errors: every call reaches the server.
+    let before = server.calls();
+    let mut client = HealthClient::new(
+        ServiceBuilder::new()
+            .layer(CircuitBreakerLayer::new(config))
+            .service(channel()),
+    );
+    for _ in 0..10 {
+        let _ = client
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await;
+    }
+    assert_eq!(server.calls() - before, 10);
+}

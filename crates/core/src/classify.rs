@@ -146,6 +146,41 @@ where
     }
 }
 
+/// Marks a [`Classify`] of your own as one that decides as soon as the response future completes,
+/// for the places that also take classifiers deciding later (at the end of a response body, as
+/// the gRPC classifier does): the layer's classifier and the standalone breaker's.
+///
+/// ```
+/// use tower_outlier_core::classify::{Classify, FailureKind, Immediate, Outcome};
+///
+/// #[derive(Clone)]
+/// struct EveryErrorButNotFound;
+///
+/// impl Classify<u16, std::io::Error> for EveryErrorButNotFound {
+///     fn classify(&self, result: Result<&u16, &std::io::Error>) -> Outcome {
+///         match result {
+///             Ok(404) | Ok(200) => Outcome::Success,
+///             _ => Outcome::Failure(FailureKind::ServerError),
+///         }
+///     }
+/// }
+///
+/// let classifier = Immediate(EveryErrorButNotFound);
+/// assert_eq!(classifier.classify(Ok(&500)), Outcome::Failure(FailureKind::ServerError));
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Immediate<C>(pub C);
+
+impl<C, Res, E> Classify<Res, E> for Immediate<C>
+where
+    C: Classify<Res, E>,
+{
+    #[inline]
+    fn classify(&self, result: Result<&Res, &E>) -> Outcome {
+        self.0.classify(result)
+    }
+}
+
 /// A classifier from a user function returning the [`Outcome`] itself.
 ///
 /// ```

@@ -5,12 +5,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tower_outlier_core::{BoxError, Classify, Nanos, Observation, Outcome};
+use tower_outlier_core::{BoxError, Nanos};
 
 use crate::breaker::Admission;
+use crate::classify::{BreakerClassifier, PendingCall};
 use crate::error::BrokenCircuit;
 use crate::service::Lane;
 
@@ -19,7 +19,7 @@ pin_project! {
     pub struct ResponseFuture<F, C> {
         #[pin]
         kind: Kind<F>,
-        completion: Option<Completion<C>>,
+        completion: Option<PendingCall<C>>,
     }
 }
 
@@ -28,24 +28,6 @@ pin_project! {
     enum Kind<F> {
         Called { #[pin] future: F },
         Rejected { error: Option<BrokenCircuit> },
-    }
-}
-
-/// What to report when the call completes; dropped unreported, a probe gives back its permit.
-struct Completion<C> {
-    // The calling handle's lane, not the shared state: see `Lane`.
-    lane: Arc<Lane<C>>,
-    admission: Admission,
-    start: Nanos,
-}
-
-impl<C> Drop for Completion<C> {
-    fn drop(&mut self) {
-        if self.admission == Admission::Probe {
-            let shared = &self.lane.shared;
-            let now = shared.clock.now();
-            shared.breaker.probe_cancelled(now);
-        }
     }
 }
 
@@ -58,11 +40,7 @@ impl<F, C> ResponseFuture<F, C> {
     ) -> Self {
         ResponseFuture {
             kind: Kind::Called { future },
-            completion: Some(Completion {
-                lane,
-                admission,
-                start,
-            }),
+            completion: Some(PendingCall::new(lane, admission, start)),
         }
     }
 
@@ -78,9 +56,9 @@ impl<F, C, T, E> Future for ResponseFuture<F, C>
 where
     F: Future<Output = Result<T, E>>,
     E: Into<BoxError>,
-    C: Classify<T, E>,
+    C: BreakerClassifier<T, E>,
 {
-    type Output = Result<T, BoxError>;
+    type Output = Result<C::Response, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -91,42 +69,13 @@ where
             })),
             KindProj::Called { future } => {
                 let result = std::task::ready!(future.poll(cx));
-                if let Some(mut completion) = this.completion.take() {
-                    let shared = &completion.lane.shared;
-                    let now = shared.clock.now();
-                    // The classifier is user code. One that panics leaves the call unrecorded;
-                    // the guard, still armed, gives a probe's slot back as it drops.
-                    let classify = std::panic::AssertUnwindSafe(|| {
-                        shared.classifier.classify(result.as_ref())
-                    });
-                    let outcome = match std::panic::catch_unwind(classify) {
-                        Ok(outcome) => outcome,
-                        Err(panic) => {
-                            tracing::error!(
-                                target: "tower_outlier::breaker",
-                                panic = crate::breaker::panic_text(&*panic),
-                                "the classifier panicked: the call is not recorded"
-                            );
-                            return Poll::Ready(result.map_err(Into::into));
-                        }
-                    };
-                    // Disarm the drop guard: this completion reports itself.
-                    let admission =
-                        std::mem::replace(&mut completion.admission, Admission::Rejected);
-                    let shared = &completion.lane.shared;
-                    if outcome == Outcome::Cancelled {
-                        if admission == Admission::Probe {
-                            shared.breaker.probe_cancelled(now);
-                        }
-                    } else {
-                        let observation = Observation {
-                            outcome,
-                            latency: Duration::from_nanos(now.saturating_sub(completion.start)),
-                        };
-                        shared.breaker.complete(admission, &observation, now);
-                    }
-                }
-                Poll::Ready(result.map_err(Into::into))
+                let Some(call) = this.completion.take() else {
+                    // Polled again after completing, against `Future`'s contract.
+                    return Poll::Ready(Err(
+                        "the breaker's response future was polled after it completed".into(),
+                    ));
+                };
+                Poll::Ready(C::complete(result, call).map_err(Into::into))
             }
         }
     }

@@ -38,6 +38,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod breaker;
+mod classify;
 mod config;
 mod error;
 mod future;
@@ -48,6 +49,7 @@ mod sentinel;
 mod service;
 
 pub use breaker::{Admission, Breaker, Observer, State, StateChange};
+pub use classify::{BreakerClassifier, PendingCall};
 pub use config::{BreakerBuilder, BreakerConfig, Strategy};
 pub use error::BrokenCircuit;
 pub use future::ResponseFuture;

@@ -4,7 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tower_outlier_core::{Classify, Clock};
+use tower_outlier_core::Clock;
+
+use crate::classify::BreakerClassifier;
 use tower_service::Service;
 
 use crate::breaker::{Admission, Breaker, State};
@@ -180,9 +182,9 @@ impl<S, C, Req> Service<Req> for CircuitBreaker<S, C>
 where
     S: Service<Req>,
     S::Error: Into<tower_outlier_core::BoxError>,
-    C: Classify<S::Response, S::Error>,
+    C: BreakerClassifier<S::Response, S::Error>,
 {
-    type Response = S::Response;
+    type Response = C::Response;
     type Error = tower_outlier_core::BoxError;
     type Future = ResponseFuture<S::Future, C>;
 

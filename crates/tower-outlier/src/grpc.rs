@@ -278,37 +278,101 @@ impl<B, E: 'static> ResponseClassifier<http::Response<B>, E> for GrpcErrors {
 
     fn complete(
         result: Result<http::Response<B>, E>,
-        mut recorder: Recorder<Self>,
+        recorder: Recorder<Self>,
     ) -> Result<Self::Response, E> {
-        let response = match result {
-            Ok(response) => response,
-            Err(error) => {
-                recorder.record(Outcome::Failure(error_kind(&error)));
-                return Err(error);
-            }
-        };
-        let classifier = *recorder.classifier();
-        let code = classifier.status_in(response.headers()).or_else(|| {
-            (response.status() != http::StatusCode::OK)
-                .then(|| Code::from_http_status(response.status()))
-        });
-        let recorder = match code {
-            Some(code) => {
-                recorder.record(classifier.outcome(code));
-                None
-            }
-            None => {
-                recorder.freeze_latency();
-                Some(recorder)
-            }
-        };
-        Ok(response.map(|inner| GrpcBody {
-            inner,
-            pending: PendingRecord {
-                recorder,
-                waiting_since: None,
-            },
-        }))
+        complete(result, Sink::Layer(recorder))
+    }
+}
+
+/// Around a tonic `Channel` (or a hyper client speaking gRPC), the standalone breaker reads the
+/// status as the layer does: at once from the headers, or at the end of the body.
+#[cfg(feature = "slow-call")]
+impl<B, E: 'static> tower_outlier_slow_call::BreakerClassifier<http::Response<B>, E>
+    for GrpcErrors
+{
+    type Response = http::Response<GrpcBody<B>>;
+
+    fn complete(
+        result: Result<http::Response<B>, E>,
+        call: tower_outlier_slow_call::PendingCall<Self>,
+    ) -> Result<Self::Response, E> {
+        complete(result, Sink::Breaker(call))
+    }
+}
+
+fn complete<B, E: 'static>(
+    result: Result<http::Response<B>, E>,
+    mut sink: Sink,
+) -> Result<http::Response<GrpcBody<B>>, E> {
+    let response = match result {
+        Ok(response) => response,
+        Err(error) => {
+            sink.record(Outcome::Failure(error_kind(&error)));
+            return Err(error);
+        }
+    };
+    let classifier = *sink.classifier();
+    let code = classifier.status_in(response.headers()).or_else(|| {
+        (response.status() != http::StatusCode::OK)
+            .then(|| Code::from_http_status(response.status()))
+    });
+    let recorder = match code {
+        Some(code) => {
+            sink.record(classifier.outcome(code));
+            None
+        }
+        None => {
+            sink.freeze_latency();
+            Some(sink)
+        }
+    };
+    Ok(response.map(|inner| GrpcBody {
+        inner,
+        pending: PendingRecord {
+            recorder,
+            waiting_since: None,
+        },
+    }))
+}
+
+/// Whom a call's outcome goes to: the layer's record of the endpoint, or a standalone breaker.
+enum Sink {
+    Layer(Recorder<GrpcErrors>),
+    #[cfg(feature = "slow-call")]
+    Breaker(tower_outlier_slow_call::PendingCall<GrpcErrors>),
+}
+
+impl Sink {
+    fn classifier(&self) -> &GrpcErrors {
+        match self {
+            Sink::Layer(recorder) => recorder.classifier(),
+            #[cfg(feature = "slow-call")]
+            Sink::Breaker(call) => call.classifier(),
+        }
+    }
+
+    fn now(&self) -> Nanos {
+        match self {
+            Sink::Layer(recorder) => recorder.now(),
+            #[cfg(feature = "slow-call")]
+            Sink::Breaker(call) => call.now(),
+        }
+    }
+
+    fn freeze_latency(&mut self) {
+        match self {
+            Sink::Layer(recorder) => recorder.freeze_latency(),
+            #[cfg(feature = "slow-call")]
+            Sink::Breaker(call) => call.freeze_latency(),
+        }
+    }
+
+    fn record(self, outcome: Outcome) {
+        match self {
+            Sink::Layer(recorder) => recorder.record(outcome),
+            #[cfg(feature = "slow-call")]
+            Sink::Breaker(call) => call.record(outcome),
+        }
     }
 }
 
@@ -326,7 +390,7 @@ pin_project! {
 /// [`GrpcErrors::stalled_after`]. Dropped undecided, it records a stall as a timeout, or nothing
 /// (the recorder then counts the call as cancelled).
 struct PendingRecord {
-    recorder: Option<Recorder<GrpcErrors>>,
+    recorder: Option<Sink>,
     waiting_since: Option<Nanos>,
 }
 

@@ -31,7 +31,8 @@ pub trait ResponseClassifier<Res, E>: Sized {
 }
 
 /// Adapts any [`Classify`] implementation into a [`ResponseClassifier`] that records as soon as
-/// the response future completes.
+/// the response future completes (defined in the core crate, so that the standalone breaker takes
+/// it too).
 ///
 /// ```
 /// use tower_outlier::classify::{Classify, FailureKind, Immediate, Outcome};
@@ -51,18 +52,7 @@ pub trait ResponseClassifier<Res, E>: Sized {
 /// let classifier = Immediate(EveryErrorButNotFound);
 /// # let _ = classifier;
 /// ```
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Immediate<C>(pub C);
-
-impl<C, Res, E> Classify<Res, E> for Immediate<C>
-where
-    C: Classify<Res, E>,
-{
-    #[inline]
-    fn classify(&self, result: Result<&Res, &E>) -> Outcome {
-        self.0.classify(result)
-    }
-}
+pub use tower_outlier_core::classify::Immediate;
 
 macro_rules! immediate {
     ($($classifier:ty $(, $generic:ident)*;)*) => {$(
