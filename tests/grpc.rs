@@ -338,3 +338,14 @@ async fn a_body_dropped_after_a_long_wait_is_a_timeout_with_stalled_after() {
         assert_eq!(failures(counts(&endpoint)), expected, "waited {wait:?}");
     }
 }
+
+/// Every code converts to tonic's and back unchanged.
+#[test]
+fn codes_convert_to_and_from_tonic() {
+    for value in 0..=16 {
+        let code = Code::from_i32(value);
+        let theirs = tonic::Code::from(code);
+        assert_eq!(theirs as i32, value);
+        assert_eq!(Code::from(theirs), code);
+    }
+}

@@ -152,6 +152,31 @@ impl Code {
     }
 }
 
+/// The same code in tonic's type (feature `tonic`).
+///
+/// ```
+/// use tower_outlier::grpc::Code;
+///
+/// assert_eq!(tonic::Code::from(Code::Unavailable), tonic::Code::Unavailable);
+/// assert_eq!(Code::from(tonic::Code::DeadlineExceeded), Code::DeadlineExceeded);
+/// ```
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+impl From<Code> for tonic::Code {
+    fn from(code: Code) -> tonic::Code {
+        tonic::Code::from_i32(code.value())
+    }
+}
+
+/// The same code from tonic's type (feature `tonic`).
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+impl From<tonic::Code> for Code {
+    fn from(code: tonic::Code) -> Code {
+        Code::from_i32(code as i32)
+    }
+}
+
 impl fmt::Display for Code {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self:?} ({})", self.value())
