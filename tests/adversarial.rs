@@ -61,18 +61,18 @@ async fn history(seed: u64, exercised: Arc<Exercised>) {
     let seen = exercised.clone();
     let probe = probe_fn(move |_: &usize, _: Backend| -> ProbeFuture {
         let d = draw(&probe_coin);
-        if d % 17 == 0 {
+        if d.is_multiple_of(17) {
             seen.probe_panics.fetch_add(1, Ordering::Relaxed);
             panic!("a probe that panics when started");
         }
         let seen = seen.clone();
         Box::pin(async move {
             tokio::time::sleep(Duration::from_millis(d % 5_000)).await;
-            if d % 13 == 0 {
+            if d.is_multiple_of(13) {
                 seen.probe_panics.fetch_add(1, Ordering::Relaxed);
                 panic!("a probe that panics when polled");
             }
-            d % 3 != 0
+            !d.is_multiple_of(3)
         })
     });
     let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
@@ -97,7 +97,7 @@ async fn history(seed: u64, exercised: Arc<Exercised>) {
         if matches!(event, tower_outlier::events::Event::Ejected { .. }) {
             seen.ejections.fetch_add(1, Ordering::Relaxed);
         }
-        if draw(&callback_coin) % 7 == 0 {
+        if draw(&callback_coin).is_multiple_of(7) {
             seen.callback_panics.fetch_add(1, Ordering::Relaxed);
             panic!("a callback that panics");
         }
