@@ -232,3 +232,27 @@ async fn several_layers_share_one_registry_under_service_labels() {
         "{text}"
     );
 }
+
+/// Counters whose labels are known in advance are exported at 0 from the first scrape, so an
+/// alert on their rate sees 0, not "no data".
+#[tokio::test(start_paused = true)]
+async fn counters_are_present_at_zero_before_any_event() {
+    let layer = layer();
+    let mut registry = Registry::default();
+    tower_outlier::metrics::register(&mut registry, &layer.monitor());
+    let _h = Harness::new(&layer, 3);
+    let text = scrape(&registry);
+    for series in [
+        r#"outlier_ejections_refused_total{service="default",refusal="budget"}"#,
+        r#"outlier_ejections_refused_total{service="default",refusal="last_endpoint"}"#,
+        r#"outlier_readmissions_total{service="default",cause="probe_succeeded"}"#,
+        r#"outlier_readmissions_total{service="default",cause="passive_trial"}"#,
+        r#"outlier_recoveries_total{service="default"}"#,
+        r#"outlier_trials_failed_total{service="default"}"#,
+        r#"outlier_probes_total{service="default",result="failed"}"#,
+        r#"outlier_rules_total{service="default",result="rejected"}"#,
+        r#"outlier_removals_total{service="default",status="ejected"}"#,
+    ] {
+        assert_eq!(sample(&text, series), Some(0.0), "{series} in:\n{text}");
+    }
+}

@@ -11,7 +11,7 @@
 //! | `outlier_ejections_refused_total` | counter | `refusal` (`budget`, `last_endpoint`) |
 //! | `outlier_readmissions_total` | counter | `cause` |
 //! | `outlier_recoveries_total`, `outlier_trials_failed_total` | counter | — |
-//! | `outlier_probes_total` | counter | `result` (`started`, `failed`) |
+//! | `outlier_probes_total` | counter | `result` (`started`, `failed`, `succeeded`) |
 //! | `outlier_weight_changes_total` | counter | — |
 //! | `outlier_rules_total` | counter | `result` (`applied`, `rejected`) |
 //! | `outlier_policy_state_changes_total` | counter | `policy`, `to` |
@@ -22,6 +22,11 @@
 //! | `outlier_endpoint_weight`, `outlier_endpoint_error_rate` | gauge | `endpoint` |
 //! | `outlier_endpoint_policy_state` | gauge (1) | `endpoint`, `policy`, `state` |
 //! | `outlier_detector_ejections_total` ([`OutlierMetrics::watch_detectors`]) | counter | `policy`, `detector`, `result` |
+//!
+//! Every counter but `outlier_ejections_total` and `outlier_policy_state_changes_total` is
+//! exported at 0 for each of its label values from the moment a layer is watched, so an alert on
+//! its rate reads 0 rather than no data; those two are labelled with what a policy names when it
+//! reports (its measure, its state) and appear with their first event.
 //!
 //! Label sets stay bounded under endpoint churn: the counters' labels are policy names,
 //! measures, causes and results, never endpoints; the per-endpoint gauges are read from the
@@ -176,6 +181,7 @@ impl OutlierMetrics {
         }
         watched.layers.push((service.to_owned(), monitor.clone()));
         drop(watched);
+        self.counters.start_at_zero(service);
         let (counters, service) = (self.counters.clone(), String::from(service));
         let _ = monitor.on_event(move |event| counters.count(&service, event));
     }
@@ -218,6 +224,44 @@ struct Counters {
 }
 
 impl Counters {
+    /// Creates the series whose labels are known before any event, at 0, so that an alert on
+    /// their rate sees 0 rather than no data. Ejections and policy states are labelled with the
+    /// measure or state that a policy names when it reports, and appear with their first event.
+    fn start_at_zero(&self, service: &str) {
+        let with = |pairs: &[(&'static str, &str)]| -> Labels {
+            let mut labels = vec![("service", service.to_owned())];
+            labels.extend(pairs.iter().map(|(k, v)| (*k, String::from(*v))));
+            labels
+        };
+        for refusal in ["budget", "last_endpoint"] {
+            let _ = self.refused.get_or_create(&with(&[("refusal", refusal)]));
+        }
+        for cause in [
+            Readmission::ProbeSucceeded,
+            Readmission::PassiveTrial,
+            Readmission::BudgetShrank,
+            Readmission::LastEndpoint,
+            Readmission::PolicyOff,
+            Readmission::HostBack,
+        ] {
+            let _ = self
+                .readmissions
+                .get_or_create(&with(&[("cause", cause_label(cause))]));
+        }
+        let _ = self.recoveries.get_or_create(&with(&[]));
+        let _ = self.trials_failed.get_or_create(&with(&[]));
+        for result in ["started", "failed", "succeeded"] {
+            let _ = self.probes.get_or_create(&with(&[("result", result)]));
+        }
+        let _ = self.weight_changes.get_or_create(&with(&[]));
+        for result in ["applied", "rejected"] {
+            let _ = self.rules.get_or_create(&with(&[("result", result)]));
+        }
+        for status in ["available", "trial", "ejected", "probing", "unready"] {
+            let _ = self.removals.get_or_create(&with(&[("status", status)]));
+        }
+    }
+
     fn count(&self, service: &str, event: &Event) {
         let with = |pairs: &[(&'static str, &str)]| -> Labels {
             let mut labels = vec![("service", service.to_owned())];
