@@ -87,7 +87,10 @@ pub enum Admission {
 ///   completes returns the breaker to OPEN with the open duration already over, so the next call
 ///   probes again.
 ///
-/// Admission and recording take no lock and allocate nothing.
+/// Admission and recording take no lock and allocate nothing, but for the one call that changes
+/// the state: it logs the change through `tracing` (whose subscriber may lock or allocate) and
+/// runs the observers, on that caller's task, before its response is handed on. A change happens
+/// at most a few times per open duration.
 ///
 /// ```
 /// use std::time::Duration;
