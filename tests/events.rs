@@ -236,3 +236,106 @@ async fn a_callback_unsubscribed_is_called_no_more() {
     drop(kept);
     h.calls(2, 0, 1).await;
 }
+
+/// A writer the test reads back.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A scripted incident under the Envoy preset, written as Envoy's event log: one
+/// `OutlierDetectionEvent` JSON line per eject and uneject, Envoy's field names and enum
+/// spellings, `num_ejections` counting and `secs_since_last_action` the time since the other
+/// action.
+#[tokio::test(start_paused = true)]
+async fn the_envoy_event_log_writes_outlier_detection_events() {
+    use tower_outlier::events::EnvoyEventLog;
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::envoy()
+            .max_ejection_percent(50)
+            .base_ejection_time(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+    ));
+    let lines = Lines::default();
+    let log = EnvoyEventLog::new("orders", lines.clone());
+    let _subscription = log.attach(&layer.monitor());
+    let mut h = Harness::new(&layer, 5);
+    // Five failures in a row eject; the ejection lasts 30 s (Envoy: on the 10 s ticks).
+    h.calls(3, 5, 0).await;
+    h.advance(Duration::from_secs(45)).await;
+    h.calls(3, 0, 2).await;
+    h.advance(Duration::from_secs(5)).await;
+    h.calls(3, 5, 0).await;
+
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(events.len(), 3, "{text}");
+    let fields = |e: &serde_json::Value| {
+        let mut keys: Vec<String> = e.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    let first = &events[0];
+    assert_eq!(first["type"], "CONSECUTIVE_5XX");
+    assert_eq!(first["cluster_name"], "orders");
+    assert_eq!(first["upstream_url"], "3");
+    assert_eq!(first["action"], "EJECT");
+    assert_eq!(first["num_ejections"], 1);
+    assert_eq!(first["enforced"], true);
+    assert_eq!(first["eject_consecutive_event"], serde_json::json!({}));
+    assert_eq!(
+        fields(first),
+        [
+            "action",
+            "cluster_name",
+            "eject_consecutive_event",
+            "enforced",
+            "num_ejections",
+            "timestamp",
+            "type",
+            "upstream_url"
+        ],
+        "no secs_since_last_action before any action"
+    );
+    let timestamp = first["timestamp"].as_str().unwrap();
+    assert!(
+        timestamp.len() >= 20 && timestamp.ends_with('Z') && timestamp.as_bytes()[10] == b'T',
+        "{timestamp}"
+    );
+
+    let uneject = &events[1];
+    assert_eq!(uneject["action"], "UNEJECT");
+    assert_eq!(uneject["enforced"], false);
+    assert_eq!(uneject["type"], "CONSECUTIVE_5XX");
+    assert_eq!(uneject["num_ejections"], 1);
+    let out_for: u64 = uneject["secs_since_last_action"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((30..=45).contains(&out_for), "{out_for}");
+
+    let again = &events[2];
+    assert_eq!(again["action"], "EJECT");
+    assert_eq!(again["num_ejections"], 2);
+    assert_eq!(
+        again["secs_since_last_action"], "5",
+        "since the re-admission"
+    );
+    assert_eq!(log.write_errors(), 0);
+}

@@ -1,6 +1,8 @@
 //! What the layer decides, as typed events for programs: ejections, refusals, re-admissions,
 //! probes, weights, rules. Subscribe through the [`Monitor`](crate::Monitor).
 
+pub use crate::envoy_log::EnvoyEventLog;
+
 use std::any::Any;
 use std::fmt;
 use std::hash::{Hash, Hasher};

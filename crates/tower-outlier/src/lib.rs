@@ -62,6 +62,7 @@ pub mod dialect;
 mod discover;
 mod endpoint;
 mod engine;
+mod envoy_log;
 pub mod events;
 pub mod future;
 pub mod grpc;
