@@ -42,7 +42,8 @@ use crate::monitor::{EventCallback, Monitor};
 /// a buffered writer, or one that hands lines to a task of its own. A write that fails is
 /// counted ([`write_errors`](Self::write_errors)) and logged once, not retried.
 ///
-/// ```
+#[cfg_attr(feature = "detectors", doc = "```")]
+#[cfg_attr(not(feature = "detectors"), doc = "```ignore")]
 /// use tower_outlier::events::EnvoyEventLog;
 /// use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
 ///
