@@ -134,6 +134,8 @@ async fn after_an_error(choice: DiscoverErrors) -> (Vec<Result<u16, String>>, us
         0
     } else {
         insert(&tx, &client, c);
+        // The upstream is read again once the error's back-off (100 ms) is over.
+        tokio::time::sleep(Duration::from_millis(200)).await;
         for _ in 0..60 {
             let _ = call().await;
         }
@@ -164,4 +166,63 @@ async fn keep_serving_serves_the_endpoints_discovered_so_far_and_later() {
         sent_to_c > 0,
         "a server discovered after the error gets traffic"
     );
+}
+
+/// An upstream that fails on every poll (a resolver that cannot reach its registry) is read
+/// again only after a back-off (100 ms doubling to 5 s), not in a loop: on tokio's paused clock,
+/// a minute of serving reads it a few dozen times, and the endpoints it gave first keep serving.
+#[tokio::test(start_paused = true)]
+async fn an_upstream_failing_on_every_poll_is_read_with_a_back_off() {
+    use std::pin::Pin;
+    use std::sync::atomic::AtomicU64;
+    use std::task::Context;
+
+    /// Two endpoints, then an error on every poll.
+    struct Failing {
+        given: usize,
+        polls: Arc<AtomicU64>,
+    }
+
+    impl futures::Stream for Failing {
+        type Item = Result<Change<usize, tower::util::ServiceFn<Answer>>, std::io::Error>;
+
+        fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+            self.polls.fetch_add(1, Ordering::SeqCst);
+            if self.given < 2 {
+                self.given += 1;
+                let id = self.given;
+                return Poll::Ready(Some(Ok(Change::Insert(id, tower::service_fn(answer)))));
+            }
+            Poll::Ready(Some(Err(std::io::Error::other("unreachable registry"))))
+        }
+    }
+
+    type Answer = fn(()) -> std::future::Ready<Result<usize, std::io::Error>>;
+    fn answer(_: ()) -> std::future::Ready<Result<usize, std::io::Error>> {
+        std::future::ready(Ok(7))
+    }
+
+    let polls = Arc::new(AtomicU64::new(0));
+    let upstream = Failing {
+        given: 0,
+        polls: polls.clone(),
+    };
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ))
+    .discover_errors(DiscoverErrors::KeepServing);
+    let monitor = layer.monitor();
+    let discover = tower::Layer::layer(&layer, upstream);
+    let balancer = tower::buffer::Buffer::new(Balance::new(discover), 16);
+    for _ in 0..60 {
+        let answered = balancer.clone().oneshot(()).await.unwrap();
+        assert_eq!(answered, 7);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let read = polls.load(Ordering::SeqCst);
+    assert!(
+        (5..=40).contains(&read),
+        "the failing upstream was read {read} times in a minute"
+    );
+    assert_eq!(monitor.snapshot().discover_errors, read - 2);
 }

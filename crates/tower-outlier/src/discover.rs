@@ -14,6 +14,7 @@ use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::future::{AbortHandle, Abortable, FutureExt};
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
@@ -60,8 +61,17 @@ pin_project! {
         aborts: HashMap<u64, AbortHandle>,
         discover_errors: DiscoverErrors,
         registry: Arc<Registry>,
+        // With `KeepServing`: the upstream is not read again until this fires, after an error
+        // (100 ms, doubling with each error in a row up to 5 s), so a stream that fails on every
+        // poll is not polled in a loop.
+        error_backoff: Option<Pin<Box<Sleep>>>,
+        errors_in_a_row: u32,
     }
 }
+
+/// The first wait after an upstream error served through, doubled with each error in a row.
+const FIRST_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(5);
 
 type ProbeTask<K> = Abortable<Pin<Box<dyn Future<Output = (K, u64, bool)> + Send>>>;
 
@@ -87,6 +97,8 @@ where
             aborts: HashMap::new(),
             discover_errors: DiscoverErrors::PassThrough,
             registry,
+            error_backoff: None,
+            errors_in_a_row: 0,
         }
     }
 
@@ -127,25 +139,41 @@ where
             if let Some(change) = this.engine.pop_change() {
                 return Poll::Ready(Some(Ok(change)));
             }
-            if !*this.upstream_done {
+            let backing_off = match this.error_backoff.as_mut() {
+                Some(sleep) => sleep.as_mut().poll(cx).is_pending(),
+                None => false,
+            };
+            if !backing_off {
+                *this.error_backoff = None;
+            }
+            if !*this.upstream_done && !backing_off {
                 match this.discover.as_mut().poll_discover(cx) {
                     Poll::Ready(Some(Ok(Change::Insert(key, service)))) => {
+                        *this.errors_in_a_row = 0;
                         this.engine.insert(key, service, Instant::now());
                         continue;
                     }
                     Poll::Ready(Some(Ok(Change::Remove(key)))) => {
+                        *this.errors_in_a_row = 0;
                         this.engine.remove(&key, Instant::now());
                         continue;
                     }
                     Poll::Ready(Some(Err(error))) => match this.discover_errors {
                         DiscoverErrors::KeepServing => {
                             this.registry.discover_error();
+                            *this.errors_in_a_row = this.errors_in_a_row.saturating_add(1);
+                            let wait = FIRST_ERROR_BACKOFF
+                                .saturating_mul(1 << (*this.errors_in_a_row - 1).min(6))
+                                .min(MAX_ERROR_BACKOFF);
                             tracing::warn!(
                                 target: "tower_outlier",
                                 error = std::any::type_name::<D::Error>(),
+                                in_a_row = *this.errors_in_a_row,
+                                read_again_in = ?wait,
                                 tracked = this.engine.tracked(),
                                 "the upstream discover stream failed; serving the endpoints it gave so far"
                             );
+                            *this.error_backoff = Some(Box::pin(tokio::time::sleep(wait)));
                             continue;
                         }
                         _ => return Poll::Ready(Some(Err(error))),

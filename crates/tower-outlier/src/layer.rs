@@ -248,9 +248,11 @@ pub enum DiscoverErrors {
     #[default]
     PassThrough,
     /// Log the error (with its type, at WARN), count it in the monitor
-    /// ([`Snapshot::discover_errors`](crate::Snapshot)), lose nothing, and read the stream on:
-    /// the balancer keeps the endpoints the upstream gave so far, as linkerd's discovery survives
-    /// a resolver error. A stream that ends after its error leaves the last set under detection.
+    /// ([`Snapshot::discover_errors`](crate::Snapshot)), lose nothing, and read the stream on
+    /// after a back-off (100 ms, doubling with each error in a row up to 5 s, so a stream that
+    /// fails on every poll is not polled in a loop): the balancer keeps the endpoints the
+    /// upstream gave so far, as linkerd's discovery survives a resolver error. A stream that ends
+    /// after its error leaves the last set under detection.
     KeepServing,
 }
 
