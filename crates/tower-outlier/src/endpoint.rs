@@ -254,6 +254,9 @@ const EVIDENCE_REFRESH: Nanos = 10_000_000;
 #[derive(Debug)]
 struct Draws {
     lost: AtomicU32,
+    // When the follow-up of a fast failure was last asked for and refused: asked again only
+    // [`EVIDENCE_REFRESH`] later, as it reads the policies' windows.
+    follow_up_refused_at: AtomicU64,
     wanted: AtomicU64,
     wanted_at: AtomicU64,
     wanted_in_flight: AtomicU64,
@@ -263,6 +266,7 @@ impl Default for Draws {
     fn default() -> Self {
         Draws {
             lost: AtomicU32::new(0),
+            follow_up_refused_at: AtomicU64::new(Nanos::MAX),
             wanted: AtomicU64::new(0),
             wanted_at: AtomicU64::new(Nanos::MAX),
             wanted_in_flight: AtomicU64::new(0),
@@ -301,12 +305,25 @@ impl Draws {
         let lost = self.lost.load(Ordering::Relaxed);
         if lost >= EXPLORE_AFTER
             && in_flight == 0
-            && (record.peak_unconfirmed() || record.follow_up_wanted(RETRY_AFTER_FAST_FAILURE, now))
+            && (record.peak_unconfirmed() || self.follow_up(record, now))
         {
             return true;
         }
         self.lost.store(lost.saturating_add(1), Ordering::Relaxed);
         false
+    }
+
+    /// [`EndpointRecord::follow_up_wanted`], asked at most every [`EVIDENCE_REFRESH`] after a
+    /// refusal: it reads the policies' windows, and an avoided endpoint is drawn on every request.
+    fn follow_up(&self, record: &EndpointRecord, now: Nanos) -> bool {
+        let refused_at = self.follow_up_refused_at.load(Ordering::Relaxed);
+        if refused_at != Nanos::MAX && now.saturating_sub(refused_at) < EVIDENCE_REFRESH {
+            return false;
+        }
+        let wanted = record.follow_up_wanted(RETRY_AFTER_FAST_FAILURE, now);
+        self.follow_up_refused_at
+            .store(if wanted { Nanos::MAX } else { now }, Ordering::Relaxed);
+        wanted
     }
 
     #[inline]

@@ -38,9 +38,11 @@ use crate::monitor::{EventCallback, Monitor};
 ///   (`cluster_average_success_rate` is left out: the layer does not keep the fleet's average); a
 ///   failure-percentage one carries `eject_failure_percentage_event` with the host's success rate.
 ///
-/// Lines are written on the task that makes the decision (the balancer's), as events are: give it
-/// a buffered writer, or one that hands lines to a task of its own. A write that fails is
-/// counted ([`write_errors`](Self::write_errors)) and logged once, not retried.
+/// Lines are written and flushed one by one on the task that makes the decision (the
+/// balancer's), as events are: a local file is fine (ejections are rare); a slow sink should be a
+/// writer that hands lines to a task of its own. A write that fails is counted
+/// ([`write_errors`](Self::write_errors)) and logged once, not retried. One log per layer: its
+/// `cluster_name` is the layer's service, and two layers' hosts of the same key would mix.
 ///
 #[cfg_attr(feature = "detectors", doc = "```")]
 #[cfg_attr(not(feature = "detectors"), doc = "```ignore")]
@@ -182,7 +184,13 @@ impl EnvoyEventLog {
             );
         }
         line.push_str("}\n");
-        if let Err(error) = state.writer.write_all(line.as_bytes()) {
+        // Flushed line by line: ejections are rare, and a line held in a buffer for days, or lost
+        // with the process, is no log.
+        let written = state
+            .writer
+            .write_all(line.as_bytes())
+            .and_then(|()| state.writer.flush());
+        if let Err(error) = written {
             state.write_errors += 1;
             if state.write_errors == 1 {
                 tracing::warn!(
