@@ -151,7 +151,8 @@ where
 /// the gRPC classifier does): the layer's classifier and the standalone breaker's.
 ///
 /// ```
-/// use tower_outlier_core::classify::{Classify, FailureKind, Immediate, Outcome};
+/// use tower_outlier_core::classify::Immediate;
+/// use tower_outlier_core::{Classify, FailureKind, Outcome};
 ///
 /// #[derive(Clone)]
 /// struct EveryErrorButNotFound;

@@ -24,7 +24,10 @@
 //! slice (by more only if the recorder was descheduled for a whole window), and never counts one
 //! twice. Sentinel's `LeapArray` has the same property. A call recorded while another recorder is
 //! still claiming an older slice is counted in the slice being claimed (early, by as many slices
-//! as the claimer is behind). Two races can lose calls instead, never invent them: a claim that
+//! as the claimer is behind). Three races can lose calls instead, never invent them: a call
+//! recorded while another recorder jumps a ring that was empty or a window or more behind straight
+//! to its slice (emptying every bucket, which then holds only stale counts) may be emptied with
+//! them; a claim that
 //! takes a slice's old counts out after a [`Window::clear`] (or after another claim a whole window
 //! later) emptied the bucket takes them out of whatever the bucket holds by then, down to zero at
 //! most; and calls recorded while a clear runs may be forgotten with the rest. A bucket counts at
@@ -32,15 +35,18 @@
 //! counted.
 //!
 //! **What a reader racing recorders sees.** A claim publishes its slice only once the bucket's old
-//! counts are out (until then readers skip that bucket), so a read never shows a slice with an
-//! older slice's counts in it. It shows each call at most once, in its own slice or one of those
+//! counts are out (until then readers skip that bucket), and a jump empties the ring before its
+//! new slice is published (until then readers take the ring as empty), so a read never shows a
+//! slice with an older slice's counts in it. It shows each call at most once, in its own slice or one of those
 //! shifts, or not yet; a bucket being claimed at that instant reads as empty; and a call's failure
 //! is never shown without the call (failures and slow calls are clamped to calls). These are
-//! checked under every interleaving of a recycle, two claims and a clear racing recorders and a
-//! reader, by the loom models in `tests/loom_window.rs` (at most three preemptions).
+//! checked under every interleaving of a recycle, two claims, a jump and a clear racing
+//! recorders and a reader, by the loom models in `tests/loom_window.rs` (at most three
+//! preemptions).
 //!
-//! **Quiet endpoints.** The first call after a pause claims the slices passed one at a time, one
-//! compare-and-swap each, at most one per bucket: about 80 ns for ten buckets, microseconds for
+//! **Quiet endpoints.** The first call after a pause shorter than the window claims the slices
+//! passed one at a time, one compare-and-swap each; after a longer one it jumps to its slice with
+//! two compare-and-swaps and a swap per bucket: about 80 ns for ten buckets, microseconds for
 //! hundreds.
 //!
 //! With one bucket the window is a fixed interval that restarts every `span`, which is exactly
@@ -100,6 +106,12 @@ const INDEX: u64 = (1 << INDEX_BITS) - 1;
 // Set in `Ring::newest` while the claim of its slice has not yet taken the old counts out of the
 // slice's bucket (epochs never reach this bit: it would take 2^53 slices).
 const CLAIMING: u64 = 1 << 63;
+// Set with `CLAIMING` while a claim jumps a ring a window or more behind (or empty) straight to
+// its slice, emptying every bucket: until it is done, readers take the whole ring as empty, since
+// its buckets still hold counts from before the jump that its new newest slice would date as
+// recent.
+const JUMPING: u64 = 1 << 62;
+const FLAGS: u64 = CLAIMING | JUMPING;
 
 struct Bucket {
     // Calls (low half) and failures (high half).
@@ -206,6 +218,36 @@ impl Ring {
         true
     }
 
+    /// Makes slice `epoch` (in bucket `index`) the newest if `seen` still is, emptying every
+    /// bucket first: the ring was empty or a window or more behind, so everything it holds is
+    /// stale. False when another claim or a clear came first. Calls recorded into the ring while
+    /// it jumps (by recorders that saw the jump begin) may be emptied with the rest: lost, never
+    /// invented.
+    fn jump(&self, seen: u64, epoch: u64, index: usize) -> bool {
+        let slice = epoch << INDEX_BITS | index as u64;
+        if self
+            .newest
+            .compare_exchange(seen, slice | FLAGS, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        for (index, bucket) in self.buckets.iter().enumerate() {
+            // A swap, not a store: it is ordered after every add already made to the bucket.
+            bucket.counts.swap(0, Ordering::Relaxed);
+            if let Some(slow) = self.slow_count(index) {
+                slow.swap(0, Ordering::Relaxed);
+            }
+        }
+        let _ = self.newest.compare_exchange(
+            slice | FLAGS,
+            slice,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+        true
+    }
+
     /// Takes `stale`, read before a claim, out of bucket `index`, never below zero: a clear (or
     /// a claim a window later) may have emptied the bucket since `stale` was read.
     fn take(&self, index: usize, stale: (u64, u32)) {
@@ -229,8 +271,11 @@ impl Ring {
     /// is still taking the old counts out of it.
     fn published(&self) -> (u64, Option<usize>) {
         let newest = self.newest.load(Ordering::Acquire);
+        if newest & JUMPING != 0 {
+            return (0, None);
+        }
         let claiming = (newest & CLAIMING != 0).then_some((newest & INDEX) as usize);
-        (newest & !CLAIMING, claiming)
+        (newest & !FLAGS, claiming)
     }
 
     fn clear(&self) {
@@ -460,7 +505,7 @@ impl Window {
         let index_of = |epoch: u64| (epoch % buckets) as usize;
         loop {
             let newest = ring.newest.load(Ordering::Acquire);
-            let newest_epoch = (newest & !CLAIMING) >> INDEX_BITS;
+            let newest_epoch = (newest & !FLAGS) >> INDEX_BITS;
             if newest & CLAIMING != 0 {
                 // Another recorder is moving the ring onto `newest_epoch`. A call of that slice
                 // or an older one goes to its bucket as usual; a newer one is counted in the slice
@@ -473,15 +518,16 @@ impl Window {
                 // moved a whole window past it.
                 return (newest_epoch - epoch < buckets).then(|| index_of(epoch));
             }
-            // One slice at a time, so each bucket moved onto is cleared exactly once; when the
-            // ring is empty or a window or more behind, every bucket is stale, so start a
-            // window back.
-            let oldest_in_window = epoch.saturating_sub(buckets - 1).max(1);
-            let next = if newest == 0 {
-                oldest_in_window
-            } else {
-                (newest_epoch + 1).max(oldest_in_window)
-            };
+            // When the ring is empty or a window or more behind, every bucket is stale: one
+            // jump to `now`'s slice empties them all, unseen by readers until done. Otherwise one
+            // slice at a time, so each bucket moved onto is cleared exactly once.
+            if newest == 0 || epoch - newest_epoch >= buckets {
+                if ring.jump(newest, epoch, index_of(epoch)) {
+                    return Some(index_of(epoch));
+                }
+                continue;
+            }
+            let next = newest_epoch + 1;
             let index = index_of(next);
             let stale = ring.stale(index);
             if ring.advance(newest, next, index, stale) && next == epoch {
@@ -1185,5 +1231,22 @@ mod tests {
         w.record(1_250 * MS, false, false);
         let c = w.counts(1_250 * MS);
         assert!(c.calls <= 2, "garbage visible to readers: {c:?}");
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod jump_tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_ring_a_window_behind_jumps_and_forgets_what_it_held() {
+        let w = Window::new(Duration::from_millis(2), 2).unwrap();
+        w.record(0, false, false);
+        w.record(2 * MS, true, false);
+        w.record(2 * MS + 1, false, false);
+        let after = w.counts(2 * MS + 1);
+        assert_eq!((after.calls, after.failures), (2, 1));
     }
 }
