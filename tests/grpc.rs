@@ -349,3 +349,68 @@ fn codes_convert_to_and_from_tonic() {
         assert_eq!(Code::from(theirs), code);
     }
 }
+
+/// The standalone breaker with `GrpcErrors`: its half-open probe that is a server stream (a
+/// message, then the stream stays open) is decided at its first message. Decided only at the
+/// trailers, it held the breaker half open, every other call refused, for the stream's life.
+#[tokio::test]
+async fn a_streaming_probe_does_not_hold_the_breaker_half_open() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use tower::Layer;
+    use tower_outlier::slow_call::{BreakerConfig, CircuitBreakerLayer, State};
+
+    let failing = Arc::new(AtomicBool::new(true));
+    let state = failing.clone();
+    let service = service_fn(move |_: ()| {
+        let failing = state.load(Ordering::SeqCst);
+        async move {
+            let response = if failing {
+                http::Response::builder()
+                    .header("grpc-status", "14")
+                    .body(StreamBody::new(stream::empty().boxed()))
+            } else {
+                // One message, then a stream that never ends.
+                let message: Result<http_body::Frame<Bytes>, io::Error> =
+                    Ok(http_body::Frame::data(Bytes::from_static(b"\0\0\0\0\0")));
+                let frames = stream::iter([message]).chain(stream::pending()).boxed();
+                http::Response::builder().body(StreamBody::new(frames))
+            };
+            Ok::<_, io::Error>(response.unwrap())
+        }
+    });
+    let states = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = states.clone();
+    let layer = CircuitBreakerLayer::new(
+        BreakerConfig::error_count(0)
+            .min_requests(1)
+            .open_duration(Duration::from_millis(50))
+            .build()
+            .unwrap(),
+    )
+    .classifier(GrpcErrors::default())
+    .on_state_change(move |change| seen.lock().unwrap().push(change.to));
+    let mut breaker = layer.layer(service);
+
+    let _ = breaker.ready().await.unwrap().call(()).await;
+    assert_eq!(*states.lock().unwrap(), [State::Open]);
+    failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(80)).await;
+
+    // The probe: a stream whose first message arrives and which then stays open.
+    let probe = breaker.ready().await.unwrap().call(()).await.unwrap();
+    let mut body = probe.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+    assert_eq!(
+        *states.lock().unwrap(),
+        [State::Open, State::HalfOpen, State::Closed],
+        "decided at its first message"
+    );
+    // With the stream still open, other calls go through.
+    for _ in 0..3 {
+        let response = breaker.ready().await.unwrap().call(()).await;
+        assert!(response.is_ok(), "refused while the probe's stream is open");
+    }
+    drop(body);
+}

@@ -51,6 +51,13 @@ impl<C> PendingCall<C> {
         &self.lane.shared.classifier
     }
 
+    /// Whether this call is the half-open breaker's probe: the breaker rejects every other call
+    /// until the probe's outcome is recorded (or the call dropped).
+    #[inline]
+    pub fn is_probe(&self) -> bool {
+        self.admission == Admission::Probe
+    }
+
     /// Now, on the breaker's clock.
     #[inline]
     pub fn now(&self) -> Nanos {

@@ -8,7 +8,10 @@
 //! * a non-200 HTTP status without `grpc-status` (a proxy in front of the server answering 503,
 //!   say) is mapped as the gRPC spec maps HTTP statuses: 429, 502, 503, 504 are UNAVAILABLE, 400
 //!   INTERNAL, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 UNIMPLEMENTED, others UNKNOWN;
-//! * otherwise the body is wrapped in a [`GrpcBody`] that records when the trailers arrive; a
+//! * otherwise the body is wrapped in a [`GrpcBody`] that records when the trailers arrive (a
+//!   call that is a probe — a half-open breaker's, or linkerd's probation — at its first message,
+//!   since its breaker holds every other call until it is decided, and a server stream may run
+//!   for hours); a
 //!   stream that ends with no `grpc-status` at all is UNAVAILABLE, a body error is a transport
 //!   failure, and a body dropped before its end counts as cancelled (neither success nor
 //!   failure) — unless [`GrpcErrors::stalled_after`] is set and the body was dropped while its
@@ -376,6 +379,15 @@ impl Sink {
         }
     }
 
+    /// Whether a policy or breaker holds its other calls until this one is recorded.
+    fn holds_probe(&self) -> bool {
+        match self {
+            Sink::Layer(recorder) => recorder.holds_probe(),
+            #[cfg(feature = "slow-call")]
+            Sink::Breaker(call) => call.is_probe(),
+        }
+    }
+
     fn now(&self) -> Nanos {
         match self {
             Sink::Layer(recorder) => recorder.now(),
@@ -466,6 +478,13 @@ impl<B: Body> Body for GrpcBody<B> {
         pending.waiting_since = None;
         let recorder_slot = &mut pending.recorder;
         let outcome = match &frame {
+            // A probe is decided at its first message: the breaker (or the gated policy) holds
+            // every other call until it is, and a server stream's status may be hours away.
+            Some(Ok(frame))
+                if frame.is_data() && recorder_slot.as_ref().is_some_and(Sink::holds_probe) =>
+            {
+                Some(Outcome::Success)
+            }
             Some(Ok(frame)) => frame.trailers_ref().map(|trailers| {
                 let recorder = recorder_slot.as_ref();
                 match recorder.map(|r| (*r.classifier(), r.classifier().status_in(trailers))) {

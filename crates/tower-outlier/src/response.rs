@@ -126,6 +126,13 @@ impl<C> Recorder<C> {
         &self.lane.shared.classifier
     }
 
+    /// Whether the call holds a probe permit of a gated policy (a breaker's half-open probe,
+    /// linkerd's probation): the policy holds its other calls until this one is recorded.
+    #[inline]
+    pub(crate) fn holds_probe(&self) -> bool {
+        self.probes != 0
+    }
+
     /// Now, on the layer's clock.
     #[inline]
     pub(crate) fn now(&self) -> Nanos {
