@@ -13,7 +13,8 @@ use tower::{Service, ServiceExt};
 use tower_outlier::hyper_client::PinnedClient;
 use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer, ServerErrors};
 
-/// A server answering with the path and query it was asked for.
+/// A server answering with the path and query it was asked for, and the Host header after a
+/// space.
 async fn echo_server() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -21,11 +22,16 @@ async fn echo_server() -> SocketAddr {
         while let Ok((stream, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(|request: http::Request<Incoming>| {
-                    let target = request
-                        .uri()
-                        .path_and_query()
-                        .map_or("", |p| p.as_str())
+                    let host = request
+                        .headers()
+                        .get(http::header::HOST)
+                        .and_then(|h| h.to_str().ok())
+                        .unwrap_or("")
                         .to_owned();
+                    let target = format!(
+                        "{} {host}",
+                        request.uri().path_and_query().map_or("", |p| p.as_str())
+                    );
                     async move { Ok::<_, Infallible>(http::Response::new(Full::<Bytes>::from(target))) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -49,12 +55,20 @@ async fn requests_reach_the_pinned_server_with_their_path_and_query() {
     let addr = echo_server().await;
     let mut client = PinnedClient::new(addr);
     assert_eq!(client.authority().as_str(), addr.to_string());
-    assert_eq!(answer(&mut client, "/orders?id=7").await, "/orders?id=7");
+    let pinned = addr.to_string();
+    assert_eq!(
+        answer(&mut client, "/orders?id=7").await,
+        format!("/orders?id=7 {pinned}")
+    );
+    // The name the request gave is kept as its Host, for servers that route by name.
     assert_eq!(
         answer(&mut client, "http://elsewhere.example:9999/a/b").await,
-        "/a/b"
+        "/a/b elsewhere.example:9999"
     );
-    assert_eq!(answer(&mut client, "http://elsewhere.example").await, "/");
+    assert_eq!(
+        answer(&mut client, "http://elsewhere.example").await,
+        "/ elsewhere.example"
+    );
 }
 
 #[tokio::test]

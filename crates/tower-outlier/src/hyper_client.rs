@@ -42,6 +42,13 @@ use tower_service::Service;
 /// layer's classifiers count as transport failures. It is always ready: the client queues on its
 /// pool. Put a `tower::timeout::Timeout` around it, so that a server that never answers fails
 /// calls the layer can count.
+///
+/// A request naming an authority (`http://api.example.com/x`) and carrying no `Host` header is
+/// given `Host: api.example.com`, so that a server routing by name still sees the name; without
+/// either, hyper-util sets the pinned address. It is an endpoint, not a forward proxy: a
+/// `CONNECT` request's target is replaced like any other authority. With
+/// [`with_client`](Self::with_client) and a name rather than an address, the connector resolves
+/// the name, and which address a connection reaches is the resolver's choice.
 pub struct PinnedClient<B, C = HttpConnector> {
     client: Client<C, B>,
     scheme: Scheme,
@@ -104,6 +111,15 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> ResponseFuture {
+        // The authority the request named becomes its Host (when it has none), so that a server
+        // routing by name (an nginx `server_name`, an ingress) still sees it.
+        if !request.headers().contains_key(http::header::HOST) {
+            if let Some(named) = request.uri().authority() {
+                if let Ok(host) = http::HeaderValue::from_str(named.as_str()) {
+                    request.headers_mut().insert(http::header::HOST, host);
+                }
+            }
+        }
         let mut parts = request.uri().clone().into_parts();
         parts.scheme = Some(self.scheme.clone());
         parts.authority = Some(self.authority.clone());
