@@ -83,3 +83,45 @@ async fn a_classifier_that_panics_on_the_probe_gives_its_slot_back() {
     assert_eq!(breaker.ready().await.unwrap().call(()).await.unwrap(), 7);
     assert_eq!(breaker.state(), State::Closed);
 }
+
+/// A `BreakerClassifier` of one's own that panics: the caller gets an error instead of the
+/// unwind, and the probe's slot comes back (the next call probes and closes the breaker).
+#[tokio::test(start_paused = true)]
+async fn a_breaker_classifier_of_ones_own_that_panics_is_contained() {
+    use tower_outlier::slow_call::{BreakerClassifier, PendingCall};
+
+    #[derive(Clone)]
+    struct Erratic(Arc<AtomicBool>);
+
+    impl BreakerClassifier<u32, std::io::Error> for Erratic {
+        type Response = u32;
+
+        fn complete(
+            result: Result<u32, std::io::Error>,
+            call: PendingCall<Self>,
+        ) -> Result<u32, std::io::Error> {
+            if call.classifier().0.swap(false, Ordering::SeqCst) {
+                panic!("a classifier that cannot read this answer");
+            }
+            call.record(match result {
+                Ok(_) => Outcome::Success,
+                Err(_) => Outcome::Failure(FailureKind::Transport),
+            });
+            result
+        }
+    }
+
+    let failing = Arc::new(AtomicBool::new(true));
+    let panic_once = Arc::new(AtomicBool::new(false));
+    let layer = CircuitBreakerLayer::new(config()).classifier(Erratic(panic_once.clone()));
+    let mut breaker = layer.layer(backend(failing.clone()));
+    assert!(breaker.ready().await.unwrap().call(()).await.is_err());
+    assert_eq!(breaker.state(), State::Open);
+    failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    panic_once.store(true, Ordering::SeqCst);
+    let error = breaker.ready().await.unwrap().call(()).await.unwrap_err();
+    assert!(error.to_string().contains("classifier panicked"), "{error}");
+    assert_eq!(breaker.ready().await.unwrap().call(()).await.unwrap(), 7);
+    assert_eq!(breaker.state(), State::Closed);
+}

@@ -75,7 +75,20 @@ where
                         "the breaker's response future was polled after it completed".into(),
                     ));
                 };
-                Poll::Ready(C::complete(result, call).map_err(Into::into))
+                // A classifier of one's own is user code: one that panics gets the caller an
+                // error, logged, and the dropped call gives a probe's slot back.
+                let complete = std::panic::AssertUnwindSafe(|| C::complete(result, call));
+                Poll::Ready(match std::panic::catch_unwind(complete) {
+                    Ok(completed) => completed.map_err(Into::into),
+                    Err(panic) => {
+                        tracing::error!(
+                            target: "tower_outlier::breaker",
+                            panic = crate::breaker::panic_text(&*panic),
+                            "the classifier panicked: the call is not recorded"
+                        );
+                        Err("the circuit breaker's classifier panicked".into())
+                    }
+                })
             }
         }
     }
