@@ -49,6 +49,27 @@ impl Service<()> for Backend {
 
 type Handle = OutlierEndpoint<Backend, tower_outlier::NetworkErrors>;
 
+/// One upstream change, timed: `key` inserted and polled, then removed and polled; half the
+/// time taken.
+fn change<D>(
+    tx: &mpsc::UnboundedSender<Result<Change<usize, Backend>, Infallible>>,
+    discover: &mut Pin<Box<D>>,
+    handles: &mut Vec<Option<Handle>>,
+    key: usize,
+    backend: &Backend,
+) -> Duration
+where
+    D: Stream<Item = Result<Change<usize, Handle>, Infallible>>,
+{
+    let started = Instant::now();
+    tx.unbounded_send(Ok(Change::Insert(key, backend.clone())))
+        .expect("open");
+    drain(discover, handles);
+    tx.unbounded_send(Ok(Change::Remove(key))).expect("open");
+    drain(discover, handles);
+    started.elapsed() / 2
+}
+
 /// Polls the adaptor until it has nothing more to say, keeping the handles it inserts.
 fn drain<D>(discover: &mut Pin<Box<D>>, handles: &mut Vec<Option<Handle>>)
 where
@@ -144,14 +165,13 @@ fn run(n: usize) {
     // One upstream change: a new endpoint inserted, polled, removed, polled.
     let mut per_change = Vec::new();
     for round in 0..200 {
-        let key = n + round;
-        let started = Instant::now();
-        tx.unbounded_send(Ok(Change::Insert(key, backends[0].clone())))
-            .expect("open");
-        drain(&mut discover, &mut handles);
-        tx.unbounded_send(Ok(Change::Remove(key))).expect("open");
-        drain(&mut discover, &mut handles);
-        per_change.push(started.elapsed() / 2);
+        per_change.push(change(
+            &tx,
+            &mut discover,
+            &mut handles,
+            n + round,
+            &backends[0],
+        ));
     }
     // Snapshots, alone, then on another thread without pause while the adaptor takes changes.
     let mut per_snapshot = Vec::new();
@@ -179,13 +199,7 @@ fn run(n: usize) {
     while Instant::now() < deadline {
         let key = n + 1_000 + round;
         round += 1;
-        let started = Instant::now();
-        tx.unbounded_send(Ok(Change::Insert(key, backends[0].clone())))
-            .expect("open");
-        drain(&mut discover, &mut handles);
-        tx.unbounded_send(Ok(Change::Remove(key))).expect("open");
-        drain(&mut discover, &mut handles);
-        while_scraped.push(started.elapsed() / 2);
+        while_scraped.push(change(&tx, &mut discover, &mut handles, key, &backends[0]));
         std::thread::sleep(Duration::from_millis(1));
     }
     stop.store(true, Ordering::Relaxed);

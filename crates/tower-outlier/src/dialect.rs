@@ -41,6 +41,21 @@ mod file;
 #[cfg_attr(docsrs, doc(cfg(feature = "file-source")))]
 pub use file::watch_file;
 
+/// Adds the notes of a document's ignored keys to `notes`, or, for a strict dialect, refuses the
+/// document with them.
+#[cfg(any(feature = "hsf", feature = "sentinel"))]
+fn keep_or_refuse(
+    strict: bool,
+    ignored: Vec<String>,
+    notes: &mut Vec<String>,
+) -> Result<(), BoxError> {
+    if strict && !ignored.is_empty() {
+        return Err(format!("refused as strict: {}", ignored.join("; ")).into());
+    }
+    notes.extend(ignored);
+    Ok(())
+}
+
 /// HSF's configuration-center JSON for one service (`"service:version"`; its block wins key by
 /// key over `DEFAULT`): replaces the layer's error-rate policy.
 #[cfg(feature = "hsf")]
@@ -109,12 +124,8 @@ impl Dialect for Hsf {
         notes: &mut Vec<String>,
     ) -> Result<Arc<dyn Policy>, BoxError> {
         let hsf = tower_outlier_ejection::HsfQosConfig::from_json(text)?;
-        let ignored = hsf.ignored_key_notes();
-        if self.strict && !ignored.is_empty() {
-            return Err(ignored.join("; ").replace(" ignored", "").into());
-        }
         let config = hsf.service(&self.service)?;
-        notes.extend(ignored);
+        keep_or_refuse(self.strict, hsf.ignored_key_notes(), notes)?;
         if !config.enabled() {
             notes.push(format!(
                 "detection is off for `{}`: `qosEnabled` is not true in its block or in `DEFAULT` (HSF's default is off)",
@@ -200,11 +211,7 @@ impl Dialect for Sentinel {
         let Some(rule) = rules.iter().find(|r| r.resource() == self.resource) else {
             return Err(format!("no degrade rule for resource `{}`", self.resource).into());
         };
-        let ignored = rule.ignored_field_notes();
-        if self.strict && !ignored.is_empty() {
-            return Err(ignored.join("; ").replace(" ignored", "").into());
-        }
-        notes.extend(ignored);
+        keep_or_refuse(self.strict, rule.ignored_field_notes(), notes)?;
         let policy = match current.as_any().downcast_ref::<SlowCallPolicy>() {
             Some(current) => current.with_config(rule.config().clone()),
             None => SlowCallPolicy::new(rule.config().clone()),

@@ -139,14 +139,12 @@ where
             if let Some(change) = this.engine.pop_change() {
                 return Poll::Ready(Some(Ok(change)));
             }
-            let backing_off = match this.error_backoff.as_mut() {
-                Some(sleep) => sleep.as_mut().poll(cx).is_pending(),
-                None => false,
-            };
-            if !backing_off {
-                *this.error_backoff = None;
+            if let Some(sleep) = this.error_backoff.as_mut() {
+                if sleep.as_mut().poll(cx).is_ready() {
+                    *this.error_backoff = None;
+                }
             }
-            if !*this.upstream_done && !backing_off {
+            if !*this.upstream_done && this.error_backoff.is_none() {
                 match this.discover.as_mut().poll_discover(cx) {
                     Poll::Ready(Some(Ok(Change::Insert(key, service)))) => {
                         *this.errors_in_a_row = 0;
