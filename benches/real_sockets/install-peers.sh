@@ -16,5 +16,5 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 python3 -c 'import grpc' 2> /dev/null || pip install --quiet grpcio
 /usr/sbin/nginx -v 2>&1
-/usr/sbin/haproxy -v | head -1
+/usr/sbin/haproxy -v | sed -n 1p
 python3 -c 'import grpc; print("grpcio", grpc.__version__)'
