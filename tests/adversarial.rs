@@ -1,7 +1,8 @@
 //! The adversarial suite: random histories beyond `tests/invariants.rs`, on tokio's paused clock.
 //! Two policies at once (the error-rate preset and the recommended detectors), callbacks that
-//! panic, probes that panic or never finish, keys inserted twice, unknown keys removed, a key
-//! removed and inserted again between two polls, reconfigurations, and time. After every step
+//! panic, probes that panic or never finish, services whose `poll_ready` fails and later mends,
+//! keys inserted twice, unknown keys removed, a key removed and inserted again between two polls,
+//! reconfigurations, and time. After every step
 //! the invariants of `tower_outlier::rules` (section 9) are checked; at the end, liveness: once
 //! every backend is healthy and time has passed, every endpoint is back.
 //!
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{Backend, Harness, SeededRng};
-use tower_outlier::probe::{probe_fn, ProbeFuture};
+use tower_outlier::probe::{probe_fn, Probe, ProbeFuture};
 use tower_outlier::{
     Budget, BudgetFloor, DetectorConfig, DetectorPolicy, EndpointStatus, ErrorRateConfig,
     ErrorRatePolicy, OutlierDetectionLayer,
@@ -42,6 +43,15 @@ struct Exercised {
     ejections: AtomicU64,
     probe_panics: AtomicU64,
     callback_panics: AtomicU64,
+    readiness_errors: AtomicU64,
+}
+
+/// Live endpoints whose service is ready: the ones a balancer can send a call to.
+fn callable<P: Probe<usize, Backend> + Clone>(h: &Harness<P>) -> Vec<usize> {
+    h.live_ids()
+        .into_iter()
+        .filter(|id| !h.backend(*id).is_broken())
+        .collect()
 }
 
 async fn history(seed: u64, exercised: Arc<Exercised>) {
@@ -107,7 +117,7 @@ async fn history(seed: u64, exercised: Arc<Exercised>) {
     let mut next_id = 4;
     for step in 0..200 {
         let context = format!("seed {seed}, step {step}");
-        match rng.below(14) {
+        match rng.below(16) {
             0 => {
                 h.insert(next_id);
                 upstream.insert(next_id);
@@ -161,23 +171,39 @@ async fn history(seed: u64, exercised: Arc<Exercised>) {
                 h.sync();
             }
             6..=8 => {
-                let live = h.live_ids();
+                let live = callable(&h);
                 if let Some(&id) = live.get(rng.below(live.len().max(1) as u64) as usize) {
                     h.calls_while_live(id, rng.below(10) as usize, rng.below(3) as usize)
                         .await;
                 }
             }
             9 | 10 => {
-                let live = h.live_ids();
+                let live = callable(&h);
                 if let Some(&id) = live.get(rng.below(live.len().max(1) as u64) as usize) {
                     h.calls_while_live(id, 0, rng.below(12) as usize).await;
                 }
             }
+            14 => {
+                // A service's readiness fails (its connection's worker died) or mends, and the
+                // balancer polls what it holds.
+                let &key = upstream
+                    .iter()
+                    .nth(rng.below(upstream.len() as u64) as usize)
+                    .unwrap();
+                let backend = h.backend(key).clone();
+                backend.set_broken(!backend.is_broken());
+                exercised.readiness_errors.fetch_add(1, Ordering::Relaxed);
+                h.poll_ready_all();
+            }
+            15 => h.poll_ready_all(),
             _ => h.advance(Duration::from_millis(rng.below(40_000))).await,
         }
         check(&h, &monitor, &upstream, budget, &context);
     }
     // Liveness: everything healthy, probes passing or not, time passing with traffic.
+    for id in upstream.iter() {
+        h.backend(*id).set_broken(false);
+    }
     for _ in 0..40 {
         for id in h.live_ids() {
             h.calls_while_live(id, 0, 3).await;
@@ -190,7 +216,12 @@ async fn history(seed: u64, exercised: Arc<Exercised>) {
             budget,
             &format!("seed {seed}, end"),
         );
-        if h.adaptor.ejected() == 0 {
+        let unready = monitor
+            .snapshot()
+            .endpoints
+            .iter()
+            .any(|e| e.status == EndpointStatus::Unready);
+        if h.adaptor.ejected() == 0 && !unready {
             return;
         }
     }
@@ -225,11 +256,13 @@ fn check<P>(
         upstream.len()
     );
     assert_eq!(ejected + h.live.len(), upstream.len(), "{context}");
-    // The balancer's set is exactly the available endpoints; every ejection has a check due.
-    for endpoint in &monitor.snapshot().endpoints {
+    // The balancer's set is exactly the available endpoints and the unready ones (held, not
+    // picked); every ejection has a check due.
+    let snapshot = monitor.snapshot();
+    for endpoint in &snapshot.endpoints {
         let id: usize = endpoint.key.parse().unwrap();
         assert_eq!(
-            endpoint.status.is_available(),
+            endpoint.status.is_available() || endpoint.status == EndpointStatus::Unready,
             h.live.contains_key(&id),
             "{context}: {id} is {:?}",
             endpoint.status
@@ -238,6 +271,18 @@ fn check<P>(
             assert!(endpoint.next_check_in.is_some(), "{context}: {endpoint:?}");
         }
     }
+    // Never the balancer's last pickable endpoint ejected: while one is out, one in the set is
+    // ready (a readiness error on the last ready one brings an ejected one back).
+    let ready = snapshot
+        .endpoints
+        .iter()
+        .filter(|e| e.status.is_available())
+        .count();
+    assert!(
+        ejected == 0 || ready > 0,
+        "{context}: {ejected} ejected and none of the {} in the set ready",
+        h.live.len()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -260,13 +305,14 @@ async fn invariants_and_liveness_hold_in_adversarial_histories() {
     let ejections = exercised.ejections.load(Ordering::Relaxed);
     let probe_panics = exercised.probe_panics.load(Ordering::Relaxed);
     let callback_panics = exercised.callback_panics.load(Ordering::Relaxed);
+    let readiness_errors = exercised.readiness_errors.load(Ordering::Relaxed);
     assert!(
-        ejections >= count && probe_panics > 0 && callback_panics > 0,
-        "{ejections} ejections, {probe_panics} probe panics, {callback_panics} callback panics \
-         in {count} histories"
+        ejections >= count && probe_panics > 0 && callback_panics > 0 && readiness_errors > 0,
+        "{ejections} ejections, {probe_panics} probe panics, {callback_panics} callback panics, \
+         {readiness_errors} readiness changes in {count} histories"
     );
     eprintln!(
         "{count} histories: {ejections} ejections, {probe_panics} probe panics, \
-         {callback_panics} callback panics"
+         {callback_panics} callback panics, {readiness_errors} readiness changes"
     );
 }

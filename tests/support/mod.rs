@@ -19,11 +19,13 @@ use tower_outlier::{
     NetworkErrors, OutlierDetectionDiscover, OutlierDetectionLayer, OutlierEndpoint,
 };
 
-/// A backend that answers its id, or fails with a transport error while `failing` is set.
+/// A backend that answers its id, or fails with a transport error while `failing` is set; its
+/// `poll_ready` fails while `broken` is set (a dead connection's worker, a reconnect failing).
 #[derive(Clone, Debug)]
 pub struct Backend {
     pub id: usize,
     pub failing: Arc<AtomicBool>,
+    pub broken: Arc<AtomicBool>,
     pub calls: Arc<AtomicUsize>,
 }
 
@@ -32,8 +34,17 @@ impl Backend {
         Backend {
             id,
             failing: Arc::new(AtomicBool::new(false)),
+            broken: Arc::new(AtomicBool::new(false)),
             calls: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    pub fn set_broken(&self, broken: bool) {
+        self.broken.store(broken, Ordering::SeqCst);
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::SeqCst)
     }
 
     pub fn set_failing(&self, failing: bool) {
@@ -51,7 +62,11 @@ impl Service<()> for Backend {
     type Future = Ready<Result<usize, io::Error>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
-        Poll::Ready(Ok(()))
+        if self.broken.load(Ordering::SeqCst) {
+            Poll::Ready(Err(io::Error::other("the connection's worker is gone")))
+        } else {
+            Poll::Ready(Ok(()))
+        }
     }
 
     fn call(&mut self, _: ()) -> Self::Future {
@@ -221,6 +236,16 @@ impl<P: Probe<usize, Backend> + Clone> Harness<P> {
             self.sync();
         }
         self.backends[&id].set_failing(false);
+    }
+
+    /// Polls every endpoint in the live set for readiness once, as p2c's ready cache does with
+    /// the endpoints it holds, then syncs (an endpoint whose service failed tells the layer).
+    pub fn poll_ready_all(&mut self) {
+        let (task, live) = (&mut self.task, &mut self.live);
+        for endpoint in live.values_mut() {
+            let _ = task.enter(|cx, _| endpoint.poll_ready(cx));
+        }
+        self.sync();
     }
 
     /// Advances the paused clock and lets the adaptor fire its timers.
