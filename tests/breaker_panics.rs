@@ -125,3 +125,36 @@ async fn a_breaker_classifier_of_ones_own_that_panics_is_contained() {
     assert_eq!(breaker.ready().await.unwrap().call(()).await.unwrap(), 7);
     assert_eq!(breaker.state(), State::Closed);
 }
+
+/// Observers are user code that may be slow: they run on a thread of their own, never on the
+/// task whose call changed the state (before, an observer blocking for 300 ms held the call that
+/// opened the breaker, and its caller, for 300 ms).
+#[tokio::test]
+async fn observers_run_off_the_callers_task() {
+    use std::sync::Mutex;
+    let failing = Arc::new(AtomicBool::new(true));
+    let seen: Arc<Mutex<Vec<(State, std::thread::ThreadId)>>> = Arc::default();
+    let layer = CircuitBreakerLayer::new(config()).on_state_change({
+        let seen = seen.clone();
+        move |change| {
+            std::thread::sleep(Duration::from_millis(300));
+            seen.lock()
+                .unwrap()
+                .push((change.to, std::thread::current().id()));
+        }
+    });
+    let mut breaker = layer.layer(backend(failing));
+    let started = std::time::Instant::now();
+    assert!(breaker.ready().await.unwrap().call(()).await.is_err());
+    let took = started.elapsed();
+    assert_eq!(breaker.state(), State::Open);
+    assert!(
+        took < Duration::from_millis(250),
+        "the call that opened the breaker took {took:?}: its observer ran on the caller's task"
+    );
+    tower_outlier::slow_call::wait_for_state_observers();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, State::Open);
+    assert_ne!(seen[0].1, std::thread::current().id());
+}

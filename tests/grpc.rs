@@ -393,6 +393,7 @@ async fn a_streaming_probe_does_not_hold_the_breaker_half_open() {
     let mut breaker = layer.layer(service);
 
     let _ = breaker.ready().await.unwrap().call(()).await;
+    tower_outlier::slow_call::wait_for_state_observers();
     assert_eq!(*states.lock().unwrap(), [State::Open]);
     failing.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(80)).await;
@@ -402,6 +403,7 @@ async fn a_streaming_probe_does_not_hold_the_breaker_half_open() {
     let mut body = probe.into_body();
     let first = body.frame().await.unwrap().unwrap();
     assert!(first.is_data());
+    tower_outlier::slow_call::wait_for_state_observers();
     assert_eq!(
         *states.lock().unwrap(),
         [State::Open, State::HalfOpen, State::Closed],

@@ -268,6 +268,7 @@ async fn a_sentinel_reload_keeps_an_unchanged_rules_open_breaker_open() {
             sent += 1;
             assert!(sent < 500, "#0's breaker never opened");
         }
+        tower_outlier::slow_call::wait_for_state_observers();
         assert_eq!(
             transitions.lock().unwrap().last(),
             Some(&(State::Closed, State::Open))
@@ -286,6 +287,7 @@ async fn a_sentinel_reload_keeps_an_unchanged_rules_open_breaker_open() {
         for _ in 0..100 {
             let _ = balancer.clone().oneshot(()).await;
         }
+        tower_outlier::slow_call::wait_for_state_observers();
         let after: Vec<(State, State)> = transitions.lock().unwrap()[1..].to_vec();
         if keeps {
             // The breaker taken over was open: the probe went through HALF_OPEN and closed it,

@@ -216,6 +216,7 @@ fn observers_receive_the_triggering_value() {
     feed(breaker, 0, [took(10), took(900), took(900), took(900)]);
     breaker.acquire(SECOND);
     breaker.complete(Admission::Probe, &took(20), SECOND);
+    tower_outlier::slow_call::wait_for_state_observers();
     let changes = changes.lock().unwrap();
     let summary: Vec<(State, State, Option<f64>)> =
         changes.iter().map(|c| (c.from, c.to, c.value)).collect();

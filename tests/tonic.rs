@@ -407,6 +407,7 @@ async fn the_standalone_breaker_opens_on_unavailable_with_grpc_errors() {
             assert_eq!(status.code(), Code::Unavailable, "{status:?}");
         }
     }
+    tower_outlier::slow_call::wait_for_state_observers();
     assert_eq!(opened.load(Ordering::SeqCst), 1, "the breaker opened once");
     assert_eq!(
         rejected, 15,

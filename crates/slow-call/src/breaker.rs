@@ -87,10 +87,11 @@ pub enum Admission {
 ///   completes returns the breaker to OPEN with the open duration already over, so the next call
 ///   probes again.
 ///
-/// Admission and recording take no lock and allocate nothing, but for the one call that changes
-/// the state: it logs the change through `tracing` (whose subscriber may lock or allocate) and
-/// runs the observers, on that caller's task, before its response is handed on. A change happens
-/// at most a few times per open duration.
+/// Admission and recording take no lock and allocate nothing. A state change is handed to one
+/// thread per process that logs it through `tracing` and runs the observers, in order, each
+/// under `catch_unwind` (the hand-off takes no lock; the channel allocates a block every 31
+/// changes); the caller's task never runs them. [`wait_for_state_observers`](crate::wait_for_state_observers)
+/// waits until they have run.
 ///
 /// ```
 /// use std::time::Duration;
@@ -367,38 +368,13 @@ impl Breaker {
     }
 
     fn changed(&self, from: State, to: State, value: Option<f64>, counts: Option<WindowCounts>) {
-        tracing::info!(
-            target: "tower_outlier::breaker",
-            %from,
-            %to,
-            value,
-            strategy = %StrategyDisplay(self.strategy),
-            "circuit breaker state changed"
-        );
-        if self.observers.is_empty() {
-            return;
-        }
         let change = StateChange {
             from,
             to,
             value,
             counts,
         };
-        for observer in self.observers.iter() {
-            // Observers are user code, run where the state changes: on a caller's task, or as a
-            // probe is admitted. A panic must not leave the state half changed (HALF_OPEN with
-            // no probe to decide it): it is caught and logged.
-            let observe = std::panic::AssertUnwindSafe(|| observer(&change));
-            if let Err(panic) = std::panic::catch_unwind(observe) {
-                tracing::error!(
-                    target: "tower_outlier::breaker",
-                    %from,
-                    %to,
-                    panic = panic_text(&*panic),
-                    "a state observer panicked"
-                );
-            }
-        }
+        crate::observe::changed(&self.observers, change, self.strategy);
     }
 
     /// The open duration.
@@ -416,7 +392,7 @@ pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("(not text)")
 }
 
-struct StrategyDisplay(Strategy);
+pub(crate) struct StrategyDisplay(pub(crate) Strategy);
 
 impl fmt::Display for StrategyDisplay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

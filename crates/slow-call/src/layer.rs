@@ -76,7 +76,9 @@ impl<C> CircuitBreakerLayer<C> {
     }
 
     /// Registers a callback told of every state change, with the value that triggered it. It runs
-    /// on the task that completed the triggering call, so keep it short.
+    /// on the process's breaker-observer thread, after the change and never on the caller's task,
+    /// in the order changes happen; one that panics is caught and logged.
+    /// [`wait_for_state_observers`](crate::wait_for_state_observers) waits until it has run.
     pub fn on_state_change(
         mut self,
         observer: impl Fn(&StateChange) + Send + Sync + 'static,

@@ -12,7 +12,8 @@
 //!   restart.
 //! * Observers ([`CircuitBreakerLayer::on_state_change`], [`SlowCallPolicy::on_state_change`]) and
 //!   `tracing` events (`target: "tower_outlier::breaker"`) receive every change with the value
-//!   that triggered it.
+//!   that triggered it, on a thread of their own, never on the task whose call changed the state
+//!   ([`wait_for_state_observers`] waits for them).
 #![cfg_attr(
     feature = "sentinel",
     doc = "* Sentinel's `DegradeRule` JSON loads with [`parse_degrade_rules`] (cargo feature \
@@ -43,6 +44,7 @@ mod config;
 mod error;
 mod future;
 mod layer;
+mod observe;
 mod policy;
 #[cfg(feature = "sentinel")]
 mod sentinel;
@@ -54,6 +56,7 @@ pub use config::{BreakerBuilder, BreakerConfig, Strategy};
 pub use error::BrokenCircuit;
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
+pub use observe::wait_for_state_observers;
 pub use policy::SlowCallPolicy;
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]

@@ -53,7 +53,9 @@ impl SlowCallPolicy {
         }
     }
 
-    /// Registers a callback told of every endpoint breaker's state changes.
+    /// Registers a callback told of every endpoint breaker's state changes. It runs on the
+    /// process's breaker-observer thread, never on the task of the call that changed the state;
+    /// [`wait_for_state_observers`](crate::wait_for_state_observers) waits until it has run.
     pub fn on_state_change(
         mut self,
         observer: impl Fn(&StateChange) + Send + Sync + 'static,

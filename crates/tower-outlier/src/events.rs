@@ -240,7 +240,7 @@ pub enum Event {
     /// HALF_OPEN; linkerd's OPEN, SHUT, PROBATION), as the layer saw it at its decisions: when a
     /// call crossed a threshold, a probe answered, the endpoint was ejected or re-admitted. A
     /// state held only between two of those (a breaker half open while its probe runs) may not
-    /// show; `SlowCallPolicy::on_state_change` reports every transition, on the calls' tasks.
+    /// show; `SlowCallPolicy::on_state_change` reports every transition, on a thread of its own.
     PolicyStateChanged {
         /// The endpoint.
         key: EndpointKey,
