@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 use std::future::{Future, Ready};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -181,32 +181,43 @@ fn run(n: usize) {
         per_snapshot.push(started.elapsed());
         assert_eq!(snapshot.endpoints.len(), n);
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let scraper = {
-        let (monitor, stop) = (monitor.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut taken = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let _ = monitor.snapshot();
-                taken += 1;
-            }
-            taken
-        })
-    };
-    let mut while_scraped = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(3);
+    // The same changes while another thread takes snapshots without pause, and, as the noise
+    // floor of this machine, while another thread only spins (no lock, no snapshot).
     let mut round = 0;
-    while Instant::now() < deadline {
-        let key = n + 1_000 + round;
-        round += 1;
-        while_scraped.push(change(&tx, &mut discover, &mut handles, key, &backends[0]));
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    stop.store(true, Ordering::Relaxed);
-    let snapshots = scraper.join().expect("the scraper");
+    let snapshots_taken = Arc::new(AtomicUsize::new(0));
+    let while_scraped = changes_while(
+        &tx,
+        &mut discover,
+        &mut handles,
+        n,
+        &mut round,
+        &backends[0],
+        {
+            let (monitor, taken) = (monitor.clone(), snapshots_taken.clone());
+            move || {
+                let _ = monitor.snapshot();
+                taken.fetch_add(1, Ordering::Relaxed);
+            }
+        },
+    );
+    let snapshots = snapshots_taken.load(Ordering::Relaxed);
+    let while_spun = changes_while(
+        &tx,
+        &mut discover,
+        &mut handles,
+        n,
+        &mut round,
+        &backends[0],
+        || {
+            std::hint::black_box(
+                (0..10_000u64).fold(0u64, |a, b| a.wrapping_mul(31).wrapping_add(b)),
+            );
+        },
+    );
+    let spun_worst = *while_spun.iter().max().expect("a change");
     let worst = *while_scraped.iter().max().expect("a change");
     println!(
-        "| {n} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} ms | {:.2} ms ({} snapshots, {} changes) |",
+        "| {n} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} ms | {:.2} ms ({} snapshots, {} changes) | {:.2} ms |",
         mean(&per_call).as_secs_f64() * 1e6,
         percentile(per_call, 0.99).as_secs_f64() * 1e6,
         mean(&per_change).as_secs_f64() * 1e6,
@@ -215,8 +226,44 @@ fn run(n: usize) {
         worst.as_secs_f64() * 1e3,
         snapshots,
         while_scraped.len(),
+        spun_worst.as_secs_f64() * 1e3,
     );
     drop(tx);
+}
+
+/// Upstream changes for 3 s, 1 ms apart, while another thread runs `background` without pause.
+fn changes_while<D>(
+    tx: &mpsc::UnboundedSender<Result<Change<usize, Backend>, Infallible>>,
+    discover: &mut Pin<Box<D>>,
+    handles: &mut Vec<Option<Handle>>,
+    n: usize,
+    round: &mut usize,
+    backend: &Backend,
+    mut background: impl FnMut() + Send + 'static,
+) -> Vec<Duration>
+where
+    D: Stream<Item = Result<Change<usize, Handle>, Infallible>>,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                background();
+            }
+        })
+    };
+    let mut taken = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let key = n + 1_000 + *round;
+        *round += 1;
+        taken.push(change(tx, discover, handles, key, backend));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    worker.join().expect("the background thread");
+    taken
 }
 
 fn mean(samples: &[Duration]) -> Duration {
@@ -224,8 +271,8 @@ fn mean(samples: &[Duration]) -> Duration {
 }
 
 fn main() {
-    println!("| endpoints | failing call: mean | p99 | upstream change: mean | p99 | snapshot (median) | worst change while snapshots run |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| endpoints | failing call: mean | p99 | upstream change: mean | p99 | snapshot (median) | worst change while snapshots run | worst change while a thread spins |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in [1_000, 10_000, 100_000] {
         run(n);
     }

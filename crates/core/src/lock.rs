@@ -36,6 +36,17 @@ impl<T> Lock<T> {
     }
 }
 
+impl<T> Lock<T> {
+    /// Locks if no other holder has it now; a poisoned lock is taken as is.
+    pub fn try_lock(&self) -> Option<LockGuard<'_, T>> {
+        match self.0.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
 impl<T: Default> Default for Lock<T> {
     fn default() -> Self {
         Lock::new(T::default())
