@@ -39,6 +39,7 @@ mod error;
 #[cfg(feature = "json")]
 #[cfg_attr(docsrs, doc(cfg(feature = "json")))]
 pub mod json;
+pub mod lanes;
 mod lock;
 mod outcome;
 mod policy;

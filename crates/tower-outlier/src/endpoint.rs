@@ -3,13 +3,14 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower::load::Load;
-use tower_outlier_core::{EndpointRecord, Lock, Nanos, ProbePermits};
+use tower_outlier_core::lanes::{HasLanes, Lanes};
+use tower_outlier_core::{EndpointRecord, Nanos, ProbePermits};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
@@ -19,12 +20,8 @@ use crate::response::ResponseClassifier;
 pub(crate) struct Shared<C> {
     pub(crate) record: EndpointRecord,
     pub(crate) classifier: C,
-    // Every lane made for a handle of this endpoint, to sum the calls in flight (cold path, and
-    // `Load` while more than one handle calls). Dead ones are pruned when a lane is made.
-    lanes: Lock<Vec<Weak<Lane<C>>>>,
-    // Lanes alive; kept by the lanes themselves, without the lock (a lane can be dropped by a
-    // reader of `lanes` letting go of the last reference).
-    live_lanes: AtomicUsize,
+    // Every lane made for a handle of this endpoint, to sum the calls in flight.
+    lanes: Lanes<Shared<C>>,
 }
 
 impl<C> Shared<C> {
@@ -32,75 +29,29 @@ impl<C> Shared<C> {
         Arc::new(Shared {
             record,
             classifier,
-            lanes: Lock::new(Vec::new()),
-            live_lanes: AtomicUsize::new(0),
+            lanes: Lanes::new(),
         })
     }
 
     /// Calls in flight through every handle.
     fn in_flight(&self) -> usize {
-        // Upgrading may take the last reference to a lane, which then drops here, under the
-        // lock: `Lane`'s drop must not take it.
-        self.lanes
-            .lock()
-            .iter()
-            .filter_map(Weak::upgrade)
-            // Minus the reference just taken.
-            .map(|lane| lane.in_flight().saturating_sub(1))
-            .sum()
+        self.lanes.in_flight()
     }
 }
 
-/// The calls one handle has in flight: each response future holds a reference, so the count is
-/// the reference count less the handles holding the lane, written only by this handle's calls.
-/// A handle that calls more than once gets a lane of its own, so cores calling through clones of
-/// one endpoint never write the same word per call;
-/// copies that never call or are cloned (the layer's own) have none. Making a lane is the one
-/// allocation and the one lock of a handle's calls, once per handle.
-pub(crate) struct Lane<C> {
-    pub(crate) shared: Arc<Shared<C>>,
-    // Handles holding this lane: the one that made it, and its clones until they make their own.
-    holders: AtomicUsize,
-    // When this lane last went from no call in flight to one (the layer's clock): how long its
-    // calls have been waiting, for the load of an endpoint whose calls do not come back.
-    busy_since: AtomicU64,
-    // Not padded to a cache line, though two lanes may then share one: padding cost every called
-    // endpoint 32 bytes, and p2c_throughput with `Buffer` on two workers (one thread makes every
-    // endpoint's lane, responses complete on both) measured no slower without it.
-}
-
-impl<C> Lane<C> {
-    fn new(shared: Arc<Shared<C>>) -> Arc<Self> {
-        let lane = Arc::new(Lane {
-            shared,
-            holders: AtomicUsize::new(1),
-            busy_since: AtomicU64::new(Nanos::MAX),
-        });
-        let mut lanes = lane.shared.lanes.lock();
-        lanes.retain(|lane| lane.strong_count() > 0);
-        if lanes.capacity() == 0 {
-            // Most endpoints get one lane: no room for more until a second handle calls.
-            lanes.reserve_exact(1);
-        }
-        lanes.push(Arc::downgrade(&lane));
-        drop(lanes);
-        lane.shared.live_lanes.fetch_add(1, Ordering::Relaxed);
-        lane
-    }
-
-    /// References to this lane other than its handles': its response futures, plus any the
-    /// caller holds. (A handle cloned or dropped meanwhile can blur the count by one.)
-    fn in_flight(self: &Arc<Self>) -> usize {
-        Arc::strong_count(self).saturating_sub(self.holders.load(Ordering::Relaxed))
+impl<C> HasLanes for Shared<C> {
+    fn lanes(&self) -> &Lanes<Self> {
+        &self.lanes
     }
 }
 
-impl<C> Drop for Lane<C> {
-    fn drop(&mut self) {
-        // No lock: see `Shared::in_flight`. Its entry in `lanes` is pruned later.
-        self.shared.live_lanes.fetch_sub(1, Ordering::Relaxed);
-    }
-}
+/// The calls one handle has in flight (`tower_outlier_core::lanes`). A handle that calls more
+/// than once gets a lane of its own, so cores calling through clones of one endpoint never write
+/// the same word per call; copies that never call or are cloned (the layer's own) have none. Not
+/// padded to a cache line, though two lanes may then share one: padding cost every called
+/// endpoint 32 bytes, and p2c_throughput with `Buffer` on two workers (one thread makes every
+/// endpoint's lane, responses complete on both) measured no slower without it.
+pub(crate) type Lane<C> = tower_outlier_core::lanes::Lane<Shared<C>>;
 
 /// Lets the monitor read records without knowing the classifier type.
 pub(crate) trait HasRecord: Send + Sync {
@@ -190,7 +141,7 @@ impl<C> Holder<C> {
             }
             LaneUse::InheritedCalled => {
                 if let Some(inherited) = self.lane.take() {
-                    inherited.holders.fetch_sub(1, Ordering::Relaxed);
+                    inherited.release();
                 }
                 self.lane_use = LaneUse::Own;
                 self.lane_or_new().clone()
@@ -206,7 +157,7 @@ impl<C> Holder<C> {
         let Some(lane) = self.lane.get() else {
             return 0;
         };
-        let busy = lane.busy_since.load(Ordering::Relaxed);
+        let busy = lane.busy_since();
         if busy == Nanos::MAX {
             return 0;
         }
@@ -220,8 +171,8 @@ impl<C> Holder<C> {
     fn in_flight(&self) -> usize {
         match self.lane.get() {
             // This handle's lane is the endpoint's only one: no need to look at the others.
-            Some(lane) if self.shared.live_lanes.load(Ordering::Relaxed) == 1 => lane.in_flight(),
-            None if self.shared.live_lanes.load(Ordering::Relaxed) == 0 => 0,
+            Some(lane) if self.shared.lanes.live() == 1 => Lane::in_flight(lane),
+            None if self.shared.lanes.live() == 0 => 0,
             _ => self.shared.in_flight(),
         }
     }
@@ -379,7 +330,7 @@ impl<C> Holder<C> {
 impl<C> Clone for Holder<C> {
     fn clone(&self) -> Self {
         let lane = self.lane_or_new();
-        lane.holders.fetch_add(1, Ordering::Relaxed);
+        lane.hold();
         let mut clone = Holder::new(self.shared.clone());
         clone.lane = OnceLock::from(lane.clone());
         clone.lane_use = LaneUse::Inherited;
@@ -395,7 +346,7 @@ impl<C> Drop for Holder<C> {
             self.shared.record.set_unready(false);
         }
         if let Some(lane) = self.lane.get() {
-            lane.holders.fetch_sub(1, Ordering::Relaxed);
+            lane.release();
         }
     }
 }
@@ -526,9 +477,9 @@ where
         let start = self.record().clock().now();
         let probes = std::mem::take(&mut self.holder.permits);
         let lane = self.holder.lane();
-        if lane.in_flight() == 1 {
+        if Lane::in_flight(&lane) == 1 {
             // The first call in flight on this lane: it is waited for from now.
-            lane.busy_since.store(start, Ordering::Relaxed);
+            lane.set_busy_since(start);
         }
         ResponseFuture::new(self.inner.call(request), lane, start, probes)
     }
@@ -642,7 +593,7 @@ mod tests {
     }
 
     fn lanes<S, C>(endpoint: &OutlierEndpoint<S, C>) -> usize {
-        endpoint.holder.shared.live_lanes.load(Ordering::Relaxed)
+        endpoint.holder.shared.lanes.live()
     }
 
     #[tokio::test(start_paused = true)]

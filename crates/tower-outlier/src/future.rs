@@ -36,7 +36,7 @@ struct Completion<C> {
 impl<C> Drop for Completion<C> {
     fn drop(&mut self) {
         if let Some(lane) = self.lane.take() {
-            lane.shared.record.cancel_probes(self.probes);
+            lane.owner().record.cancel_probes(self.probes);
         }
     }
 }

@@ -123,7 +123,7 @@ impl<C> Recorder<C> {
     /// The endpoint's classifier.
     #[inline]
     pub fn classifier(&self) -> &C {
-        &self.lane.shared.classifier
+        &self.lane.owner().classifier
     }
 
     /// Whether the call holds a probe permit of a gated policy (a breaker's half-open probe,
@@ -136,13 +136,13 @@ impl<C> Recorder<C> {
     /// Now, on the layer's clock.
     #[inline]
     pub(crate) fn now(&self) -> Nanos {
-        self.lane.shared.record.clock().now()
+        self.lane.owner().record.clock().now()
     }
 
     /// Fixes the call's latency at now (the time to the response headers), for an outcome that
     /// will be recorded later.
     pub fn freeze_latency(&mut self) {
-        let now = self.lane.shared.record.clock().now();
+        let now = self.lane.owner().record.clock().now();
         self.latency = Some(now.saturating_sub(self.start));
     }
 
@@ -150,7 +150,7 @@ impl<C> Recorder<C> {
     #[inline]
     pub fn record(mut self, outcome: Outcome) {
         self.recorded = true;
-        let record = &self.lane.shared.record;
+        let record = &self.lane.owner().record;
         if outcome == Outcome::Cancelled {
             record.cancel_probes(self.probes);
             return;
@@ -166,7 +166,7 @@ impl<C> Recorder<C> {
 impl<C> Drop for Recorder<C> {
     fn drop(&mut self) {
         if !self.recorded {
-            self.lane.shared.record.cancel_probes(self.probes);
+            self.lane.owner().record.cancel_probes(self.probes);
         }
     }
 }
