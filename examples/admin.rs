@@ -899,16 +899,16 @@ fn check_metrics(page: &Page, _: &Demo) -> Result<(), Vec<String>> {
     };
     for (series, expected) in [
         (
-            r#"outlier_ejections_total{service="orders",policy="error-rate",measure="error rate"}"#,
+            r#"outlier_ejections_total{upstream="orders",policy="error-rate",measure="error rate"}"#,
             1.0,
         ),
-        (r#"outlier_ejections_active{service="orders"}"#, 1.0),
+        (r#"outlier_ejections_active{upstream="orders"}"#, 1.0),
         (
-            r#"outlier_endpoints{service="orders",status="ejected"}"#,
+            r#"outlier_endpoints{upstream="orders",status="ejected"}"#,
             1.0,
         ),
         (
-            r#"outlier_endpoints{service="orders",status="available"}"#,
+            r#"outlier_endpoints{upstream="orders",status="available"}"#,
             3.0,
         ),
     ] {

@@ -39,13 +39,13 @@ async fn counters_move_with_an_ejection_and_a_readmission() {
     let mut h = Harness::new(&layer, 5);
     let before = scrape(&registry);
     assert_eq!(
-        sample(&before, r#"outlier_ejections_active{service="default"}"#),
+        sample(&before, r#"outlier_ejections_active{upstream="default"}"#),
         Some(0.0)
     );
     assert_eq!(
         sample(
             &before,
-            r#"outlier_endpoints{service="default",status="available"}"#
+            r#"outlier_endpoints{upstream="default",status="available"}"#
         ),
         Some(5.0)
     );
@@ -55,19 +55,19 @@ async fn counters_move_with_an_ejection_and_a_readmission() {
     assert_eq!(
         sample(
             &ejected,
-            r#"outlier_ejections_total{service="default",policy="error-rate",measure="error rate"}"#
+            r#"outlier_ejections_total{upstream="default",policy="error-rate",measure="error rate"}"#
         ),
         Some(1.0),
         "{ejected}"
     );
     assert_eq!(
-        sample(&ejected, r#"outlier_ejections_active{service="default"}"#),
+        sample(&ejected, r#"outlier_ejections_active{upstream="default"}"#),
         Some(1.0)
     );
     assert_eq!(
         sample(
             &ejected,
-            r#"outlier_endpoint_error_rate{service="default",endpoint="3"}"#
+            r#"outlier_endpoint_error_rate{upstream="default",upstream_endpoint="3"}"#
         ),
         Some(1.0)
     );
@@ -77,26 +77,26 @@ async fn counters_move_with_an_ejection_and_a_readmission() {
     assert_eq!(
         sample(
             &back,
-            r#"outlier_readmissions_total{service="default",cause="passive_trial"}"#
+            r#"outlier_readmissions_total{upstream="default",cause="passive_trial"}"#
         ),
         Some(1.0),
         "{back}"
     );
     assert_eq!(
-        sample(&back, r#"outlier_ejections_active{service="default"}"#),
+        sample(&back, r#"outlier_ejections_active{upstream="default"}"#),
         Some(0.0)
     );
     assert_eq!(
         sample(
             &back,
-            r#"outlier_endpoints{service="default",status="trial"}"#
+            r#"outlier_endpoints{upstream="default",status="trial"}"#
         ),
         Some(1.0)
     );
     assert_eq!(
         sample(
             &back,
-            r#"outlier_endpoint_weight{service="default",endpoint="3"}"#
+            r#"outlier_endpoint_weight{upstream="default",upstream_endpoint="3"}"#
         ),
         Some(1.0)
     );
@@ -122,11 +122,11 @@ async fn ten_thousand_churned_endpoints_leave_the_label_sets_bounded() {
     let series = text.lines().filter(|l| !l.starts_with('#')).count();
     // Two per-endpoint series for each of the five endpoints left, and a fixed number of others.
     assert!(series < 40, "{series} series:\n{text}");
-    assert!(!text.contains(r#"endpoint="5000""#));
+    assert!(!text.contains(r#"upstream_endpoint="5000""#));
     assert!(
         sample(
             &text,
-            r#"outlier_ejections_total{service="default",policy="error-rate",measure="error rate"}"#
+            r#"outlier_ejections_total{upstream="default",policy="error-rate",measure="error rate"}"#
         )
         .unwrap()
             >= 900.0,
@@ -161,7 +161,7 @@ async fn detector_counters_and_breaker_states_are_exported() {
     assert_eq!(
         sample(
             &text,
-            r#"outlier_detector_ejections_total{service="default",policy="envoy",detector="consecutive 5xx",result="overflow"}"#
+            r#"outlier_detector_ejections_total{upstream="default",policy="envoy",detector="consecutive 5xx",result="overflow"}"#
         ),
         Some(1.0),
         "{text}"
@@ -169,7 +169,7 @@ async fn detector_counters_and_breaker_states_are_exported() {
     assert_eq!(
         sample(
             &text,
-            r#"outlier_endpoint_policy_state{service="default",endpoint="0",policy="slow-call",state="OPEN"}"#
+            r#"outlier_endpoint_policy_state{upstream="default",upstream_endpoint="0",policy="slow-call",state="OPEN"}"#
         ),
         Some(1.0),
         "{text}"
@@ -177,7 +177,7 @@ async fn detector_counters_and_breaker_states_are_exported() {
     assert_eq!(
         sample(
             &text,
-            r#"outlier_endpoint_policy_state{service="default",endpoint="1",policy="slow-call",state="CLOSED"}"#
+            r#"outlier_endpoint_policy_state{upstream="default",upstream_endpoint="1",policy="slow-call",state="CLOSED"}"#
         ),
         Some(1.0),
         "{text}"
@@ -202,7 +202,7 @@ async fn several_layers_share_one_registry_under_service_labels() {
     assert_eq!(
         sample(
             &text,
-            r#"outlier_ejections_total{service="orders",policy="error-rate",measure="error rate"}"#
+            r#"outlier_ejections_total{upstream="orders",policy="error-rate",measure="error rate"}"#
         ),
         Some(1.0),
         "one ejection, counted once: {text}"
@@ -215,18 +215,18 @@ async fn several_layers_share_one_registry_under_service_labels() {
     types.dedup();
     assert_eq!(types.len(), all, "{text}");
     assert_eq!(
-        sample(&text, r#"outlier_ejections_active{service="orders"}"#),
+        sample(&text, r#"outlier_ejections_active{upstream="orders"}"#),
         Some(1.0)
     );
     assert_eq!(
-        sample(&text, r#"outlier_ejections_active{service="pay\"ments"}"#),
+        sample(&text, r#"outlier_ejections_active{upstream="pay\"ments"}"#),
         Some(0.0),
         "{text}"
     );
     assert_eq!(
         sample(
             &text,
-            r#"outlier_removals_total{service="orders",status="available"}"#
+            r#"outlier_removals_total{upstream="orders",status="available"}"#
         ),
         Some(1.0),
         "{text}"
@@ -243,15 +243,15 @@ async fn counters_are_present_at_zero_before_any_event() {
     let _h = Harness::new(&layer, 3);
     let text = scrape(&registry);
     for series in [
-        r#"outlier_ejections_refused_total{service="default",refusal="budget"}"#,
-        r#"outlier_ejections_refused_total{service="default",refusal="last_endpoint"}"#,
-        r#"outlier_readmissions_total{service="default",cause="probe_succeeded"}"#,
-        r#"outlier_readmissions_total{service="default",cause="passive_trial"}"#,
-        r#"outlier_recoveries_total{service="default"}"#,
-        r#"outlier_trials_failed_total{service="default"}"#,
-        r#"outlier_probes_total{service="default",result="failed"}"#,
-        r#"outlier_rules_total{service="default",result="rejected"}"#,
-        r#"outlier_removals_total{service="default",status="ejected"}"#,
+        r#"outlier_ejections_refused_total{upstream="default",refusal="budget"}"#,
+        r#"outlier_ejections_refused_total{upstream="default",refusal="last_endpoint"}"#,
+        r#"outlier_readmissions_total{upstream="default",cause="probe_succeeded"}"#,
+        r#"outlier_readmissions_total{upstream="default",cause="passive_trial"}"#,
+        r#"outlier_recoveries_total{upstream="default"}"#,
+        r#"outlier_trials_failed_total{upstream="default"}"#,
+        r#"outlier_probes_total{upstream="default",result="failed"}"#,
+        r#"outlier_rules_total{upstream="default",result="rejected"}"#,
+        r#"outlier_removals_total{upstream="default",status="ejected"}"#,
     ] {
         assert_eq!(sample(&text, series), Some(0.0), "{series} in:\n{text}");
     }

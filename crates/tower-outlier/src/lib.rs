@@ -80,6 +80,9 @@ pub mod probe;
 mod reconfigure;
 mod response;
 pub mod rules;
+#[cfg(feature = "standard-metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "standard-metrics")))]
+pub mod standard_metrics;
 #[cfg(feature = "tower-http")]
 pub mod tower_http;
 

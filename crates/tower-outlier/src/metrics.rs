@@ -2,10 +2,13 @@
 //! linkerd2-proxy uses: typed metric families in a registry the application owns, encoded in the
 //! Prometheus text format with no exporter process of its own).
 //!
-//! Every series has a `service` label: one [`OutlierMetrics`] per registry watches any number of
-//! layers ([`OutlierMetrics::watch`]), each under its own service name.
+//! Every series has an `upstream` label: one [`OutlierMetrics`] per registry watches any number
+//! of layers ([`OutlierMetrics::watch`]), each under the name of the upstream service it balances.
+//! The per-endpoint gauges add `upstream_endpoint`. Neither is a label Prometheus attaches to a
+//! scraped target (`job`, `instance`, and `service`, `endpoint`, `pod`, `namespace` from
+//! Kubernetes service discovery), which would rename ours to `exported_*` or overwrite them.
 //!
-//! | metric | type | labels (besides `service`) |
+//! | metric | type | labels (besides `upstream`) |
 //! |---|---|---|
 //! | `outlier_ejections_total` | counter | `policy`, `measure` |
 //! | `outlier_ejections_refused_total` | counter | `refusal` (`budget`, `last_endpoint`) |
@@ -19,9 +22,26 @@
 //! | `outlier_endpoints` | gauge | `status` |
 //! | `outlier_ejections_active` | gauge | — |
 //! | `outlier_endpoints_avoided` | gauge | — (in the set, failing, routed around: [`EndpointSnapshot::avoided_for`](crate::EndpointSnapshot::avoided_for)) |
-//! | `outlier_endpoint_weight`, `outlier_endpoint_error_rate` | gauge | `endpoint` |
-//! | `outlier_endpoint_policy_state` | gauge (1) | `endpoint`, `policy`, `state` |
+//! | `outlier_endpoint_weight`, `outlier_endpoint_error_rate` | gauge | `upstream_endpoint` |
+//! | `outlier_endpoint_policy_state` | gauge (1) | `upstream_endpoint`, `policy`, `state` |
 //! | `outlier_detector_ejections_total` ([`OutlierMetrics::watch_detectors`]) | counter | `policy`, `detector`, `result` |
+//!
+//! # The same figures in Envoy's and gRPC's names
+//!
+//! For dashboards and alerts written against Envoy's cluster statistics
+//! (`cluster.<name>.outlier_detection.*`) or gRPC's outlier-detection metrics (gRFC A91,
+//! `grpc.lb.outlier_detection.*`, exported through OpenTelemetry by gRPC libraries):
+//!
+//! | Envoy | gRPC A91 | here |
+//! |---|---|---|
+//! | `ejections_active` | — | `outlier_ejections_active` |
+//! | `ejections_enforced_total` | `grpc.lb.outlier_detection.ejections_enforced` | `outlier_ejections_total` (every policy); per Envoy detector `outlier_detector_ejections_total{result="enforced"}` |
+//! | `ejections_enforced_consecutive_5xx`, `_success_rate`, `_failure_percentage`, … | `ejections_enforced{grpc.lb.outlier_detection.detection_method}` (`success_rate`, `failure_percentage`) | `outlier_detector_ejections_total{detector, result="enforced"}` |
+//! | `ejections_detected_*` | — | `outlier_detector_ejections_total{detector, result="detected"}` |
+//! | `ejections_overflow` | `grpc.lb.outlier_detection.ejections_unenforced{grpc.lb.outlier_detection.unenforced_reason="max_ejection_overflow"}` | `outlier_ejections_refused_total{refusal="budget"}`; per detector `outlier_detector_ejections_total{result="overflow"}` |
+//! | (an ejection below `enforcing_*`'s dice) | `ejections_unenforced{unenforced_reason="enforcement_percentage"}` | `outlier_detector_ejections_total{result="unenforced"}` |
+//! | — (Envoy never ejects its last host only through the overflow rule) | — | `outlier_ejections_refused_total{refusal="last_endpoint"}` |
+//! | `cluster.<name>` | `grpc.target` | `upstream` |
 //!
 //! Every counter but `outlier_ejections_total` and `outlier_policy_state_changes_total` is
 //! exported at 0 for each of its label values from the moment a layer is watched, so an alert on
@@ -75,7 +95,7 @@ type Labels = Vec<(&'static str, String)>;
 /// metrics.watch("payments", &payments.monitor());
 /// let mut text = String::new();
 /// prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-/// assert!(text.contains(r#"outlier_ejections_active{service="payments"} 0"#));
+/// assert!(text.contains(r#"outlier_ejections_active{upstream="payments"} 0"#));
 /// # }
 /// ```
 #[derive(Clone, Debug)]
@@ -166,7 +186,7 @@ impl OutlierMetrics {
     }
 
     /// Counts the events of the layer `monitor` watches, and reads its gauges at each scrape,
-    /// under `service`.
+    /// under `upstream="<service>"`.
     pub fn watch(&self, service: &str, monitor: &Monitor) {
         let mut watched = self.watched.lock();
         if let Some((already, _)) = watched.layers.iter().find(|(_, m)| m.same_as(monitor)) {
@@ -188,8 +208,8 @@ impl OutlierMetrics {
 
     /// Exports the counters of a [`DetectorPolicy`](crate::DetectorPolicy) (Envoy's
     /// `ejections_detected_*`, `ejections_enforced_*` and overflow, per detector) under
-    /// `service`, read from the policy at each scrape as
-    /// `outlier_detector_ejections_total{service, policy, detector, result}`, `result` being
+    /// `upstream="<service>"`, read from the policy at each scrape as
+    /// `outlier_detector_ejections_total{upstream, policy, detector, result}`, `result` being
     /// `detected`, `enforced`, `unenforced` or `overflow`.
     #[cfg(feature = "detectors")]
     #[cfg_attr(docsrs, doc(cfg(feature = "detectors")))]
@@ -229,7 +249,7 @@ impl Counters {
     /// measure or state that a policy names when it reports, and appear with their first event.
     fn start_at_zero(&self, service: &str) {
         let with = |pairs: &[(&'static str, &str)]| -> Labels {
-            let mut labels = vec![("service", service.to_owned())];
+            let mut labels = vec![("upstream", service.to_owned())];
             labels.extend(pairs.iter().map(|(k, v)| (*k, String::from(*v))));
             labels
         };
@@ -264,7 +284,7 @@ impl Counters {
 
     fn count(&self, service: &str, event: &Event) {
         let with = |pairs: &[(&'static str, &str)]| -> Labels {
-            let mut labels = vec![("service", service.to_owned())];
+            let mut labels = vec![("upstream", service.to_owned())];
             labels.extend(pairs.iter().map(|(k, v)| (*k, String::from(*v))));
             labels
         };
@@ -392,7 +412,7 @@ impl Collector for Live {
                 .into_iter()
                 .zip(by_status)
             {
-                let labels = [("service", layer.service.as_str()), ("status", status)];
+                let labels = [("upstream", layer.service.as_str()), ("status", status)];
                 ConstGauge::new(count).encode(metric.encode_family(&labels)?)?;
             }
         }
@@ -403,7 +423,7 @@ impl Collector for Live {
             MetricType::Gauge,
         )?;
         for layer in &layers {
-            let labels = [("service", layer.service.as_str())];
+            let labels = [("upstream", layer.service.as_str())];
             ConstGauge::new(layer.snapshot.ejected() as i64)
                 .encode(active.encode_family(&labels)?)?;
         }
@@ -414,7 +434,7 @@ impl Collector for Live {
             MetricType::Gauge,
         )?;
         for layer in &layers {
-            let labels = [("service", layer.service.as_str())];
+            let labels = [("upstream", layer.service.as_str())];
             let count = layer
                 .snapshot
                 .endpoints
@@ -441,8 +461,8 @@ impl Collector for Live {
                 for (endpoint, key) in layer.snapshot.endpoints.iter().zip(&layer.names) {
                     let Some(key) = key else { continue };
                     let labels = [
-                        ("service", layer.service.as_str()),
-                        ("endpoint", key.as_str()),
+                        ("upstream", layer.service.as_str()),
+                        ("upstream_endpoint", key.as_str()),
                     ];
                     ConstGauge::new(value(endpoint)).encode(metric.encode_family(&labels)?)?;
                 }
@@ -462,8 +482,8 @@ impl Collector for Live {
                     if let Some(state) = window.state {
                         let (policy, state) = (String::from(window.policy), String::from(state));
                         let labels = [
-                            ("service", layer.service.as_str()),
-                            ("endpoint", key.as_str()),
+                            ("upstream", layer.service.as_str()),
+                            ("upstream_endpoint", key.as_str()),
                             ("policy", policy.as_str()),
                             ("state", state.as_str()),
                         ];
@@ -506,7 +526,7 @@ fn encode_detectors(
                 ("overflow", stats.overflow(detector)),
             ] {
                 let labels = [
-                    ("service", service.as_str()),
+                    ("upstream", service.as_str()),
                     ("policy", policy.name()),
                     ("detector", detector.measure()),
                     ("result", result),

@@ -1,0 +1,147 @@
+//! The layer's ejections as gRPC's standard outlier-detection metrics (gRFC A91), through the
+//! [`metrics`] facade: whatever recorder the application installs (Prometheus, an
+//! OpenTelemetry bridge, StatsD) receives them under the names gRPC libraries export, so one
+//! dashboard covers tower clients and gRPC's own.
+//!
+//! | metric | labels |
+//! |---|---|
+//! | `grpc.lb.outlier_detection.ejections_enforced` | `grpc.target`, `grpc.lb.outlier_detection.detection_method` |
+//! | `grpc.lb.outlier_detection.ejections_unenforced` | `grpc.target`, `grpc.lb.outlier_detection.detection_method`, `grpc.lb.outlier_detection.unenforced_reason` |
+//!
+//! * `grpc.target` is the name given to [`watch`] (gRPC uses the channel's target URI).
+//! * `detection_method` is A91's `success_rate` and `failure_percentage` for those detectors, and,
+//!   for what gRPC does not have, the judging measure in the same spelling:
+//!   `consecutive_5xx`, `consecutive_gateway_failure`, `consecutive_local_origin_failure`,
+//!   `local_origin_success_rate`, `local_origin_failure_percentage` (Envoy's detectors, and
+//!   linkerd's and the recommended configuration's consecutive failures as `consecutive_5xx`),
+//!   `error_rate` (EDAS / HSF), `slow_call_ratio`, `error_ratio`, `error_count` (a Sentinel
+//!   breaker's strategies), `failed_probe`, `host_ejected` (a host ejected in a service sharing
+//!   hosts), and `other` for a policy of your own.
+//! * `unenforced_reason` is A91's `max_ejection_overflow` for an ejection the budget refused, and
+//!   `last_endpoint` (not in A91: gRPC has no such rule) for one refused because the endpoint was
+//!   the balancer's last. A detection let go by an Envoy or gRPC enforcement percentage (A91's
+//!   `enforcement_percentage`) reaches no event; `metrics::OutlierMetrics::watch_detectors` (the
+//!   Prometheus module) counts those.
+//!
+//! Both counters are registered at 0 for A91's two detection methods (and, unenforced, both
+//! refusal reasons) as soon as a layer is watched, so that an alert on their rate sees 0 rather
+//! than no data; other methods appear with their first event. Counting runs in
+//! the layer's event callback, on its adaptor's task, never on the per-call path.
+//!
+//! ```
+//! use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
+//!
+//! // With a recorder installed (`metrics::set_global_recorder`, or an exporter crate's
+//! // `install()`), the layer's ejections are counted under A91's names.
+//! let layer = OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::recommended().build()?));
+//! let _watching = tower_outlier::standard_metrics::watch("dns:///orders.internal:50051", &layer.monitor());
+//! # Ok::<(), tower_outlier::ConfigError>(())
+//! ```
+
+use metrics::{counter, describe_counter, Unit};
+
+use crate::events::{Event, Refusal};
+use crate::monitor::Monitor;
+use crate::EventCallback;
+
+/// A91's counter of ejections made.
+pub const EJECTIONS_ENFORCED: &str = "grpc.lb.outlier_detection.ejections_enforced";
+/// A91's counter of ejections detected and not made.
+pub const EJECTIONS_UNENFORCED: &str = "grpc.lb.outlier_detection.ejections_unenforced";
+/// The label naming the channel (here: the name given to [`watch`]).
+pub const TARGET: &str = "grpc.target";
+/// The label naming what judged the endpoint.
+pub const DETECTION_METHOD: &str = "grpc.lb.outlier_detection.detection_method";
+/// The label naming why a detection was not enforced.
+pub const UNENFORCED_REASON: &str = "grpc.lb.outlier_detection.unenforced_reason";
+
+/// Counts the ejections of the layer `monitor` watches under `target`, as A91's metrics, through
+/// the recorder installed in the [`metrics`] facade when each event happens. Returns the event
+/// callback: [`EventCallback::unsubscribe`] stops the counting (dropping it keeps it).
+pub fn watch(target: &str, monitor: &Monitor) -> EventCallback {
+    describe_counter!(
+        EJECTIONS_ENFORCED,
+        Unit::Count,
+        "EXPERIMENTAL. Number of outlier ejections enforced by detection method"
+    );
+    describe_counter!(
+        EJECTIONS_UNENFORCED,
+        Unit::Count,
+        "EXPERIMENTAL. Number of unenforced outlier ejections due to either max ejection percentage or enforcement_percentage"
+    );
+    let target = target.to_owned();
+    for method in ["success_rate", "failure_percentage"] {
+        counter!(EJECTIONS_ENFORCED, TARGET => target.clone(), DETECTION_METHOD => method)
+            .increment(0);
+        for reason in ["max_ejection_overflow", "last_endpoint"] {
+            counter!(
+                EJECTIONS_UNENFORCED,
+                TARGET => target.clone(),
+                DETECTION_METHOD => method,
+                UNENFORCED_REASON => reason
+            )
+            .increment(0);
+        }
+    }
+    monitor.on_event(move |event| match event {
+        Event::Ejected { reason, .. } => {
+            counter!(
+                EJECTIONS_ENFORCED,
+                TARGET => target.clone(),
+                DETECTION_METHOD => detection_method(reason.measure)
+            )
+            .increment(1);
+        }
+        Event::EjectionRefused {
+            reason, refusal, ..
+        } => {
+            let why = match refusal {
+                Refusal::Budget => "max_ejection_overflow",
+                Refusal::LastEndpoint => "last_endpoint",
+            };
+            counter!(
+                EJECTIONS_UNENFORCED,
+                TARGET => target.clone(),
+                DETECTION_METHOD => detection_method(reason.measure),
+                UNENFORCED_REASON => why
+            )
+            .increment(1);
+        }
+        _ => {}
+    })
+}
+
+/// A91's `detection_method` for the measure that judged, in A91's spelling for what gRPC has.
+pub fn detection_method(measure: &str) -> &'static str {
+    match measure {
+        "success rate" => "success_rate",
+        "failure percentage" => "failure_percentage",
+        "consecutive 5xx" => "consecutive_5xx",
+        "consecutive gateway failures" => "consecutive_gateway_failure",
+        "consecutive local-origin failures" => "consecutive_local_origin_failure",
+        "local-origin success rate" => "local_origin_success_rate",
+        "local-origin failure percentage" => "local_origin_failure_percentage",
+        "error rate" => "error_rate",
+        "slow-call ratio" => "slow_call_ratio",
+        "error ratio" => "error_ratio",
+        "error count" => "error_count",
+        "failed probe" => "failed_probe",
+        "host ejected in another service" => "host_ejected",
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::detection_method;
+
+    #[test]
+    fn measures_map_to_a91_spellings() {
+        assert_eq!(detection_method("success rate"), "success_rate");
+        assert_eq!(detection_method("failure percentage"), "failure_percentage");
+        assert_eq!(detection_method("consecutive 5xx"), "consecutive_5xx");
+        assert_eq!(detection_method("error rate"), "error_rate");
+        assert_eq!(detection_method("slow-call ratio"), "slow_call_ratio");
+        assert_eq!(detection_method("something of mine"), "other");
+    }
+}
