@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
-use tower_outlier_core::Lock;
+use tower_outlier_core::{Lock, WindowCounts};
 
 use crate::events::Event;
 use crate::monitor::{EventCallback, Monitor};
@@ -36,7 +36,9 @@ use crate::monitor::{EventCallback, Monitor};
 ///   to `FAILURE_PERCENTAGE`, the closest Envoy has. A success-rate ejection carries
 ///   `eject_success_rate_event` with the host's rate and the threshold, in percent
 ///   (`cluster_average_success_rate` is left out: the layer does not keep the fleet's average); a
-///   failure-percentage one carries `eject_failure_percentage_event` with the host's success rate.
+///   failure-percentage one carries `eject_failure_percentage_event` with the host's success rate
+///   in percent (for a measure that is not a failure percentage, from the calls and failures of
+///   the window that judged it; left out when that window had no calls).
 ///
 /// Lines are written and flushed one by one on the task that makes the decision (the
 /// balancer's), as events are: a local file is fine (ejections are rare); a slow sink should be a
@@ -107,14 +109,14 @@ impl EnvoyEventLog {
                 Some(reason.measure),
                 "EJECT",
                 true,
-                Some((reason.value, reason.threshold)),
+                Some((reason.value, reason.threshold, reason.counts)),
             ),
             Event::EjectionRefused { key, reason, .. } => (
                 key,
                 Some(reason.measure),
                 "EJECT",
                 false,
-                Some((reason.value, reason.threshold)),
+                Some((reason.value, reason.threshold, reason.counts)),
             ),
             Event::Readmitted { key, .. } => (key, None, "UNEJECT", false, None),
             Event::Removed { key, .. } => {
@@ -159,7 +161,7 @@ impl EnvoyEventLog {
             host.ejections,
         );
         if action == "EJECT" {
-            let (value, threshold) = verdict.unwrap_or_default();
+            let (value, threshold, counts) = verdict.unwrap_or_default();
             let _ = match kind {
                 "SUCCESS_RATE" | "SUCCESS_RATE_LOCAL_ORIGIN" => write!(
                     line,
@@ -167,11 +169,17 @@ impl EnvoyEventLog {
                     percent(measure.unwrap_or_default(), value),
                     percent(measure.unwrap_or_default(), threshold)
                 ),
-                "FAILURE_PERCENTAGE" | "FAILURE_PERCENTAGE_LOCAL_ORIGIN" => write!(
-                    line,
-                    r#","eject_failure_percentage_event":{{"host_success_rate":{}}}"#,
-                    100u32.saturating_sub(percent(measure.unwrap_or_default(), value))
-                ),
+                "FAILURE_PERCENTAGE" | "FAILURE_PERCENTAGE_LOCAL_ORIGIN" => {
+                    match host_success_rate(measure.unwrap_or_default(), value, counts) {
+                        Some(rate) => write!(
+                            line,
+                            r#","eject_failure_percentage_event":{{"host_success_rate":{rate}}}"#
+                        ),
+                        // Nothing to compute it from (a host ejected in another service): left
+                        // out, as protobuf's JSON leaves out a field it has no value for.
+                        None => write!(line, r#","eject_failure_percentage_event":{{}}"#),
+                    }
+                }
                 _ => write!(line, r#","eject_consecutive_event":{{}}"#),
             };
         }
@@ -239,6 +247,22 @@ fn percent(measure: &str, value: f64) -> u32 {
     );
     let value = if in_percent { value } else { value * 100.0 };
     value.clamp(0.0, 100.0).round() as u32
+}
+
+/// The host's success rate in percent for a failure-percentage event: from Envoy's
+/// failure-percentage detectors' own figure, else from the judging window's counts (a slow-call
+/// ratio or an error count is not a failure percentage), or none when the judgement had no calls.
+fn host_success_rate(measure: &str, value: f64, counts: WindowCounts) -> Option<u32> {
+    if matches!(
+        measure,
+        "failure percentage" | "local-origin failure percentage"
+    ) {
+        return Some(100u32.saturating_sub(percent(measure, value)));
+    }
+    (counts.calls > 0).then(|| {
+        let succeeded = counts.calls.saturating_sub(counts.failures) as f64;
+        (succeeded * 100.0 / counts.calls as f64).round() as u32
+    })
 }
 
 /// A JSON string literal.
@@ -335,5 +359,33 @@ mod tests {
         assert_eq!(percent("error rate", 0.42), 42);
         assert_eq!(percent("success rate", 87.5), 88);
         assert_eq!(percent("failure percentage", 0.5), 1);
+    }
+
+    #[test]
+    fn a_host_success_rate_is_a_success_rate_whatever_judged() {
+        let counts = |calls, failures| WindowCounts {
+            calls,
+            failures,
+            ..WindowCounts::default()
+        };
+        // Envoy's failure percentage: its own figure.
+        assert_eq!(
+            host_success_rate("failure percentage", 30.0, counts(10, 3)),
+            Some(70)
+        );
+        // An error count of 7 is not 700 %: the window's calls say 7 of 20 failed.
+        assert_eq!(
+            host_success_rate("error count", 7.0, counts(20, 7)),
+            Some(65)
+        );
+        // A slow-call ratio of 0.9 with every call answered: a success rate of 100 %.
+        assert_eq!(
+            host_success_rate("slow-call ratio", 0.9, counts(10, 0)),
+            Some(100)
+        );
+        assert_eq!(
+            host_success_rate("host ejected in another service", 0.0, counts(0, 0)),
+            None
+        );
     }
 }
