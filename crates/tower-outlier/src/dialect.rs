@@ -3,7 +3,7 @@
 //! properties, Envoy's `outlier_detection` and gRPC's `outlier_detection_experimental`. Each
 //! replaces the layer's policy of its kind through [`RulesHandle::apply`](crate::RulesHandle::apply),
 //! directly or from a source ([`RulesHandle::follow`](crate::RulesHandle::follow),
-//! `watch_file` with the `file-source` feature).
+//! `watch_file` with the `file-source` feature, `watch_etcd` with the `etcd` feature).
 //!
 #![cfg_attr(feature = "hsf", doc = "```")]
 #![cfg_attr(not(feature = "hsf"), doc = "```ignore")]
@@ -40,6 +40,16 @@ mod file;
 #[cfg(feature = "file-source")]
 #[cfg_attr(docsrs, doc(cfg(feature = "file-source")))]
 pub use file::watch_file;
+
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use etcd::{etcd_connect_options, watch_etcd};
+/// The `etcd_client` [`watch_etcd`] is built on, for its `ConnectOptions` (TLS, user, timeouts).
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use etcd_client;
 
 /// Adds the notes of a document's ignored keys to `notes`, or, for a strict dialect, refuses the
 /// document with them.

@@ -636,6 +636,12 @@ impl Registry {
 
     /// The last reconfiguration was refused for `error`, or accepted (`None`: its notes are
     /// cleared too, until the dialect's are set).
+    /// A configuration source's trouble (not a refused document: no event, the notes kept).
+    #[cfg(feature = "etcd")]
+    pub(crate) fn source_trouble(&self, trouble: Option<String>) {
+        self.rules.lock().1 = trouble;
+    }
+
     pub(crate) fn rules_error(&self, error: Option<String>) {
         if error.is_none() {
             self.rules_notes.lock().clear();

@@ -102,6 +102,13 @@ impl RulesCell {
         Ok(version)
     }
 
+    /// A source's trouble that is not a refused document (an etcd key deleted), shown as the
+    /// rules' error until it is cleared or rules are applied.
+    #[cfg(feature = "etcd")]
+    fn source_trouble(&self, trouble: Option<String>) {
+        self.registry.source_trouble(trouble);
+    }
+
     fn reject(&self, error: &ReconfigureError) {
         self.registry.rules_error(Some(error.to_string()));
         tracing::warn!(
@@ -151,6 +158,13 @@ pub struct RulesHandle {
 impl RulesHandle {
     pub(crate) fn new(cell: Arc<RulesCell>) -> Self {
         RulesHandle { cell }
+    }
+
+    /// Shows (or, with `None`, clears) a configuration source's trouble in
+    /// `Snapshot::rules_error`.
+    #[cfg(feature = "etcd")]
+    pub(crate) fn source_trouble(&self, trouble: Option<String>) {
+        self.cell.source_trouble(trouble);
     }
 
     /// The version of the newest rules: 0 as built, one more for each accepted change.
