@@ -2,7 +2,8 @@
 //! while the failing upstream is ejected, and the DOM it parsed must hold the self-refresh and one
 //! table row per endpoint with its status.
 //!
-//! Skipped (it says so on stderr and passes) when no headless Chromium is on the machine; on
+//! Skipped (it says so on stderr and passes) when no headless Chromium is on the machine, unless
+//! `ADMIN_BROWSER_REQUIRED` is set (CI sets it): then it fails. On
 //! Debian `apt-get install chromium-headless-shell` (or `chromium`) brings one. `ADMIN_BROWSER`
 //! names another binary.
 
@@ -36,6 +37,10 @@ fn browser() -> Option<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_headless_browser_shows_the_ejected_endpoint() {
     let Some(browser) = browser() else {
+        assert!(
+            std::env::var_os("ADMIN_BROWSER_REQUIRED").is_none(),
+            "ADMIN_BROWSER_REQUIRED is set and no headless Chromium is on PATH"
+        );
         eprintln!(
             "SKIPPED: no headless Chromium on PATH (chromium-headless-shell, chromium, \
              chromium-browser, google-chrome); `apt-get install chromium-headless-shell` to run \

@@ -288,7 +288,7 @@ impl fmt::Display for Json<'_> {
 
 /// A wall-clock time as protobuf's JSON writes a `Timestamp`: RFC 3339 in UTC, with 0, 3, 6 or 9
 /// fractional digits.
-struct Rfc3339(SystemTime);
+pub(crate) struct Rfc3339(pub(crate) SystemTime);
 
 impl fmt::Display for Rfc3339 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,0 +1,365 @@
+//! An admin component to mount in the application's HTTP server: the layer's state for people
+//! and programs, with a bounded history of the last minutes.
+//!
+//! [`Admin`] is a tower `Service` of `http::Request`s, so it mounts in axum
+//! (`Router::new().nest_service("/outliers", admin)`), in a hyper server (through
+//! `hyper_util::service::TowerToHyperService`) or behind any tower router. It answers `GET` (and
+//! `HEAD`) on the paths below, relative to where it is mounted (axum's `nest_service` strips the
+//! prefix; mounted on its own, it serves from `/`); any other path is a 404:
+//!
+//! | path | what |
+//! |---|---|
+//! | `/` | an HTML page: per endpoint its status, since when it is out, its next check and why, its error rate and share of the traffic, and a timeline of the last minutes with the spans it spent out of rotation drawn in; it reloads itself |
+//! | `/snapshot` | the monitor's [`Snapshot`](crate::Snapshot) as JSON |
+//! | `/history` | the sampled history as JSON: each tick with every endpoint's status, error rate and window calls |
+//! | `/events` | the latest events as JSON objects (`at`, `kind`, `key` and the event's fields), oldest first |
+//! | `/events/stream` | the events as they happen, as server-sent events (`text/event-stream`), one JSON object per `data:` line, with a comment every 15 s to keep the connection open |
+//! | `/metrics` | the Prometheus registry given to [`AdminBuilder::metrics`], in the text format (404 without one) |
+//!
+//! Memory is bounded: a tick every second kept for five minutes (300 ticks) of at most 256
+//! endpoints (the others are counted, not drawn), and the last 256 events (all configurable). A
+//! tick is one monitor snapshot, taken on a task of its own outside the history's lock. The
+//! component must be built inside a tokio runtime to start sampling at once; built outside one,
+//! it starts on its first request.
+//!
+//! ```
+//! use tower::ServiceExt;
+//! use tower_outlier::admin::Admin;
+//! use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::recommended().build()?));
+//! let admin = Admin::new(&layer.monitor());
+//! // With axum: `Router::new().nest_service("/outliers", admin.clone())`.
+//! let request = http::Request::get("/events").body(())?;
+//! let response = admin.oneshot(request).await?;
+//! assert_eq!(response.status(), http::StatusCode::OK);
+//! assert_eq!(response.headers()["content-type"], "application/json");
+//! # Ok(()) }
+//! ```
+
+mod body;
+mod history;
+mod json;
+mod page;
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::{ready, Ready};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use tokio::sync::broadcast::error::RecvError;
+use tower_outlier_core::Lock;
+use tower_service::Service;
+
+pub use body::AdminBody;
+use history::{History, Limits};
+
+use crate::monitor::Monitor;
+use crate::EventCallback;
+
+/// How often a server-sent event stream with nothing to say sends a comment.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The admin component: see the [module documentation](self). Clones share one history.
+#[derive(Clone)]
+pub struct Admin {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    monitor: Monitor,
+    history: Arc<Lock<History>>,
+    callback: Option<EventCallback>,
+    sampling: AtomicBool,
+    every: Duration,
+    refresh: u64,
+    #[cfg(feature = "prometheus")]
+    metrics: Option<Arc<prometheus_client::registry::Registry>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(callback) = self.callback.take() {
+            callback.unsubscribe();
+        }
+    }
+}
+
+/// Settings of an [`Admin`] before it is built.
+#[derive(Clone)]
+pub struct AdminBuilder {
+    monitor: Monitor,
+    every: Duration,
+    keep: Duration,
+    endpoints: usize,
+    events: usize,
+    refresh: u64,
+    #[cfg(feature = "prometheus")]
+    metrics: Option<Arc<prometheus_client::registry::Registry>>,
+}
+
+impl Admin {
+    /// The component for the layer `monitor` watches, with the default settings.
+    pub fn new(monitor: &Monitor) -> Self {
+        Admin::builder(monitor).build()
+    }
+
+    /// Settings for the component of the layer `monitor` watches: a tick every second, kept five
+    /// minutes, at most 256 endpoints on the timeline, the last 256 events, a page that reloads
+    /// every 2 s.
+    pub fn builder(monitor: &Monitor) -> AdminBuilder {
+        AdminBuilder {
+            monitor: monitor.clone(),
+            every: Duration::from_secs(1),
+            keep: Duration::from_secs(300),
+            endpoints: 256,
+            events: 256,
+            refresh: 2,
+            #[cfg(feature = "prometheus")]
+            metrics: None,
+        }
+    }
+
+    fn start_sampling(&self) {
+        if self.inner.sampling.load(Ordering::Relaxed) {
+            return;
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        if !self.inner.sampling.swap(true, Ordering::Relaxed) {
+            tokio::spawn(history::sample_while_kept(
+                Arc::downgrade(&self.inner.history),
+                self.inner.monitor.clone(),
+                self.inner.every,
+            ));
+        }
+    }
+
+    fn respond(&self, method: &Method, path: &str) -> Response<AdminBody> {
+        if method != Method::GET && method != Method::HEAD {
+            return Response::builder()
+                .status(StatusCode::METHOD_NOT_ALLOWED)
+                .header(ALLOW, "GET, HEAD")
+                .body(AdminBody::full("GET or HEAD\n"))
+                .unwrap_or_else(|_| Response::new(AdminBody::full("")));
+        }
+        let path = path.trim_end_matches('/');
+        let (content_type, body) = if path == "/events/stream" {
+            ("text/event-stream", self.event_stream())
+        } else {
+            match path.strip_prefix('/').unwrap_or(path) {
+                "snapshot" => ("application/json", AdminBody::full(self.snapshot_json())),
+                "history" => (
+                    "application/json",
+                    AdminBody::full(json::history(&self.inner.history.lock()).to_string()),
+                ),
+                "events" => (
+                    "application/json",
+                    AdminBody::full(json::events(&self.inner.history.lock()).to_string()),
+                ),
+                "metrics" => match self.metrics_text() {
+                    Some(text) => (
+                        "text/plain; version=0.0.4; charset=utf-8",
+                        AdminBody::full(text),
+                    ),
+                    None => {
+                        return not_found(
+                            "no Prometheus registry was given to this admin component\n",
+                        )
+                    }
+                },
+                "" if path.is_empty() => {
+                    let snapshot = self.inner.monitor.snapshot();
+                    // Wall-clock time for the people reading the page; nothing is measured with it.
+                    #[allow(clippy::disallowed_methods)]
+                    let now = SystemTime::now();
+                    let html = page::render(
+                        &snapshot,
+                        &self.inner.history.lock(),
+                        now,
+                        self.inner.refresh,
+                    );
+                    ("text/html; charset=utf-8", AdminBody::full(html))
+                }
+                _ => return not_found("not an admin path\n"),
+            }
+        };
+        let body = if method == Method::HEAD {
+            AdminBody::full(Bytes::new())
+        } else {
+            body
+        };
+        Response::builder()
+            .header(CONTENT_TYPE, content_type)
+            .header(CACHE_CONTROL, "no-store")
+            .body(body)
+            .unwrap_or_else(|_| Response::new(AdminBody::full("")))
+    }
+
+    fn snapshot_json(&self) -> String {
+        serde_json::to_string(&self.inner.monitor.snapshot())
+            .unwrap_or_else(|error| serde_json::json!({ "error": error.to_string() }).to_string())
+    }
+
+    #[cfg(feature = "prometheus")]
+    fn metrics_text(&self) -> Option<String> {
+        let registry = self.inner.metrics.as_ref()?;
+        let mut text = String::new();
+        match prometheus_client::encoding::text::encode(&mut text, registry) {
+            Ok(()) => Some(text),
+            Err(_) => Some(String::from("# the registry could not be encoded\n")),
+        }
+    }
+
+    #[cfg(not(feature = "prometheus"))]
+    fn metrics_text(&self) -> Option<String> {
+        None
+    }
+
+    /// The events as they happen, as server-sent events.
+    fn event_stream(&self) -> AdminBody {
+        let events = self.inner.monitor.subscribe();
+        let stream = futures::stream::unfold(events, |mut events| async move {
+            let frame = match tokio::time::timeout(KEEP_ALIVE, events.recv()).await {
+                Ok(Ok(event)) => {
+                    // Wall-clock time for the people reading the events.
+                    #[allow(clippy::disallowed_methods)]
+                    let at = SystemTime::now();
+                    let kept = history::Kept { at, event };
+                    format!("event: outlier\ndata: {}\n\n", json::event(&kept))
+                }
+                Ok(Err(RecvError::Lagged(missed))) => {
+                    format!(": {missed} events missed (the reader was slow)\n\n")
+                }
+                Ok(Err(RecvError::Closed)) => return None,
+                Err(_) => String::from(": keep-alive\n\n"),
+            };
+            Some((Bytes::from(frame), events))
+        });
+        AdminBody::events(stream)
+    }
+}
+
+fn not_found(text: &'static str) -> Response<AdminBody> {
+    Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .header(CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(AdminBody::full(text))
+        .unwrap_or_else(|_| Response::new(AdminBody::full("")))
+}
+
+impl AdminBuilder {
+    /// How often the history samples every endpoint (default 1 s; at least 10 ms).
+    pub fn sample_every(mut self, every: Duration) -> Self {
+        self.every = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How long the history goes back (default 5 minutes; at most 10 000 ticks).
+    pub fn keep(mut self, keep: Duration) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    /// At most this many endpoints on the timeline (default 256); the others are counted.
+    pub fn max_endpoints(mut self, endpoints: usize) -> Self {
+        self.endpoints = endpoints.max(1);
+        self
+    }
+
+    /// The last this many events are kept for `events` (default 256).
+    pub fn max_events(mut self, events: usize) -> Self {
+        self.events = events.max(1);
+        self
+    }
+
+    /// How often the page reloads itself, in seconds (default 2).
+    pub fn page_refresh(mut self, seconds: u64) -> Self {
+        self.refresh = seconds.max(1);
+        self
+    }
+
+    /// Serves `registry` (for example the one [`OutlierMetrics`](crate::metrics::OutlierMetrics)
+    /// registers in) at `metrics`.
+    #[cfg(feature = "prometheus")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+    pub fn metrics(mut self, registry: Arc<prometheus_client::registry::Registry>) -> Self {
+        self.metrics = Some(registry);
+        self
+    }
+
+    /// The component; it starts sampling now if built inside a tokio runtime.
+    pub fn build(self) -> Admin {
+        let ticks = (self.keep.as_nanos() / self.every.as_nanos().max(1)).clamp(1, 10_000) as usize;
+        let history = Arc::new(Lock::new(History::new(Limits {
+            every: self.every,
+            ticks,
+            endpoints: self.endpoints,
+            events: self.events,
+        })));
+        let kept: Weak<Lock<History>> = Arc::downgrade(&history);
+        let callback = self.monitor.on_event(move |event| {
+            if let Some(history) = kept.upgrade() {
+                // Wall-clock time for the people reading the events.
+                #[allow(clippy::disallowed_methods)]
+                let at = SystemTime::now();
+                history.lock().record(at, event);
+            }
+        });
+        let admin = Admin {
+            inner: Arc::new(Inner {
+                monitor: self.monitor,
+                history,
+                callback: Some(callback),
+                sampling: AtomicBool::new(false),
+                every: self.every,
+                refresh: self.refresh,
+                #[cfg(feature = "prometheus")]
+                metrics: self.metrics,
+            }),
+        };
+        admin.start_sampling();
+        admin
+    }
+}
+
+impl<B> Service<Request<B>> for Admin {
+    type Response = Response<AdminBody>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<AdminBody>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        self.start_sampling();
+        ready(Ok(self.respond(request.method(), request.uri().path())))
+    }
+}
+
+impl fmt::Debug for Admin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admin")
+            .field("sample_every", &self.inner.every)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for AdminBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminBuilder")
+            .field("sample_every", &self.every)
+            .field("keep", &self.keep)
+            .finish_non_exhaustive()
+    }
+}

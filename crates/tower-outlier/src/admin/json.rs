@@ -1,0 +1,124 @@
+//! The admin component's JSON: events with their fields, and the sampled history.
+
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+
+use super::history::{History, Kept};
+use super::page::status_name;
+use crate::envoy_log::Rfc3339;
+use crate::events::{Event, Refusal};
+use tower_outlier_core::Reason;
+
+fn at(time: SystemTime) -> String {
+    Rfc3339(time).to_string()
+}
+
+fn reason(reason: &Reason) -> Value {
+    json!({
+        "policy": reason.policy,
+        "measure": reason.measure,
+        "value": reason.value,
+        "threshold": reason.threshold,
+        "calls": reason.counts.calls,
+        "failures": reason.counts.failures,
+        "slow": reason.counts.slow,
+    })
+}
+
+/// An event as a JSON object: `at`, `kind`, `key` (null for rules events) and the event's own
+/// fields.
+pub(super) fn event(kept: &Kept) -> Value {
+    let mut object = json!({ "at": at(kept.at) });
+    let fields = match &kept.event {
+        Event::Ejected {
+            key,
+            reason: why,
+            next_check_in,
+        } => json!({
+            "kind": "ejected", "key": key.as_str(), "reason": reason(why),
+            "next_check_in_seconds": next_check_in.map(|d| d.as_secs_f64()),
+        }),
+        Event::EjectionRefused {
+            key,
+            reason: why,
+            refusal,
+        } => json!({
+            "kind": "ejection_refused", "key": key.as_str(), "reason": reason(why),
+            "refusal": match refusal { Refusal::Budget => "budget", Refusal::LastEndpoint => "last_endpoint" },
+        }),
+        Event::Readmitted { key, cause, trial } => json!({
+            "kind": "readmitted", "key": key.as_str(), "cause": cause.to_string(),
+            "trial_seconds": trial.map(|d| d.as_secs_f64()),
+        }),
+        Event::Recovered { key } => json!({ "kind": "recovered", "key": key.as_str() }),
+        Event::TrialFailed { key, failed_checks } => json!({
+            "kind": "trial_failed", "key": key.as_str(), "failed_checks": failed_checks,
+        }),
+        Event::ProbeStarted { key } => json!({ "kind": "probe_started", "key": key.as_str() }),
+        Event::ProbeFailed { key, next_check_in } => json!({
+            "kind": "probe_failed", "key": key.as_str(),
+            "next_check_in_seconds": next_check_in.as_secs_f64(),
+        }),
+        Event::WeightChanged { key, from, to } => json!({
+            "kind": "weight_changed", "key": key.as_str(), "from": from, "to": to,
+        }),
+        Event::Removed { key, status } => json!({
+            "kind": "removed", "key": key.as_str(), "status": status_name(*status),
+        }),
+        Event::PolicyStateChanged {
+            key,
+            policy,
+            from,
+            to,
+        } => json!({
+            "kind": "policy_state_changed", "key": key.as_str(), "policy": policy,
+            "from": from, "to": to,
+        }),
+        Event::RulesApplied { version } => json!({
+            "kind": "rules_applied", "key": null, "version": version,
+        }),
+        Event::RulesRejected { error } => json!({
+            "kind": "rules_rejected", "key": null, "error": error,
+        }),
+    };
+    if let (Value::Object(object), Value::Object(fields)) = (&mut object, fields) {
+        object.extend(fields);
+    }
+    object
+}
+
+/// The kept events, oldest first.
+pub(super) fn events(history: &History) -> Value {
+    Value::Array(history.events.iter().map(event).collect())
+}
+
+/// The sampled history: each tick with every sampled endpoint.
+pub(super) fn history(history: &History) -> Value {
+    let limits = history.limits();
+    let ticks: Vec<Value> = history
+        .ticks
+        .iter()
+        .map(|tick| {
+            let endpoints: Vec<Value> = tick
+                .samples
+                .iter()
+                .map(|s| {
+                    json!({
+                        "key": history.keys[s.endpoint as usize],
+                        "out_of_rotation": s.out,
+                        "error_rate": s.error_rate,
+                        "window_calls": s.calls,
+                    })
+                })
+                .collect();
+            json!({ "at": at(tick.at), "endpoints": endpoints })
+        })
+        .collect();
+    json!({
+        "sample_every_seconds": limits.every.as_secs_f64(),
+        "kept_ticks": limits.ticks,
+        "untracked_endpoints": history.untracked,
+        "ticks": ticks,
+    })
+}

@@ -1,0 +1,281 @@
+//! The admin component (`tower_outlier::admin::Admin`) mounted in a real axum server on loopback,
+//! during a scripted incident: three endpoints behind tower's p2c and `Buffer`, one failing for
+//! 1.5 s and then healed. Checked as programs read it (events as JSON, the history, live
+//! server-sent events) and as a browser shows it: a headless Chromium loads the page, its DOM
+//! must draw an out-of-rotation span on the failing endpoint's timeline only, and its screenshot
+//! must show that span's colour.
+//!
+//! The browser part needs a headless Chromium (`apt-get install chromium-headless-shell`;
+//! `ADMIN_BROWSER` names another binary). Without one it is skipped and says so, unless
+//! `ADMIN_BROWSER_REQUIRED` is set (CI sets it): then the test fails.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use support::{announce, Backend};
+use tower::balance::p2c::Balance;
+use tower::buffer::Buffer;
+use tower::{BoxError, Layer, ServiceExt};
+use tower_outlier::admin::Admin;
+use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
+
+/// How long the browser may take to load and render the page.
+const BROWSER_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The span's fill as the page draws it (`#f4a6a6`).
+const SPAN_RGB: [u8; 3] = [0xf4, 0xa6, 0xa6];
+
+fn browser() -> Option<PathBuf> {
+    if let Some(named) = std::env::var_os("ADMIN_BROWSER") {
+        return Some(named.into());
+    }
+    let path = std::env::var_os("PATH")?;
+    [
+        "chromium-headless-shell",
+        "chromium",
+        "chromium-browser",
+        "google-chrome",
+    ]
+    .into_iter()
+    .flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name)))
+    .find(|candidate| candidate.is_file())
+}
+
+async fn get(addr: SocketAddr, path: &str) -> (http::StatusCode, String, String) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let response = client
+        .get(format!("http://{addr}{path}").parse().unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        content_type,
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+/// Runs `browser` on `url` with `args`, and its stdout.
+async fn browse(browser: &PathBuf, args: &[&str], url: &str) -> Vec<u8> {
+    // `--no-sandbox`: Chromium's sandbox refuses to run as root, as CI does. Not
+    // `--virtual-time-budget`: it fast-forwards through the page's own reloads.
+    let output = tokio::time::timeout(
+        BROWSER_PATIENCE,
+        tokio::process::Command::new(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+            ])
+            .args(args)
+            .arg(url)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{} took over {BROWSER_PATIENCE:?}", browser.display()))
+    .unwrap_or_else(|e| panic!("{} did not run: {e}", browser.display()));
+    assert!(
+        output.status.success(),
+        "{} {}: {}",
+        browser.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
+/// Pixels of `png` within 6 of `rgb` in every channel.
+fn pixels_near(png: &[u8], rgb: [u8; 3]) -> usize {
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(png));
+    decoder.set_transformations(png::Transformations::normalize_to_color8());
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut buffer = vec![0; reader.output_buffer_size().expect("a size")];
+    let info = reader.next_frame(&mut buffer).expect("a frame");
+    let channels = info.color_type.samples();
+    buffer[..info.buffer_size()]
+        .chunks(channels)
+        .filter(|px| channels >= 3 && px[..3].iter().zip(rgb).all(|(a, b)| a.abs_diff(b) <= 6))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_component_shows_a_scripted_incident() {
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ));
+    let admin = Admin::builder(&layer.monitor())
+        .sample_every(Duration::from_millis(100))
+        .keep(Duration::from_secs(20))
+        .build();
+    let app = axum::Router::new().nest_service("/outliers", admin);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    // A live follower of the events, from before the incident.
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let stream = client
+        .get(
+            format!("http://{addr}/outliers/events/stream")
+                .parse()
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+    let mut stream = stream.into_body();
+
+    // The incident: #1 fails from 0.3 s to 1.8 s while requests flow through p2c.
+    let backends: Vec<Backend> = (0..3).map(Backend::new).collect();
+    let services: Vec<(usize, Backend)> = backends.iter().map(|b| (b.id, b.clone())).collect();
+    let balancer = Buffer::new(Balance::new(layer.layer(announce(&services))), 64);
+    let traffic = async {
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(3_500) {
+            let _: Result<usize, BoxError> = balancer.clone().oneshot(()).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let script = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        backends[1].set_failing(true);
+        // The live stream carries #1's ejection as a JSON event.
+        let seen = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut text = String::new();
+            while !text.contains("\"kind\":\"ejected\"") {
+                let frame = stream.frame().await.unwrap().unwrap();
+                if let Ok(data) = frame.into_data() {
+                    text.push_str(&String::from_utf8_lossy(&data));
+                }
+            }
+            text
+        })
+        .await
+        .expect("an ejection on the live stream within 5 s");
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        backends[1].set_failing(false);
+        seen
+    };
+    let ((), seen) = futures::join!(traffic, script);
+    let line = seen
+        .lines()
+        .find(|l| l.starts_with("data: ") && l.contains("\"kind\":\"ejected\""))
+        .unwrap();
+    let event: Value = serde_json::from_str(&line["data: ".len()..]).unwrap();
+    assert_eq!(event["key"], "1", "{event}");
+    assert_eq!(event["reason"]["measure"], "consecutive 5xx", "{event}");
+
+    // Events as JSON objects.
+    let (status, content_type, body) = get(addr, "/outliers/events").await;
+    assert_eq!(status, 200);
+    assert_eq!(content_type, "application/json");
+    let events: Value = serde_json::from_str(&body).unwrap();
+    let kinds: Vec<(&str, &str)> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap(), e["key"].as_str().unwrap_or("")))
+        .collect();
+    assert!(kinds.contains(&("ejected", "1")), "{kinds:?}");
+    assert!(
+        kinds
+            .iter()
+            .all(|(kind, key)| *kind != "ejected" || *key == "1"),
+        "only #1 ejected: {kinds:?}"
+    );
+
+    // The history has ticks with #1 out of rotation, and none with the others out.
+    let (_, _, body) = get(addr, "/outliers/history").await;
+    let history: Value = serde_json::from_str(&body).unwrap();
+    let out: Vec<String> = history["ticks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["endpoints"].as_array().unwrap().clone())
+        .filter(|e| e["out_of_rotation"] == true)
+        .map(|e| e["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(out.iter().any(|k| k == "1"), "{history}");
+    assert!(out.iter().all(|k| k == "1"), "{history}");
+
+    // The page, as the server writes it: a span on #1's timeline only.
+    let (status, content_type, page) = get(addr, "/outliers").await;
+    assert_eq!(status, 200);
+    assert_eq!(content_type, "text/html; charset=utf-8");
+    let row = |html: &str, key: &str| -> String {
+        let start = html
+            .find(&format!("data-endpoint=\"{key}\""))
+            .unwrap_or_else(|| panic!("no row for {key}:\n{html}"));
+        let end = html[start..].find("</tr>").unwrap() + start;
+        html[start..end].to_owned()
+    };
+    assert!(
+        row(&page, "1").contains("class=\"ejection-span\""),
+        "{page}"
+    );
+    assert!(!row(&page, "0").contains("ejection-span"), "{page}");
+    assert!(!row(&page, "2").contains("ejection-span"), "{page}");
+    let (status, _, _) = get(addr, "/outliers/nothing-here").await;
+    assert_eq!(status, 404);
+
+    // The page as a browser shows it.
+    let Some(browser) = browser() else {
+        assert!(
+            std::env::var_os("ADMIN_BROWSER_REQUIRED").is_none(),
+            "ADMIN_BROWSER_REQUIRED is set and no headless Chromium is on PATH"
+        );
+        eprintln!(
+            "SKIPPED the browser part: no headless Chromium on PATH; \
+             `apt-get install chromium-headless-shell` to run it"
+        );
+        return;
+    };
+    let url = format!("http://{addr}/outliers");
+    let dom = String::from_utf8_lossy(&browse(&browser, &["--dump-dom"], &url).await).into_owned();
+    let rows = ["0", "1", "2"].map(|key| row(&dom, key));
+    assert!(
+        rows[1].contains("class=\"ejection-span\""),
+        "the browser's DOM has no span on #1:\n{dom}"
+    );
+    assert!(!rows[0].contains("ejection-span") && !rows[2].contains("ejection-span"));
+    let shot = std::env::temp_dir().join(format!("tower-outlier-admin-{}.png", std::process::id()));
+    browse(
+        &browser,
+        &[
+            "--window-size=1400,600",
+            &format!("--screenshot={}", shot.display()),
+        ],
+        &url,
+    )
+    .await;
+    let png = std::fs::read(&shot).expect("the screenshot");
+    // `ADMIN_SCREENSHOT_TO=path` keeps the picture for a person to look at.
+    if let Some(keep) = std::env::var_os("ADMIN_SCREENSHOT_TO") {
+        std::fs::copy(&shot, keep).expect("the screenshot kept");
+    }
+    let _ = std::fs::remove_file(&shot);
+    let span_pixels = pixels_near(&png, SPAN_RGB);
+    eprintln!("the screenshot shows {span_pixels} pixels of the span's colour");
+    // The legend's swatch alone is about 15 × 10 pixels; a span of a second or more on a
+    // 480-pixel, 20-second timeline 40 pixels high is several hundred.
+    assert!(
+        span_pixels > 400,
+        "the screenshot shows {span_pixels} pixels of the span's colour"
+    );
+}
