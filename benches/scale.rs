@@ -120,6 +120,11 @@ fn run(n: usize) {
             .expect("valid"),
     ));
     let monitor = layer.monitor();
+    // A listener, as metrics or an event log attach one: events are then built and emitted on
+    // the adaptor's path (through the registry's lock).
+    let _listening = monitor.on_event(|event| {
+        std::hint::black_box(event);
+    });
     let (tx, rx) = mpsc::unbounded::<Result<Change<usize, Backend>, Infallible>>();
     let backends: Vec<Backend> = (0..n)
         .map(|_| Backend {

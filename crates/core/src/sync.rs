@@ -89,9 +89,9 @@ pub(crate) mod model {
             }
         }
 
-        /// The strong references.
+        /// The strong references (Relaxed, as std's: no synchronisation std does not give).
         pub fn strong_count(this: &Self) -> usize {
-            this.cell.strong.load(Ordering::Acquire)
+            this.cell.strong.load(Ordering::Relaxed)
         }
 
         /// A weak reference.
@@ -166,9 +166,9 @@ pub(crate) mod model {
             }
         }
 
-        /// The strong references.
+        /// The strong references (Relaxed, as std's).
         pub fn strong_count(&self) -> usize {
-            self.cell.strong.load(Ordering::Acquire)
+            self.cell.strong.load(Ordering::Relaxed)
         }
     }
 }

@@ -88,9 +88,10 @@ pub enum Admission {
 ///   probes again.
 ///
 /// Admission and recording take no lock and allocate nothing. A state change is handed to one
-/// thread per process that logs it through `tracing` and runs the observers, in order, each
-/// under `catch_unwind` (the hand-off takes no lock; the channel allocates a block every 31
-/// changes); the caller's task never runs them. [`wait_for_state_observers`](crate::wait_for_state_observers)
+/// thread per process that logs it through `tracing` and runs the observers, in the order the
+/// changes were handed over, each under `catch_unwind`, inside the caller's runtime and span (the
+/// hand-off takes no lock; the channel allocates a block every 31 changes); the caller's task
+/// never runs them. [`wait_for_state_observers`](crate::wait_for_state_observers)
 /// waits until they have run.
 ///
 /// ```

@@ -77,8 +77,13 @@ impl<C> CircuitBreakerLayer<C> {
 
     /// Registers a callback told of every state change, with the value that triggered it. It runs
     /// on the process's breaker-observer thread, after the change and never on the caller's task,
-    /// in the order changes happen; one that panics is caught and logged.
-    /// [`wait_for_state_observers`](crate::wait_for_state_observers) waits until it has run.
+    /// inside the caller's tokio runtime and `tracing` span; one that panics is caught and logged.
+    /// Changes are told in the order they were handed over: two changes of one breaker made at
+    /// once on two threads may arrive in either order, so read `from` and `to`, not the arrival
+    /// order. The thread is shared by every breaker of the process: an observer that blocks holds
+    /// back every later change, so keep it quick or hand the work to a task.
+    /// [`wait_for_state_observers`](crate::wait_for_state_observers) and
+    /// [`state_observers_told`](crate::state_observers_told) wait until it has run.
     pub fn on_state_change(
         mut self,
         observer: impl Fn(&StateChange) + Send + Sync + 'static,

@@ -56,7 +56,7 @@ pub use config::{BreakerBuilder, BreakerConfig, Strategy};
 pub use error::BrokenCircuit;
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
-pub use observe::wait_for_state_observers;
+pub use observe::{state_observers_told, wait_for_state_observers};
 pub use policy::SlowCallPolicy;
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]

@@ -54,7 +54,9 @@ impl SlowCallPolicy {
     }
 
     /// Registers a callback told of every endpoint breaker's state changes. It runs on the
-    /// process's breaker-observer thread, never on the task of the call that changed the state;
+    /// process's breaker-observer thread, never on the task of the call that changed the state,
+    /// as [`CircuitBreakerLayer::on_state_change`](crate::CircuitBreakerLayer::on_state_change)
+    /// describes (shared by every breaker: keep it quick);
     /// [`wait_for_state_observers`](crate::wait_for_state_observers) waits until it has run.
     pub fn on_state_change(
         mut self,

@@ -310,6 +310,7 @@ impl Monitor {
         // that lock for every upstream change and every decision, so a snapshot of 100 000
         // endpoints held it for a third of a second. The snapshot is consistent per endpoint, not
         // across endpoints (as it never was across adaptors' records).
+        self.registry.give_way();
         let ids: Vec<(u64, u64)> = {
             let rosters = self.registry.rosters.lock();
             rosters
@@ -400,6 +401,7 @@ impl Monitor {
             })
             .collect();
         endpoints.sort_by(|a, b| a.key.cmp(&b.key));
+        self.registry.give_way();
         let no_ejection = self
             .registry
             .rosters
@@ -517,7 +519,6 @@ impl Registry {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A new adaptor, with no endpoint yet and the policies named `policies`: its roster's id.
     /// The rosters, for an adaptor: it is counted as waiting while another holds them, so that a
     /// snapshot lets it in between batches.
     fn rosters(&self) -> LockGuard<'_, HashMap<u64, Roster>> {
@@ -542,6 +543,7 @@ impl Registry {
         }
     }
 
+    /// A new adaptor, with no endpoint yet and the policies named `policies`: its roster's id.
     pub(crate) fn join(&self, policies: Arc<[&'static str]>) -> u64 {
         let roster = self.next_id();
         let joined = Roster {
@@ -576,8 +578,7 @@ impl Registry {
             return;
         }
         let key = self
-            .rosters
-            .lock()
+            .rosters()
             .get(&roster)
             .and_then(|roster| roster.endpoints.get(&id))
             .map(|tracked| tracked.key.clone());
