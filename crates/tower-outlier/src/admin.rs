@@ -167,8 +167,9 @@ impl Admin {
                     AdminBody::full(json::events(&self.inner.history.lock()).to_string()),
                 ),
                 "metrics" => match self.metrics_text() {
+                    // What prometheus-client's text encoder writes: OpenMetrics, ending in `# EOF`.
                     Some(text) => (
-                        "text/plain; version=0.0.4; charset=utf-8",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
                         AdminBody::full(text),
                     ),
                     None => {
