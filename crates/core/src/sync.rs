@@ -3,7 +3,7 @@
 //! can check the protocols under every interleaving, std's otherwise.
 //!
 //! loom has no `Weak`, and the lanes count calls in flight by reference counts; under loom a lane
-//! is counted by [`model::Arc`], a strong count on a loom atomic whose reaching zero runs the
+//! is counted by `model::Arc`, a strong count on a loom atomic whose reaching zero runs the
 //! lane's last-reference step, as its `Drop` does with std's `Arc`.
 //!
 //! Under loom a window never splits into per-core rings (the split allocates through a
@@ -47,7 +47,7 @@ impl<T> LaneLock<T> {
 }
 
 /// A value that does something when its last strong reference goes: under loom, where
-/// [`model::Arc`] cannot drop the value at that moment, the step is called instead.
+/// `model::Arc` cannot drop the value at that moment, the step is called instead.
 pub trait LastRef {
     /// The last strong reference is gone.
     fn last_ref_dropped(&self);
