@@ -1,6 +1,7 @@
 //! Classifiers: which results count as failures, and of which kind.
 //!
-//! The seeds let the user choose what counts against an endpoint, and so do these:
+//! The systems this library follows let the user choose what counts against an endpoint, and so
+//! do these:
 //!
 //! | the system's choice | classifier |
 //! |---|---|

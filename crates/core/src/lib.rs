@@ -13,9 +13,8 @@
 //!
 //! Users normally depend on the `tower-outlier` crate, which re-exports what they need.
 //!
-//! This crate reads time from tokio (see [`Clock`]), a dependency the architecture did not list for
-//! it: the window and the clock have to agree on one time source, and tests need tokio's paused
-//! clock.
+//! This crate reads time from tokio (see [`Clock`]): the window and the clock have to agree on
+//! one time source, and tests need tokio's paused clock.
 //!
 //! # Cargo features
 //!

@@ -50,10 +50,25 @@
 //! checks and trials, the breaker, the weights, how the load steers the balancer, and the
 //! invariants — is stated once, in [`rules`]. Writing a policy of your own starts at [`policy`].
 //!
-//! Features: `ejection`, `slow-call` and `weight` (the policies), `hsf`, `sentinel` and `sofa`
-//! (their configuration readers), all on by default; `tower-http` (a `tower_http` response
-//! classifier); `hyper-client` (`hyper_client::PinnedClient`, a hyper-util client pinned to one
-//! address, the discover item of an HTTP fleet).
+//! # Cargo features
+//!
+//! On by default: `ejection`, `slow-call`, `weight`, `detectors` (the policies) and `hsf`,
+//! `sentinel`, `sofa`, `envoy`, `grpc-config` (their configuration readers, which bring in
+//! serde_json). Off by default:
+//!
+//! * `file-source`: `dialect::watch_file`, a configuration file followed as Kubernetes mounts it.
+//! * `etcd`: `dialect::watch_etcd`, rules from a key in etcd (etcd-client; its build needs
+//!   `protoc`).
+//! * `prometheus`: `metrics`, the layer's decisions on prometheus-client.
+//! * `standard-metrics`: `standard_metrics`, gRPC's A91 outlier-detection metrics on the
+//!   `metrics` facade.
+//! * `admin`: `admin::Admin`, an admin page, JSON and server-sent events to mount in axum or
+//!   hyper.
+//! * `serde`: `serde::Serialize` for snapshots.
+//! * `tower-http`: a `tower_http` response classifier as the layer's classifier.
+//! * `hyper-client`: `hyper_client::PinnedClient`, a hyper-util client pinned to one address, the
+//!   discover item of an HTTP fleet.
+//! * `tonic`: `From` conversions between `grpc::Code` and `tonic::Code`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
