@@ -748,6 +748,19 @@ where
         self.entries.len() - self.ejected - self.unready.len()
     }
 
+    /// Whether one more ejection is allowed now, or which rule refuses it (`rules`, section 3):
+    /// never the balancer's last endpoint it can pick, and never past the budget. The one place
+    /// the rule is written.
+    pub(super) fn room(&self) -> Result<(), Refusal> {
+        if self.available() <= 1 {
+            Err(Refusal::LastEndpoint)
+        } else if self.ejected >= self.settings.budget.max_ejected(self.entries.len()) {
+            Err(Refusal::Budget)
+        } else {
+            Ok(())
+        }
+    }
+
     /// Follows `key`'s readiness as its balancer handle reported it; true if that changed.
     fn sync_unready(&mut self, key: &K) -> bool {
         let Some(entry) = self.entries.get(key) else {
@@ -782,8 +795,7 @@ where
     pub(crate) fn publish_room(&mut self) {
         let n = self.entries.len();
         let max = self.settings.budget.max_ejected(n);
-        self.notifier
-            .set_room_to_eject(self.available() > 1 && self.ejected < max);
+        self.notifier.set_room_to_eject(self.room().is_ok());
         // A budget that rounds to none for this fleet is said once, in the log and the monitor,
         // and again whenever that changes.
         let none = (max == 0 && n > 1).then_some(n);
@@ -841,8 +853,7 @@ where
         if self.refused.is_empty() {
             return;
         }
-        let max = self.settings.budget.max_ejected(self.entries.len());
-        if self.available() <= 1 || self.ejected >= max {
+        if self.room().is_err() {
             return;
         }
         let refused: Vec<K> = self.refused.values().cloned().collect();
@@ -851,7 +862,6 @@ where
         }
     }
 
-    /// Judges one available endpoint and ejects it if a policy says so and the rules allow it.
     /// Reports the policy states of `key`'s endpoint that changed since last reported.
     fn report_states(&mut self, key: &K) {
         if !self.registry.events.listened() {
@@ -897,10 +907,11 @@ where
         }
     }
 
+    /// Judges one available endpoint and ejects it if a policy says so and the rules allow it.
     fn judge_and_eject(&mut self, key: &K, now: Instant) {
         let n = self.entries.len();
         let max = self.settings.budget.max_ejected(n);
-        let available = self.available();
+        let room = self.room();
         let ejected = self.ejected;
         let Some(entry) = self.entries.get_mut(key) else {
             return;
@@ -931,14 +942,7 @@ where
                     failed_checks,
                 });
         }
-        let refusal = if available <= 1 {
-            Some(Refusal::LastEndpoint)
-        } else if ejected >= max {
-            Some(Refusal::Budget)
-        } else {
-            None
-        };
-        if let Some(refusal) = refusal {
+        if let Err(refusal) = room {
             let ratio = self.settings.budget.max_ratio() * 100.0;
             let why = match refusal {
                 Refusal::LastEndpoint => "last available endpoint".to_owned(),

@@ -9,7 +9,7 @@ use tower::discover::Change;
 use tower_outlier_core::{Reason, WindowCounts};
 
 use super::{later, Ejector, Engine};
-use crate::events::{Event, Readmission, Refusal};
+use crate::events::{Event, Readmission};
 
 /// How far away the check of an endpoint held out for its host is: it comes back when the host
 /// does, not on a schedule of its own.
@@ -47,9 +47,7 @@ where
     /// those held out for a host that is back. Cheap when there is nothing to do: run on every
     /// poll.
     pub(crate) fn sync_hosts(&mut self, now: Instant) {
-        let max = self.settings.budget.max_ejected(self.entries.len());
-        let room = self.available() > 1 && self.ejected < max;
-        let retry = self.mirror_pending && room;
+        let retry = self.mirror_pending && self.room().is_ok();
         let Some(sharing) = &mut self.sharing else {
             return;
         };
@@ -86,19 +84,14 @@ where
     /// Ejects `key` because another adaptor holds its host out, if this layer's rules allow.
     pub(super) fn mirror(&mut self, key: &K, now: Instant) {
         let max = self.settings.budget.max_ejected(self.entries.len());
-        let (available, ejected) = (self.available(), self.ejected);
+        let (room, ejected) = (self.room(), self.ejected);
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
         let host = self.sharing.as_ref().and_then(|s| s.hosts.get(&entry.id));
-        if available <= 1 || ejected >= max {
+        if let Err(refusal) = room {
             self.mirror_pending = true;
             if self.mirror_refused.insert(entry.id) {
-                let refusal = if available <= 1 {
-                    Refusal::LastEndpoint
-                } else {
-                    Refusal::Budget
-                };
                 self.registry
                     .emit_about(self.roster, entry.id, |key| Event::EjectionRefused {
                         key,
