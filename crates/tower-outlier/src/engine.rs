@@ -909,127 +909,8 @@ where
 
     /// Judges one available endpoint and ejects it if a policy says so and the rules allow it.
     fn judge_and_eject(&mut self, key: &K, now: Instant) {
-        let n = self.entries.len();
-        let max = self.settings.budget.max_ejected(n);
-        let room = self.room();
-        let ejected = self.ejected;
-        let Some(entry) = self.entries.get_mut(key) else {
-            return;
-        };
-        if !entry.status().is_available() {
-            if self.refused.remove(&entry.id).is_some() {
-                self.registry.refused(self.roster, entry.id, None);
-            }
-            return;
-        }
-        let record = &entry.shared.record;
-        let Some((policy, reason)) = record.judge(record.clock().now()) else {
-            if self.refused.remove(&entry.id).is_some() {
-                self.registry.refused(self.roster, entry.id, None);
-            }
-            return;
-        };
-        // Breaching during the trial is a failed recovery check, whether or not the rules below
-        // let the endpoint be ejected again.
-        let trial_breach = match entry.episode.as_deref_mut() {
-            Some(episode) if matches!(episode.stage, Stage::Trial { .. }) => episode.breach_trial(),
-            _ => None,
-        };
-        if let Some(failed_checks) = trial_breach {
-            self.registry
-                .emit_about(self.roster, entry.id, |key| Event::TrialFailed {
-                    key,
-                    failed_checks,
-                });
-        }
-        if let Err(refusal) = room {
-            let ratio = self.settings.budget.max_ratio() * 100.0;
-            let why = match refusal {
-                Refusal::LastEndpoint => "last available endpoint".to_owned(),
-                _ if max == 0 => {
-                    format!("ejection budget of 0 for {n} endpoints at {ratio:.0} %")
-                }
-                _ => format!("ejection budget of {max} for {n} endpoints at {ratio:.0} % is spent"),
-            };
-            let recorded_now = record.clock().now();
-            for state in record.policies().iter() {
-                state.ejection_refused(recorded_now);
-            }
-            let first = !self.refused.contains_key(&entry.id);
-            if first {
-                tracing::info!(
-                    target: "tower_outlier",
-                    endpoint = ?key,
-                    reason = %reason,
-                    error_rate = reason.value,
-                    ejected,
-                    budget = max,
-                    endpoints = n,
-                    "ejection refused: {why}"
-                );
-            }
-            // Said again when the cause changes (the budget, then the last endpoint).
-            self.registry.refused(self.roster, entry.id, Some(why));
-            if first {
-                let reason = reason.clone();
-                self.registry
-                    .emit_about(self.roster, entry.id, |key| Event::EjectionRefused {
-                        key,
-                        reason,
-                        refusal,
-                    });
-                self.refused.insert(entry.id, key.clone());
-            }
-            if trial_breach.is_some() {
-                let trial_until = entry.status().deadline();
-                self.publish(key, trial_until, Some(reason));
-            }
-            return;
-        }
-        if self.refused.remove(&entry.id).is_some() {
-            self.registry.refused(self.roster, entry.id, None);
-        }
-        let schedule = self.settings.policies[policy].recovery();
-        // The ejecting state's own deadline, when it has one, owns the timing of the check.
-        let recorded_now = record.clock().now();
-        let failed_checks = entry.failed_checks();
-        let delay = match record
-            .policies()
-            .get(policy)
-            .and_then(|p| p.check_at(recorded_now))
-        {
-            Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
-            None => schedule.delay(failed_checks),
-        };
-        let next_check = later(now, delay);
-        let ejected_by = Ejector::Policy(policy);
-        if self.unready.remove(&entry.id) {
-            self.registry.unready(self.roster, entry.id, false);
-        }
-        let episode = entry.eject(key, ejected_by, next_check, &mut self.deadlines);
-        episode.schedule = Some(schedule);
-        self.ejected += 1;
-        tracing::warn!(
-            target: "tower_outlier",
-            endpoint = ?key,
-            policy = reason.policy,
-            reason = %reason,
-            error_rate = reason.value,
-            failed_checks,
-            next_check_in = ?delay,
-            "endpoint ejected"
-        );
-        let (id, event_reason) = (entry.id, reason.clone());
-        self.publish(key, Some(next_check), Some(reason));
-        self.queue.push_back(Change::Remove(key.clone()));
-        self.share_host(id, true);
-        // After the monitor shows it: a callback reading a snapshot sees the ejection.
-        self.registry
-            .emit_about(self.roster, id, |key| Event::Ejected {
-                key,
-                reason: event_reason,
-                next_check_in: Some(delay),
-            });
+        let verdict = self.decide(key);
+        self.apply(key, verdict, now);
     }
 
     fn publish(&self, key: &K, next_check: Option<Instant>, reason: Option<Reason>) {
@@ -1078,3 +959,4 @@ mod reconfigure;
 mod recovery;
 #[cfg(test)]
 mod tests;
+mod verdict;

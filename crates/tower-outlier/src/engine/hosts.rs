@@ -5,16 +5,10 @@ use std::fmt;
 use std::hash::Hash;
 
 use tokio::time::Instant;
-use tower::discover::Change;
 use tower_outlier_core::{Reason, WindowCounts};
 
 use super::{later, Ejector, Engine};
-use crate::events::{Event, Readmission};
-
-/// How far away the check of an endpoint held out for its host is: it comes back when the host
-/// does, not on a schedule of its own.
-const UNTIL_THE_HOST_RETURNS: std::time::Duration =
-    std::time::Duration::from_secs(30 * 365 * 24 * 3600);
+use crate::events::Readmission;
 
 impl<K, S, C> Engine<K, S, C>
 where
@@ -83,62 +77,13 @@ where
 
     /// Ejects `key` because another adaptor holds its host out, if this layer's rules allow.
     pub(super) fn mirror(&mut self, key: &K, now: Instant) {
-        let max = self.settings.budget.max_ejected(self.entries.len());
-        let (room, ejected) = (self.room(), self.ejected);
-        let Some(entry) = self.entries.get_mut(key) else {
-            return;
-        };
-        let host = self.sharing.as_ref().and_then(|s| s.hosts.get(&entry.id));
-        if let Err(refusal) = room {
-            self.mirror_pending = true;
-            if self.mirror_refused.insert(entry.id) {
-                self.registry
-                    .emit_about(self.roster, entry.id, |key| Event::EjectionRefused {
-                        key,
-                        reason: host_reason(),
-                        refusal,
-                    });
-            }
-            tracing::info!(
-                target: "tower_outlier",
-                endpoint = ?key,
-                host = ?host,
-                ejected,
-                budget = max,
-                "host ejected in another service, kept in until there is room to eject here"
-            );
-            return;
-        }
-        let next_check = later(now, UNTIL_THE_HOST_RETURNS);
-        entry.eject(key, Ejector::Host, next_check, &mut self.deadlines);
-        self.mirror_refused.remove(&entry.id);
-        if self.unready.remove(&entry.id) {
-            self.registry.unready(self.roster, entry.id, false);
-        }
-        if self.refused.remove(&entry.id).is_some() {
-            self.registry.refused(self.roster, entry.id, None);
-        }
-        self.ejected += 1;
-        tracing::warn!(
-            target: "tower_outlier",
-            endpoint = ?key,
-            host = ?host,
-            "endpoint ejected: its host is ejected in another service"
-        );
-        let reason = host_reason();
-        let (id, event_reason) = (entry.id, reason.clone());
-        self.publish(key, None, Some(reason));
-        self.queue.push_back(Change::Remove(key.clone()));
-        self.registry
-            .emit_about(self.roster, id, |key| Event::Ejected {
-                key,
-                reason: event_reason,
-                next_check_in: None,
-            });
+        let verdict = self.decide_for_host(key);
+        self.apply(key, verdict, now);
     }
 }
 
-fn host_reason() -> Reason {
+/// Why an endpoint held out for its host is out.
+pub(super) fn host_reason() -> Reason {
     Reason {
         policy: "hosts",
         measure: "host ejected in another service",

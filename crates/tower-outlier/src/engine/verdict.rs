@@ -1,0 +1,295 @@
+//! Deciding and doing, apart: what the engine makes of an endpoint is a [`Verdict`], found by a
+//! function that changes nothing ([`Engine::decide`] for the policies' judgement,
+//! [`Engine::decide_for_host`] for a host another adaptor holds out), and carried out by the one
+//! function that has effects ([`Engine::apply`]): the balancer's change, deadlines, the monitor,
+//! events, shared hosts and logs. Every ejection and every refusal goes through them; the way
+//! back in is [`Engine::readmit`](super::Engine::readmit).
+
+use std::fmt;
+use std::hash::Hash;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower::discover::Change;
+use tower_outlier_core::Reason;
+
+use super::{later, Ejector, Engine, Stage};
+use crate::events::{Event, Refusal};
+
+/// What ejects an endpoint, or would.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Cause {
+    /// The layer's policy at this index judged it (`rules`, sections 2–5).
+    Policy { index: usize },
+    /// Another adaptor sharing its host holds the host out (HSF's ipDimension): it comes back
+    /// when the host does.
+    Host,
+}
+
+/// What the engine makes of one endpoint.
+#[derive(Debug, PartialEq)]
+pub(super) enum Verdict {
+    /// Not an outlier, or not in the balancer's set: nothing to do (a refusal noted before ends).
+    Keep,
+    /// An outlier the rules keep in (`rules`, section 3).
+    Refuse {
+        cause: Cause,
+        reason: Reason,
+        refusal: Refusal,
+    },
+    /// An outlier to take out.
+    Eject { cause: Cause, reason: Reason },
+}
+
+/// How far away the check of an endpoint held out for its host is: it comes back when the host
+/// does, not on a schedule of its own.
+const UNTIL_THE_HOST_RETURNS: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+
+impl<K, S, C> Engine<K, S, C>
+where
+    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    S: Clone,
+    C: Clone + Send + Sync + 'static,
+{
+    /// The policies' verdict on `key` now (`rules`, sections 2–5): an available endpoint a
+    /// policy judges an outlier is ejected if [`room`](Self::room) allows, otherwise refused.
+    pub(super) fn decide(&self, key: &K) -> Verdict {
+        let Some(entry) = self.entries.get(key) else {
+            return Verdict::Keep;
+        };
+        if !entry.status().is_available() {
+            return Verdict::Keep;
+        }
+        let record = entry.record();
+        let Some((index, reason)) = record.judge(record.clock().now()) else {
+            return Verdict::Keep;
+        };
+        let cause = Cause::Policy { index };
+        match self.room() {
+            Ok(()) => Verdict::Eject { cause, reason },
+            Err(refusal) => Verdict::Refuse {
+                cause,
+                reason,
+                refusal,
+            },
+        }
+    }
+
+    /// The verdict on `key`, available and on a host another adaptor holds out: ejected if
+    /// [`room`](Self::room) allows, else refused until there is room.
+    pub(super) fn decide_for_host(&self, key: &K) -> Verdict {
+        if !self.entries.contains_key(key) {
+            return Verdict::Keep;
+        }
+        let reason = super::hosts::host_reason();
+        match self.room() {
+            Ok(()) => Verdict::Eject {
+                cause: Cause::Host,
+                reason,
+            },
+            Err(refusal) => Verdict::Refuse {
+                cause: Cause::Host,
+                reason,
+                refusal,
+            },
+        }
+    }
+
+    /// Carries out `verdict` on `key`.
+    pub(super) fn apply(&mut self, key: &K, verdict: Verdict, now: Instant) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let id = entry.id;
+        // Judged an outlier during its trial: a failed recovery check, whether or not the rules
+        // let it be ejected again.
+        let trial_breach = match (&verdict, entry.episode.as_deref_mut()) {
+            (
+                Verdict::Refuse {
+                    cause: Cause::Policy { .. },
+                    ..
+                }
+                | Verdict::Eject {
+                    cause: Cause::Policy { .. },
+                    ..
+                },
+                Some(episode),
+            ) if matches!(episode.stage, Stage::Trial { .. }) => episode.breach_trial(),
+            _ => None,
+        };
+        if let Some(failed_checks) = trial_breach {
+            self.registry
+                .emit_about(self.roster, id, |key| Event::TrialFailed {
+                    key,
+                    failed_checks,
+                });
+        }
+        match verdict {
+            Verdict::Keep => {
+                if self.refused.remove(&id).is_some() {
+                    self.registry.refused(self.roster, id, None);
+                }
+            }
+            Verdict::Refuse {
+                cause: Cause::Policy { .. },
+                reason,
+                refusal,
+            } => self.refuse(key, id, reason, refusal, trial_breach.is_some()),
+            Verdict::Refuse {
+                cause: Cause::Host,
+                reason,
+                refusal,
+            } => self.refuse_for_host(key, id, reason, refusal),
+            Verdict::Eject { cause, reason } => self.eject(key, id, cause, reason, now),
+        }
+    }
+
+    /// A policy's outlier kept in: the policies are told (a breaker that would open stays
+    /// closed), the monitor shows why, and the refusal is logged and emitted once per episode.
+    fn refuse(&mut self, key: &K, id: u64, reason: Reason, refusal: Refusal, trial_breach: bool) {
+        let n = self.entries.len();
+        let max = self.settings.budget.max_ejected(n);
+        let ratio = self.settings.budget.max_ratio() * 100.0;
+        let why = match refusal {
+            Refusal::LastEndpoint => "last available endpoint".to_owned(),
+            _ if max == 0 => format!("ejection budget of 0 for {n} endpoints at {ratio:.0} %"),
+            _ => format!("ejection budget of {max} for {n} endpoints at {ratio:.0} % is spent"),
+        };
+        let Some(entry) = self.entries.get(key) else {
+            return;
+        };
+        let record = entry.record();
+        let recorded_now = record.clock().now();
+        for state in record.policies().iter() {
+            state.ejection_refused(recorded_now);
+        }
+        let first = !self.refused.contains_key(&id);
+        if first {
+            tracing::info!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                reason = %reason,
+                error_rate = reason.value,
+                ejected = self.ejected,
+                budget = max,
+                endpoints = n,
+                "ejection refused: {why}"
+            );
+        }
+        // Said again when the cause changes (the budget, then the last endpoint).
+        self.registry.refused(self.roster, id, Some(why));
+        if first {
+            let event_reason = reason.clone();
+            self.registry
+                .emit_about(self.roster, id, |key| Event::EjectionRefused {
+                    key,
+                    reason: event_reason,
+                    refusal,
+                });
+            self.refused.insert(id, key.clone());
+        }
+        if trial_breach {
+            let trial_until = entry.status().deadline();
+            self.publish(key, trial_until, Some(reason));
+        }
+    }
+
+    /// An endpoint on a host held out elsewhere, kept in until there is room here: emitted once
+    /// per outage of the host, retried when room appears.
+    fn refuse_for_host(&mut self, key: &K, id: u64, reason: Reason, refusal: Refusal) {
+        self.mirror_pending = true;
+        if self.mirror_refused.insert(id) {
+            self.registry
+                .emit_about(self.roster, id, |key| Event::EjectionRefused {
+                    key,
+                    reason,
+                    refusal,
+                });
+        }
+        tracing::info!(
+            target: "tower_outlier",
+            endpoint = ?key,
+            host = ?self.sharing.as_ref().and_then(|s| s.hosts.get(&id)),
+            ejected = self.ejected,
+            budget = self.settings.budget.max_ejected(self.entries.len()),
+            "host ejected in another service, kept in until there is room to eject here"
+        );
+    }
+
+    /// Takes `key` out of the balancer's set for `cause`.
+    fn eject(&mut self, key: &K, id: u64, cause: Cause, reason: Reason, now: Instant) {
+        if self.refused.remove(&id).is_some() {
+            self.registry.refused(self.roster, id, None);
+        }
+        if self.unready.remove(&id) {
+            self.registry.unready(self.roster, id, false);
+        }
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        // Counted after a trial's breach: the check after a failed one comes later.
+        let failed_checks = entry.failed_checks();
+        let (ejector, next_check, delay) = match cause {
+            Cause::Policy { index } => {
+                // The ejecting state's own deadline, when it has one, owns the timing of the
+                // check; otherwise the policy's recovery schedule.
+                let record = entry.record();
+                let recorded_now = record.clock().now();
+                let delay = match record
+                    .policies()
+                    .get(index)
+                    .and_then(|p| p.check_at(recorded_now))
+                {
+                    Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
+                    None => self.settings.policies[index]
+                        .recovery()
+                        .delay(failed_checks),
+                };
+                (Ejector::Policy(index), later(now, delay), Some(delay))
+            }
+            Cause::Host => (Ejector::Host, later(now, UNTIL_THE_HOST_RETURNS), None),
+        };
+        let episode = entry.eject(key, ejector, next_check, &mut self.deadlines);
+        if let Cause::Policy { index, .. } = cause {
+            episode.schedule = Some(self.settings.policies[index].recovery());
+        }
+        self.ejected += 1;
+        match cause {
+            Cause::Policy { .. } => {
+                tracing::warn!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    policy = reason.policy,
+                    reason = %reason,
+                    error_rate = reason.value,
+                    failed_checks,
+                    next_check_in = ?delay.unwrap_or_default(),
+                    "endpoint ejected"
+                );
+            }
+            Cause::Host => {
+                self.mirror_refused.remove(&id);
+                tracing::warn!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    host = ?self.sharing.as_ref().and_then(|s| s.hosts.get(&id)),
+                    "endpoint ejected: its host is ejected in another service"
+                );
+            }
+        }
+        let shown_check = delay.map(|_| next_check);
+        let event_reason = reason.clone();
+        self.publish(key, shown_check, Some(reason));
+        self.queue.push_back(Change::Remove(key.clone()));
+        if let Cause::Policy { .. } = cause {
+            self.share_host(id, true);
+        }
+        // After the monitor shows it: a callback reading a snapshot sees the ejection.
+        self.registry
+            .emit_about(self.roster, id, |key| Event::Ejected {
+                key,
+                reason: event_reason,
+                next_check_in: delay,
+            });
+    }
+}
