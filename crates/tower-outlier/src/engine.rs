@@ -319,9 +319,16 @@ struct Episode {
 /// Where an endpoint is in an [`Episode`].
 #[derive(Clone, Copy)]
 enum Stage {
-    Trial { until: Instant },
-    Ejected { next_check: Instant },
+    Trial {
+        until: Instant,
+    },
+    Ejected {
+        next_check: Instant,
+    },
     Probing,
+    /// Out because another adaptor sharing its host holds the host out: no check of its own, it
+    /// comes back when the host does.
+    HeldForHost,
 }
 
 impl From<Stage> for Status {
@@ -330,6 +337,7 @@ impl From<Stage> for Status {
             Stage::Trial { until } => Status::Trial { until },
             Stage::Ejected { next_check } => Status::Ejected { next_check },
             Stage::Probing => Status::Probing,
+            Stage::HeldForHost => Status::HeldForHost,
         }
     }
 }
@@ -416,16 +424,18 @@ impl<S, C> Entry<S, C> {
         !self.status().is_available() && self.ejected_by() != Some(Ejector::Host)
     }
 
-    /// Takes the endpoint out for `ejected_by` until `next_check`: an episode starts, or the one
-    /// of its trial goes on.
+    /// Takes the endpoint out for `ejected_by` until `next_check` (`None`: held out for its host,
+    /// with no check of its own): an episode starts, or the one of its trial goes on.
     fn eject<K: Clone>(
         &mut self,
         key: &K,
         ejected_by: Ejector,
-        next_check: Instant,
+        next_check: Option<Instant>,
         deadlines: &mut Deadlines<K>,
     ) -> &mut Episode {
-        let stage = Stage::Ejected { next_check };
+        let stage = next_check.map_or(Stage::HeldForHost, |next_check| Stage::Ejected {
+            next_check,
+        });
         let episode = self.episode.get_or_insert_with(|| {
             Box::new(Episode {
                 stage,
@@ -482,6 +492,7 @@ enum Status {
     Trial { until: Instant },
     Ejected { next_check: Instant },
     Probing,
+    HeldForHost,
 }
 
 impl Status {
@@ -493,7 +504,7 @@ impl Status {
         match self {
             Status::Trial { until } => Some(until),
             Status::Ejected { next_check } => Some(next_check),
-            Status::Available | Status::Probing => None,
+            Status::Available | Status::Probing | Status::HeldForHost => None,
         }
     }
 
@@ -501,7 +512,7 @@ impl Status {
         match self {
             Status::Available => EndpointStatus::Available,
             Status::Trial { .. } => EndpointStatus::Trial,
-            Status::Ejected { .. } => EndpointStatus::Ejected,
+            Status::Ejected { .. } | Status::HeldForHost => EndpointStatus::Ejected,
             Status::Probing => EndpointStatus::Probing,
         }
     }
@@ -700,7 +711,7 @@ where
             Status::Available | Status::Trial { .. } => {
                 self.queue.push_back(Change::Remove(key.clone()));
             }
-            Status::Ejected { .. } => self.ejected -= 1,
+            Status::Ejected { .. } | Status::HeldForHost => self.ejected -= 1,
             Status::Probing => {
                 self.cancelled.push(entry.id);
                 self.ejected -= 1;

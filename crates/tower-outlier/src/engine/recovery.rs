@@ -41,7 +41,7 @@ where
             match status {
                 Status::Trial { .. } => self.trial_ended(&key, now),
                 Status::Ejected { .. } => self.check(key, now, probe),
-                Status::Available | Status::Probing => {}
+                Status::Available | Status::Probing | Status::HeldForHost => {}
             }
         }
         // After the re-admissions that were due, so the endpoints an evaluation condemned
@@ -324,7 +324,7 @@ where
                 .entries
                 .iter()
                 .filter(|(_, e)| !e.status().is_available())
-                .min_by_key(|(_, e)| (e.status().deadline(), e.id))
+                .min_by_key(|(_, e)| (readmission_order(e.status()), e.id))
                 .map(|(k, _)| k.clone());
             let Some(key) = soonest else { return };
             if let Some(entry) = self.entries.get(&key) {
@@ -335,5 +335,15 @@ where
             let until = later(now, self.trial);
             self.readmit(&key, Some(until), cause, now);
         }
+    }
+}
+
+/// The order in which the budget takes endpoints back: an abandoned probe's first, then the
+/// soonest check, and an endpoint held out only for its host last.
+fn readmission_order(status: Status) -> (u8, Option<Instant>) {
+    match status {
+        Status::Probing | Status::Available | Status::Trial { .. } => (0, None),
+        Status::Ejected { next_check } => (1, Some(next_check)),
+        Status::HeldForHost => (2, None),
     }
 }

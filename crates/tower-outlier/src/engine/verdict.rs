@@ -41,10 +41,6 @@ pub(super) enum Verdict {
     Eject { cause: Cause, reason: Reason },
 }
 
-/// How far away the check of an endpoint held out for its host is: it comes back when the host
-/// does, not on a schedule of its own.
-const UNTIL_THE_HOST_RETURNS: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
-
 impl<K, S, C> Engine<K, S, C>
 where
     K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
@@ -245,9 +241,10 @@ where
                         .recovery()
                         .delay(failed_checks),
                 };
-                (Ejector::Policy(index), later(now, delay), Some(delay))
+                (Ejector::Policy(index), Some(later(now, delay)), Some(delay))
             }
-            Cause::Host => (Ejector::Host, later(now, UNTIL_THE_HOST_RETURNS), None),
+            // No check of its own: it comes back when its host does.
+            Cause::Host => (Ejector::Host, None, None),
         };
         let episode = entry.eject(key, ejector, next_check, &mut self.deadlines);
         if let Cause::Policy { index, .. } = cause {
@@ -277,7 +274,7 @@ where
                 );
             }
         }
-        let shown_check = delay.map(|_| next_check);
+        let shown_check = next_check;
         let event_reason = reason.clone();
         self.publish(key, shown_check, Some(reason));
         self.queue.push_back(Change::Remove(key.clone()));
