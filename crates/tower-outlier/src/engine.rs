@@ -17,18 +17,18 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::discover::Change;
-use tower_outlier_core::{
-    Budget, Clock, EndpointRecord, Notifier, Policy, Reason, RecoverySchedule, SignalChunk,
-};
+use tower_outlier_core::{Budget, Clock, EndpointRecord, Notifier, Policy, Reason};
 
 use crate::deadlines::Deadlines;
 use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
 use crate::events::{EndpointKey, Event, Refusal};
 use crate::hosts::{HostOf, HostRegistry};
 use crate::layer::DEFAULT_BUDGET;
-use crate::monitor::{EndpointStatus, Registry, Tracked};
+use crate::monitor::{Registry, Tracked};
 use crate::probe::ProbeFuture;
 use crate::reconfigure::RulesCell;
+use entry::{deadline_is_current, Entry, Reported, Stage, Status};
+use signals::SignalBoard;
 
 pub(crate) struct Settings {
     pub(crate) policies: Arc<[Arc<dyn Policy>]>,
@@ -116,67 +116,6 @@ pub(crate) struct Engine<K, S, C> {
     // cannot pick them, so they are no endpoint to fall back on (the last-endpoint rule).
     unready: HashSet<u64>,
     signals: SignalBoard<K>,
-}
-
-/// The bits records raise to be looked at, and whose each is: a signal costs the adaptor a scan of
-/// one word per 64 endpoints, not of every record (1 600 words at 100 000 endpoints).
-struct SignalBoard<K> {
-    chunks: Vec<Arc<SignalChunk>>,
-    // The entry (id and key) at each slot, `None` once removed.
-    slots: Vec<Option<(u64, K)>>,
-    free: Vec<u32>,
-}
-
-impl<K> SignalBoard<K> {
-    fn new() -> Self {
-        SignalBoard {
-            chunks: Vec::new(),
-            slots: Vec::new(),
-            free: Vec::new(),
-        }
-    }
-}
-
-impl<K: Clone> SignalBoard<K> {
-    /// A slot for entry `id` under `key`, and the bit its record raises.
-    fn assign(&mut self, id: u64, key: &K) -> (u32, tower_outlier_core::SignalSlot) {
-        let slot = match self.free.pop() {
-            Some(slot) => slot as usize,
-            None => {
-                let slot = self.slots.len();
-                self.slots.push(None);
-                if slot / SignalChunk::SLOTS >= self.chunks.len() {
-                    self.chunks.push(SignalChunk::new());
-                }
-                slot
-            }
-        };
-        self.slots[slot] = Some((id, key.clone()));
-        let chunk = &self.chunks[slot / SignalChunk::SLOTS];
-        (slot as u32, SignalChunk::slot(chunk, slot))
-    }
-
-    /// Frees `slot`. A response still in flight for the removed record may raise its bit later;
-    /// the entry then found there (none, or the next one given the slot) is merely looked at.
-    fn release(&mut self, slot: u32) {
-        if let Some(entry) = self.slots.get_mut(slot as usize) {
-            *entry = None;
-            self.free.push(slot);
-        }
-    }
-
-    /// The entries whose bits are raised, taking the bits.
-    fn take(&self) -> Vec<(u64, K)> {
-        let mut raised = Vec::new();
-        for (index, chunk) in self.chunks.iter().enumerate() {
-            chunk.take(|bit| {
-                if let Some(Some(entry)) = self.slots.get(index * SignalChunk::SLOTS + bit) {
-                    raised.push(entry.clone());
-                }
-            });
-        }
-        raised
-    }
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -273,249 +212,6 @@ struct FleetSchedule {
     policy: usize,
     every: Duration,
     next: Instant,
-}
-
-struct Entry<S, C> {
-    // Its slot on the signal board.
-    slot: u32,
-    // What a handle for the balancer is made of ([`Entry::endpoint`]): the layer's own handle
-    // would never call, so it keeps no handle's per-call state (a lane, draws, permits).
-    service: S,
-    shared: Arc<Shared<C>>,
-    id: u64,
-    // The ejection the endpoint is out for, or on trial after. Most endpoints are available
-    // most of the time, so what only an ejection needs is held only while one lasts.
-    episode: Option<Box<Episode>>,
-    // What events last reported of the endpoint: mostly the engine's `usual_report`, shared.
-    reported: Arc<Reported>,
-}
-
-/// An endpoint's weight and policy states as events last reported them.
-#[derive(Clone, PartialEq)]
-struct Reported {
-    weight: f64,
-    // As [`policy_states`] gives them.
-    states: Box<[Option<&'static str>]>,
-}
-
-/// An ejection and the recovery after it: from the ejection until the endpoint is available
-/// again without condition (its trial passed or a probe succeeded). An endpoint ejected again
-/// during its trial stays in the same episode, its failed checks with it.
-struct Episode {
-    stage: Stage,
-    // Recovery checks failed in a row.
-    failed_checks: u32,
-    // The ejecting policy's, for the intervals between checks (none for a host's ejection).
-    schedule: Option<RecoverySchedule>,
-    // The policy that ejected the endpoint: its window decides whether a trial saw enough calls.
-    ejected_by: Ejector,
-    // This trial already counted as a failed check (the endpoint breached during it, even if the
-    // budget kept it in): one re-admission, one check, however long the budget keeps it on trial.
-    trial_breached: bool,
-    // Calls the ejecting policy's window held at the end of each period of this trial so far.
-    trial_calls: u64,
-}
-
-/// Where an endpoint is in an [`Episode`].
-#[derive(Clone, Copy)]
-enum Stage {
-    Trial {
-        until: Instant,
-    },
-    Ejected {
-        next_check: Instant,
-    },
-    Probing,
-    /// Out because another adaptor sharing its host holds the host out: no check of its own, it
-    /// comes back when the host does.
-    HeldForHost,
-}
-
-impl From<Stage> for Status {
-    fn from(stage: Stage) -> Status {
-        match stage {
-            Stage::Trial { until } => Status::Trial { until },
-            Stage::Ejected { next_check } => Status::Ejected { next_check },
-            Stage::Probing => Status::Probing,
-            Stage::HeldForHost => Status::HeldForHost,
-        }
-    }
-}
-
-impl Episode {
-    /// Counts a breach of this trial as a failed recovery check, once per trial: the failed
-    /// checks in a row when this is the trial's first breach.
-    fn breach_trial(&mut self) -> Option<u32> {
-        if self.trial_breached {
-            return None;
-        }
-        self.failed_checks = self.failed_checks.saturating_add(1);
-        self.trial_breached = true;
-        Some(self.failed_checks)
-    }
-
-    /// Moves on to `stage`, scheduling its deadline for entry `id` (under `key`) if it has one.
-    /// Every move goes through here, so no deadline is ever missing from the heap.
-    fn set_stage<K: Clone>(
-        &mut self,
-        stage: Stage,
-        key: &K,
-        id: u64,
-        deadlines: &mut Deadlines<K>,
-    ) {
-        if let Some(at) = Status::from(stage).deadline() {
-            deadlines.push(at, key.clone(), id);
-        }
-        self.stage = stage;
-    }
-}
-
-impl<S, C> Entry<S, C> {
-    /// The endpoint's record: its policies' windows, latency estimate and weight.
-    fn record(&self) -> &EndpointRecord {
-        &self.shared.record
-    }
-
-    /// A new handle on the endpoint for the balancer (what cloning one gives).
-    fn endpoint(&self) -> OutlierEndpoint<S, C>
-    where
-        S: Clone,
-    {
-        OutlierEndpoint::new(self.service.clone(), self.shared.clone())
-    }
-
-    fn status(&self) -> Status {
-        self.episode
-            .as_deref()
-            .map_or(Status::Available, |episode| episode.stage.into())
-    }
-
-    fn reported_weight(&self) -> f64 {
-        self.reported.weight
-    }
-
-    fn reported_states(&self) -> &[Option<&'static str>] {
-        &self.reported.states
-    }
-
-    /// Notes what an event reported (or, for states, would have had anybody listened), back in
-    /// the shared `usual` report if it comes to that.
-    fn set_reported(&mut self, usual: &Arc<Reported>, note: impl FnOnce(&mut Reported)) {
-        note(Arc::make_mut(&mut self.reported));
-        if *self.reported == **usual {
-            self.reported = usual.clone();
-        }
-    }
-
-    fn failed_checks(&self) -> u32 {
-        self.episode
-            .as_ref()
-            .map_or(0, |episode| episode.failed_checks)
-    }
-
-    /// What ejected the endpoint, while it is out or on trial.
-    fn ejected_by(&self) -> Option<Ejector> {
-        self.episode.as_ref().map(|episode| episode.ejected_by)
-    }
-
-    /// Whether the endpoint is out (ejected or probing) for an ejection of its own, not for its
-    /// host: such an endpoint holds its host out in the registry it shares.
-    fn holds_host_out(&self) -> bool {
-        !self.status().is_available() && self.ejected_by() != Some(Ejector::Host)
-    }
-
-    /// Takes the endpoint out for `ejected_by` until `next_check` (`None`: held out for its host,
-    /// with no check of its own): an episode starts, or the one of its trial goes on.
-    fn eject<K: Clone>(
-        &mut self,
-        key: &K,
-        ejected_by: Ejector,
-        next_check: Option<Instant>,
-        deadlines: &mut Deadlines<K>,
-    ) -> &mut Episode {
-        let stage = next_check.map_or(Stage::HeldForHost, |next_check| Stage::Ejected {
-            next_check,
-        });
-        let episode = self.episode.get_or_insert_with(|| {
-            Box::new(Episode {
-                stage,
-                failed_checks: 0,
-                schedule: None,
-                ejected_by,
-                trial_breached: false,
-                trial_calls: 0,
-            })
-        });
-        episode.ejected_by = ejected_by;
-        episode.set_stage(stage, key, self.id, deadlines);
-        episode
-    }
-
-    /// Brings the endpoint back: on a new trial until `trial_until`, or (`None`) available
-    /// without condition, which ends the episode (its failed checks with it).
-    fn readmit<K: Clone>(
-        &mut self,
-        key: &K,
-        trial_until: Option<Instant>,
-        deadlines: &mut Deadlines<K>,
-    ) {
-        match trial_until {
-            // Only an endpoint that is out comes back, so it is in an episode.
-            Some(until) => {
-                if let Some(episode) = self.episode.as_deref_mut() {
-                    episode.trial_breached = false;
-                    episode.trial_calls = 0;
-                    episode.set_stage(Stage::Trial { until }, key, self.id, deadlines);
-                }
-            }
-            None => self.episode = None,
-        }
-    }
-}
-
-/// Whether the deadline `at` popped for entry `id` under `key` is still that entry's deadline
-/// (the heap keeps deadlines its entries have since moved past, or of entries since removed).
-fn deadline_is_current<K: Hash + Eq, S, C>(
-    entries: &HashMap<K, Entry<S, C>>,
-) -> impl Fn(&K, u64, Instant) -> bool + '_ {
-    move |key, id, at| {
-        entries
-            .get(key)
-            .is_some_and(|e| e.id == id && e.status().deadline() == Some(at))
-    }
-}
-
-/// Where an endpoint stands, as the engine reads it from its [`Episode`], if any.
-#[derive(Clone, Copy)]
-enum Status {
-    Available,
-    Trial { until: Instant },
-    Ejected { next_check: Instant },
-    Probing,
-    HeldForHost,
-}
-
-impl Status {
-    fn is_available(self) -> bool {
-        matches!(self, Status::Available | Status::Trial { .. })
-    }
-
-    fn deadline(self) -> Option<Instant> {
-        match self {
-            Status::Trial { until } => Some(until),
-            Status::Ejected { next_check } => Some(next_check),
-            Status::Available | Status::Probing | Status::HeldForHost => None,
-        }
-    }
-
-    fn public(self) -> EndpointStatus {
-        match self {
-            Status::Available => EndpointStatus::Available,
-            Status::Trial { .. } => EndpointStatus::Trial,
-            Status::Ejected { .. } | Status::HeldForHost => EndpointStatus::Ejected,
-            Status::Probing => EndpointStatus::Probing,
-        }
-    }
 }
 
 impl<K, S, C> Engine<K, S, C> {
@@ -965,9 +661,11 @@ impl<K, S, C> Drop for Engine<K, S, C> {
     }
 }
 
+mod entry;
 mod hosts;
 mod reconfigure;
 mod recovery;
+mod signals;
 #[cfg(test)]
 mod tests;
 mod verdict;

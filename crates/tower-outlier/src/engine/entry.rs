@@ -1,0 +1,256 @@
+//! One endpoint as the engine holds it: its handle's parts, and the ejection episode it is in.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tower_outlier_core::{EndpointRecord, RecoverySchedule};
+
+use super::Ejector;
+use crate::deadlines::Deadlines;
+use crate::endpoint::{OutlierEndpoint, Shared};
+use crate::monitor::EndpointStatus;
+
+pub(super) struct Entry<S, C> {
+    // Its slot on the signal board.
+    pub(super) slot: u32,
+    // What a handle for the balancer is made of ([`Entry::endpoint`]): the layer's own handle
+    // would never call, so it keeps no handle's per-call state (a lane, draws, permits).
+    pub(super) service: S,
+    pub(super) shared: Arc<Shared<C>>,
+    pub(super) id: u64,
+    // The ejection the endpoint is out for, or on trial after. Most endpoints are available
+    // most of the time, so what only an ejection needs is held only while one lasts.
+    pub(super) episode: Option<Box<Episode>>,
+    // What events last reported of the endpoint: mostly the engine's `usual_report`, shared.
+    pub(super) reported: Arc<Reported>,
+}
+
+/// An endpoint's weight and policy states as events last reported them.
+#[derive(Clone, PartialEq)]
+pub(super) struct Reported {
+    pub(super) weight: f64,
+    // As [`policy_states`] gives them.
+    pub(super) states: Box<[Option<&'static str>]>,
+}
+
+/// An ejection and the recovery after it: from the ejection until the endpoint is available
+/// again without condition (its trial passed or a probe succeeded). An endpoint ejected again
+/// during its trial stays in the same episode, its failed checks with it.
+pub(super) struct Episode {
+    pub(super) stage: Stage,
+    // Recovery checks failed in a row.
+    pub(super) failed_checks: u32,
+    // The ejecting policy's, for the intervals between checks (none for a host's ejection).
+    pub(super) schedule: Option<RecoverySchedule>,
+    // The policy that ejected the endpoint: its window decides whether a trial saw enough calls.
+    pub(super) ejected_by: Ejector,
+    // This trial already counted as a failed check (the endpoint breached during it, even if the
+    // budget kept it in): one re-admission, one check, however long the budget keeps it on trial.
+    pub(super) trial_breached: bool,
+    // Calls the ejecting policy's window held at the end of each period of this trial so far.
+    pub(super) trial_calls: u64,
+}
+
+/// Where an endpoint is in an [`Episode`].
+#[derive(Clone, Copy)]
+pub(super) enum Stage {
+    Trial {
+        until: Instant,
+    },
+    Ejected {
+        next_check: Instant,
+    },
+    Probing,
+    /// Out because another adaptor sharing its host holds the host out: no check of its own, it
+    /// comes back when the host does.
+    HeldForHost,
+}
+
+impl From<Stage> for Status {
+    fn from(stage: Stage) -> Status {
+        match stage {
+            Stage::Trial { until } => Status::Trial { until },
+            Stage::Ejected { next_check } => Status::Ejected { next_check },
+            Stage::Probing => Status::Probing,
+            Stage::HeldForHost => Status::HeldForHost,
+        }
+    }
+}
+
+impl Episode {
+    /// Counts a breach of this trial as a failed recovery check, once per trial: the failed
+    /// checks in a row when this is the trial's first breach.
+    pub(super) fn breach_trial(&mut self) -> Option<u32> {
+        if self.trial_breached {
+            return None;
+        }
+        self.failed_checks = self.failed_checks.saturating_add(1);
+        self.trial_breached = true;
+        Some(self.failed_checks)
+    }
+
+    /// Moves on to `stage`, scheduling its deadline for entry `id` (under `key`) if it has one.
+    /// Every move goes through here, so no deadline is ever missing from the heap.
+    pub(super) fn set_stage<K: Clone>(
+        &mut self,
+        stage: Stage,
+        key: &K,
+        id: u64,
+        deadlines: &mut Deadlines<K>,
+    ) {
+        if let Some(at) = Status::from(stage).deadline() {
+            deadlines.push(at, key.clone(), id);
+        }
+        self.stage = stage;
+    }
+}
+
+impl<S, C> Entry<S, C> {
+    /// The endpoint's record: its policies' windows, latency estimate and weight.
+    pub(super) fn record(&self) -> &EndpointRecord {
+        &self.shared.record
+    }
+
+    /// A new handle on the endpoint for the balancer (what cloning one gives).
+    pub(super) fn endpoint(&self) -> OutlierEndpoint<S, C>
+    where
+        S: Clone,
+    {
+        OutlierEndpoint::new(self.service.clone(), self.shared.clone())
+    }
+
+    pub(super) fn status(&self) -> Status {
+        self.episode
+            .as_deref()
+            .map_or(Status::Available, |episode| episode.stage.into())
+    }
+
+    pub(super) fn reported_weight(&self) -> f64 {
+        self.reported.weight
+    }
+
+    pub(super) fn reported_states(&self) -> &[Option<&'static str>] {
+        &self.reported.states
+    }
+
+    /// Notes what an event reported (or, for states, would have had anybody listened), back in
+    /// the shared `usual` report if it comes to that.
+    pub(super) fn set_reported(&mut self, usual: &Arc<Reported>, note: impl FnOnce(&mut Reported)) {
+        note(Arc::make_mut(&mut self.reported));
+        if *self.reported == **usual {
+            self.reported = usual.clone();
+        }
+    }
+
+    pub(super) fn failed_checks(&self) -> u32 {
+        self.episode
+            .as_ref()
+            .map_or(0, |episode| episode.failed_checks)
+    }
+
+    /// What ejected the endpoint, while it is out or on trial.
+    pub(super) fn ejected_by(&self) -> Option<Ejector> {
+        self.episode.as_ref().map(|episode| episode.ejected_by)
+    }
+
+    /// Whether the endpoint is out (ejected or probing) for an ejection of its own, not for its
+    /// host: such an endpoint holds its host out in the registry it shares.
+    pub(super) fn holds_host_out(&self) -> bool {
+        !self.status().is_available() && self.ejected_by() != Some(Ejector::Host)
+    }
+
+    /// Takes the endpoint out for `ejected_by` until `next_check` (`None`: held out for its host,
+    /// with no check of its own): an episode starts, or the one of its trial goes on.
+    pub(super) fn eject<K: Clone>(
+        &mut self,
+        key: &K,
+        ejected_by: Ejector,
+        next_check: Option<Instant>,
+        deadlines: &mut Deadlines<K>,
+    ) -> &mut Episode {
+        let stage = next_check.map_or(Stage::HeldForHost, |next_check| Stage::Ejected {
+            next_check,
+        });
+        let episode = self.episode.get_or_insert_with(|| {
+            Box::new(Episode {
+                stage,
+                failed_checks: 0,
+                schedule: None,
+                ejected_by,
+                trial_breached: false,
+                trial_calls: 0,
+            })
+        });
+        episode.ejected_by = ejected_by;
+        episode.set_stage(stage, key, self.id, deadlines);
+        episode
+    }
+
+    /// Brings the endpoint back: on a new trial until `trial_until`, or (`None`) available
+    /// without condition, which ends the episode (its failed checks with it).
+    pub(super) fn readmit<K: Clone>(
+        &mut self,
+        key: &K,
+        trial_until: Option<Instant>,
+        deadlines: &mut Deadlines<K>,
+    ) {
+        match trial_until {
+            // Only an endpoint that is out comes back, so it is in an episode.
+            Some(until) => {
+                if let Some(episode) = self.episode.as_deref_mut() {
+                    episode.trial_breached = false;
+                    episode.trial_calls = 0;
+                    episode.set_stage(Stage::Trial { until }, key, self.id, deadlines);
+                }
+            }
+            None => self.episode = None,
+        }
+    }
+}
+
+/// Whether the deadline `at` popped for entry `id` under `key` is still that entry's deadline
+/// (the heap keeps deadlines its entries have since moved past, or of entries since removed).
+pub(super) fn deadline_is_current<K: Hash + Eq, S, C>(
+    entries: &HashMap<K, Entry<S, C>>,
+) -> impl Fn(&K, u64, Instant) -> bool + '_ {
+    move |key, id, at| {
+        entries
+            .get(key)
+            .is_some_and(|e| e.id == id && e.status().deadline() == Some(at))
+    }
+}
+
+/// Where an endpoint stands, as the engine reads it from its [`Episode`], if any.
+#[derive(Clone, Copy)]
+pub(super) enum Status {
+    Available,
+    Trial { until: Instant },
+    Ejected { next_check: Instant },
+    Probing,
+    HeldForHost,
+}
+
+impl Status {
+    pub(super) fn is_available(self) -> bool {
+        matches!(self, Status::Available | Status::Trial { .. })
+    }
+
+    pub(super) fn deadline(self) -> Option<Instant> {
+        match self {
+            Status::Trial { until } => Some(until),
+            Status::Ejected { next_check } => Some(next_check),
+            Status::Available | Status::Probing | Status::HeldForHost => None,
+        }
+    }
+
+    pub(super) fn public(self) -> EndpointStatus {
+        match self {
+            Status::Available => EndpointStatus::Available,
+            Status::Trial { .. } => EndpointStatus::Trial,
+            Status::Ejected { .. } | Status::HeldForHost => EndpointStatus::Ejected,
+            Status::Probing => EndpointStatus::Probing,
+        }
+    }
+}
