@@ -17,59 +17,18 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::discover::Change;
-use tower_outlier_core::{Budget, Clock, EndpointRecord, Notifier, Policy, Reason};
+use tower_outlier_core::{EndpointRecord, Notifier, Policy, Reason};
 
 use crate::deadlines::Deadlines;
-use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
-use crate::events::{EndpointKey, Event, Refusal};
+use crate::endpoint::OutlierEndpoint;
+use crate::events::{Event, Refusal};
 use crate::hosts::{HostOf, HostRegistry};
-use crate::layer::DEFAULT_BUDGET;
-use crate::monitor::{Registry, Tracked};
+use crate::monitor::Registry;
 use crate::probe::ProbeFuture;
-use crate::reconfigure::RulesCell;
 use entry::{deadline_is_current, Entry, Reported, Stage, Status};
+pub(crate) use settings::Settings;
+use settings::{fleet_schedules, trial_period, FleetSchedule};
 use signals::SignalBoard;
-
-pub(crate) struct Settings {
-    pub(crate) policies: Arc<[Arc<dyn Policy>]>,
-    pub(crate) budget: Budget,
-    // The budget the layer was given, if any: otherwise each version of the rules brings its own.
-    pub(crate) explicit_budget: Option<Budget>,
-    pub(crate) clock: Clock,
-    pub(crate) rules: Arc<RulesCell>,
-    // The version of the rules these settings hold.
-    pub(crate) version: u64,
-    // HSF's ipDimension: the registry of hosts this layer shares, and how keys map to hosts.
-    pub(crate) hosts: Option<(HostRegistry, HostOf)>,
-}
-
-impl Settings {
-    /// The settings for the newest rules of `cell`.
-    pub(crate) fn new(
-        cell: &Arc<RulesCell>,
-        explicit_budget: Option<Budget>,
-        clock: Clock,
-        hosts: Option<(HostRegistry, HostOf)>,
-    ) -> Self {
-        let rules = cell.current();
-        let budget = explicit_budget.unwrap_or_else(|| {
-            rules
-                .policies
-                .iter()
-                .find_map(|p| p.budget())
-                .unwrap_or(DEFAULT_BUDGET)
-        });
-        Settings {
-            policies: rules.policies.clone(),
-            budget,
-            explicit_budget,
-            clock,
-            rules: cell.clone(),
-            version: rules.version,
-            hosts,
-        }
-    }
-}
 
 /// A probe the adaptor is to run: `probe` against the ejected endpoint, failed if it takes longer
 /// than `timeout`; its result goes back to [`Engine::probe_done`] with `key` and `id`.
@@ -166,52 +125,6 @@ fn later(at: Instant, delay: Duration) -> Instant {
     at.checked_add(delay.min(FAR))
         .or_else(|| at.checked_add(Duration::from_secs(3600)))
         .unwrap_or(at)
-}
-
-/// The longest trial period of `policies`, at least a millisecond: a zero trial would extend
-/// itself without end in one poll.
-fn trial_period(policies: &[Arc<dyn Policy>]) -> Duration {
-    policies
-        .iter()
-        .map(|p| p.trial_period())
-        .max()
-        .unwrap_or(Duration::from_secs(10))
-        .max(Duration::from_millis(1))
-}
-
-/// The fleet evaluations of `policies`: a policy whose interval is unchanged from `previous`
-/// keeps its next evaluation, any other starts a full interval after `now`.
-fn fleet_schedules(
-    policies: &[Arc<dyn Policy>],
-    now: Instant,
-    previous: &[FleetSchedule],
-) -> Vec<FleetSchedule> {
-    policies
-        .iter()
-        .enumerate()
-        .filter_map(|(policy, p)| {
-            let every = p.fleet()?.interval();
-            if every.is_zero() {
-                return None;
-            }
-            let next = previous
-                .iter()
-                .find(|s| s.policy == policy && s.every == every)
-                .map_or_else(|| later(now, every), |s| s.next);
-            Some(FleetSchedule {
-                policy,
-                every,
-                next,
-            })
-        })
-        .collect()
-}
-
-#[derive(Clone, Copy)]
-struct FleetSchedule {
-    policy: usize,
-    every: Duration,
-    next: Instant,
 }
 
 impl<K, S, C> Engine<K, S, C> {
@@ -329,125 +242,6 @@ where
             .into_iter()
             .chain(self.fleet.iter().map(|f| f.next))
             .min()
-    }
-
-    pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
-        if let Some(entry) = self.entries.get_mut(&key) {
-            entry.service = service;
-            if entry.status().is_available() {
-                self.queue
-                    .push_back(Change::Insert(key.clone(), entry.endpoint()));
-            }
-            tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream replaced the service");
-            return;
-        }
-        let settings = &self.settings;
-        let record = EndpointRecord::new(
-            settings.clock.clone(),
-            settings.policies.iter().map(|p| p.new_endpoint()).collect(),
-            self.notifier.clone(),
-        );
-        let shared = Shared::new(record, self.classifier.clone());
-        let weak: std::sync::Weak<dyn HasRecord> =
-            Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
-        // The monitor holds the typed key, for its snapshots and the events about the endpoint.
-        let typed = EndpointKey::new(&key);
-        let id = self.registry.insert(self.roster, Tracked::new(typed, weak));
-        let (slot, signal) = self.signals.assign(id, &key);
-        shared.record.set_signal_slot(signal);
-        if let Some(sharing) = &mut self.sharing {
-            if let Some(host) = sharing.host_of.host(&key) {
-                sharing.hosts.insert(id, host.into_boxed_str());
-            }
-        }
-        self.seed_rtt(&shared.record);
-        self.queue.push_back(Change::Insert(
-            key.clone(),
-            OutlierEndpoint::new(service.clone(), shared.clone()),
-        ));
-        let held_out = self.host_out_elsewhere(id);
-        let states = policy_states(&shared.record);
-        if *states != *self.usual_report.states {
-            // New rules may start endpoints in other states: the newest is the best guess.
-            self.usual_report = Arc::new(Reported {
-                weight: 1.0,
-                states,
-            });
-        }
-        let entry = Entry {
-            slot,
-            service,
-            shared,
-            id,
-            episode: None,
-            // The states it starts in are no change to report.
-            reported: self.usual_report.clone(),
-        };
-        self.entries.insert(key.clone(), entry);
-        // A larger set may have room for an ejection that was refused.
-        self.retry_refused(now);
-        // Joining on a host another service holds out.
-        if held_out {
-            self.mirror(&key, now);
-        }
-    }
-
-    pub(crate) fn remove(&mut self, key: &K, now: Instant) {
-        let Some(entry) = self.entries.remove(key) else {
-            tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream removed an unknown endpoint");
-            return;
-        };
-        let tracked = self.registry.remove(self.roster, entry.id);
-        self.refused.remove(&entry.id);
-        self.mirror_refused.remove(&entry.id);
-        self.unready.remove(&entry.id);
-        self.signals.release(entry.slot);
-        let status = entry.status();
-        match status {
-            Status::Available | Status::Trial { .. } => {
-                self.queue.push_back(Change::Remove(key.clone()));
-            }
-            Status::Ejected { .. } | Status::HeldForHost => self.ejected -= 1,
-            Status::Probing => {
-                self.cancelled.push(entry.id);
-                self.ejected -= 1;
-            }
-        }
-        if entry.holds_host_out() {
-            self.share_host(entry.id, false);
-        }
-        if let Some(sharing) = &mut self.sharing {
-            sharing.hosts.remove(&entry.id);
-        }
-        // Once the engine's state is complete: a callback reading a snapshot sees the removal.
-        if let Some(tracked) = tracked {
-            let status = status.public();
-            self.registry.events.emit(|| Event::Removed {
-                key: tracked.key,
-                status,
-            });
-        }
-        self.enforce_budget(now);
-        self.retry_refused(now);
-    }
-
-    /// Starts `endpoint`'s latency estimate at the mean of the available endpoints', so it
-    /// competes for traffic on equal terms: the samples from before its ejection (or none at all)
-    /// would otherwise starve it, and a passive trial needs traffic to judge. A sample of the
-    /// fleet is enough for a starting point and keeps inserting n endpoints linear in n.
-    fn seed_rtt(&self, record: &EndpointRecord) {
-        const SAMPLE: usize = 32;
-        let now = record.clock().now();
-        let (sum, count) = self
-            .entries
-            .values()
-            .filter(|e| e.status().is_available())
-            .take(SAMPLE)
-            .map(|e| e.record().rtt_estimate(now))
-            .fold((0.0, 0usize), |(sum, n), rtt| (sum + rtt, n + 1));
-        if count > 0 {
-            record.seed_rtt(sum / count as f64, now);
-        }
     }
 
     /// Endpoints the balancer can pick: in its set and ready.
@@ -665,7 +459,9 @@ mod entry;
 mod hosts;
 mod reconfigure;
 mod recovery;
+mod settings;
 mod signals;
 #[cfg(test)]
 mod tests;
+mod upstream;
 mod verdict;

@@ -1,0 +1,100 @@
+//! What an engine runs by: the policies and budget of one version of the rules, and the
+//! schedules derived from them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_outlier_core::{Budget, Clock, Policy};
+
+use super::later;
+use crate::hosts::{HostOf, HostRegistry};
+use crate::layer::DEFAULT_BUDGET;
+use crate::reconfigure::RulesCell;
+
+pub(crate) struct Settings {
+    pub(crate) policies: Arc<[Arc<dyn Policy>]>,
+    pub(crate) budget: Budget,
+    // The budget the layer was given, if any: otherwise each version of the rules brings its own.
+    pub(crate) explicit_budget: Option<Budget>,
+    pub(crate) clock: Clock,
+    pub(crate) rules: Arc<RulesCell>,
+    // The version of the rules these settings hold.
+    pub(crate) version: u64,
+    // HSF's ipDimension: the registry of hosts this layer shares, and how keys map to hosts.
+    pub(crate) hosts: Option<(HostRegistry, HostOf)>,
+}
+
+impl Settings {
+    /// The settings for the newest rules of `cell`.
+    pub(crate) fn new(
+        cell: &Arc<RulesCell>,
+        explicit_budget: Option<Budget>,
+        clock: Clock,
+        hosts: Option<(HostRegistry, HostOf)>,
+    ) -> Self {
+        let rules = cell.current();
+        let budget = explicit_budget.unwrap_or_else(|| {
+            rules
+                .policies
+                .iter()
+                .find_map(|p| p.budget())
+                .unwrap_or(DEFAULT_BUDGET)
+        });
+        Settings {
+            policies: rules.policies.clone(),
+            budget,
+            explicit_budget,
+            clock,
+            rules: cell.clone(),
+            version: rules.version,
+            hosts,
+        }
+    }
+}
+
+/// The longest trial period of `policies`, at least a millisecond: a zero trial would extend
+/// itself without end in one poll.
+pub(super) fn trial_period(policies: &[Arc<dyn Policy>]) -> Duration {
+    policies
+        .iter()
+        .map(|p| p.trial_period())
+        .max()
+        .unwrap_or(Duration::from_secs(10))
+        .max(Duration::from_millis(1))
+}
+
+/// The fleet evaluations of `policies`: a policy whose interval is unchanged from `previous`
+/// keeps its next evaluation, any other starts a full interval after `now`.
+pub(super) fn fleet_schedules(
+    policies: &[Arc<dyn Policy>],
+    now: Instant,
+    previous: &[FleetSchedule],
+) -> Vec<FleetSchedule> {
+    policies
+        .iter()
+        .enumerate()
+        .filter_map(|(policy, p)| {
+            let every = p.fleet()?.interval();
+            if every.is_zero() {
+                return None;
+            }
+            let next = previous
+                .iter()
+                .find(|s| s.policy == policy && s.every == every)
+                .map_or_else(|| later(now, every), |s| s.next);
+            Some(FleetSchedule {
+                policy,
+                every,
+                next,
+            })
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct FleetSchedule {
+    pub(super) policy: usize,
+    pub(super) every: Duration,
+    pub(super) next: Instant,
+}

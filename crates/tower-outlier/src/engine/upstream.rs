@@ -1,0 +1,144 @@
+//! Upstream changes (`rules`, section 8): the upstream is authoritative. A new endpoint joins
+//! available, its latency estimate seeded from the fleet's; a key inserted again keeps its
+//! history with the new service; a removed endpoint is forgotten, whatever it was doing.
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tower::discover::Change;
+use tower_outlier_core::EndpointRecord;
+
+use super::{policy_states, Engine, Entry, Reported, Status};
+use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
+use crate::events::{EndpointKey, Event};
+use crate::monitor::Tracked;
+
+impl<K, S, C> Engine<K, S, C>
+where
+    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    S: Clone,
+    C: Clone + Send + Sync + 'static,
+{
+    /// The upstream inserted `key` with `service`.
+    pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.service = service;
+            if entry.status().is_available() {
+                self.queue
+                    .push_back(Change::Insert(key.clone(), entry.endpoint()));
+            }
+            tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream replaced the service");
+            return;
+        }
+        let settings = &self.settings;
+        let record = EndpointRecord::new(
+            settings.clock.clone(),
+            settings.policies.iter().map(|p| p.new_endpoint()).collect(),
+            self.notifier.clone(),
+        );
+        let shared = Shared::new(record, self.classifier.clone());
+        let weak: std::sync::Weak<dyn HasRecord> =
+            Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
+        // The monitor holds the typed key, for its snapshots and the events about the endpoint.
+        let typed = EndpointKey::new(&key);
+        let id = self.registry.insert(self.roster, Tracked::new(typed, weak));
+        let (slot, signal) = self.signals.assign(id, &key);
+        shared.record.set_signal_slot(signal);
+        if let Some(sharing) = &mut self.sharing {
+            if let Some(host) = sharing.host_of.host(&key) {
+                sharing.hosts.insert(id, host.into_boxed_str());
+            }
+        }
+        self.seed_rtt(&shared.record);
+        self.queue.push_back(Change::Insert(
+            key.clone(),
+            OutlierEndpoint::new(service.clone(), shared.clone()),
+        ));
+        let held_out = self.host_out_elsewhere(id);
+        let states = policy_states(&shared.record);
+        if *states != *self.usual_report.states {
+            // New rules may start endpoints in other states: the newest is the best guess.
+            self.usual_report = Arc::new(Reported {
+                weight: 1.0,
+                states,
+            });
+        }
+        let entry = Entry {
+            slot,
+            service,
+            shared,
+            id,
+            episode: None,
+            // The states it starts in are no change to report.
+            reported: self.usual_report.clone(),
+        };
+        self.entries.insert(key.clone(), entry);
+        // A larger set may have room for an ejection that was refused.
+        self.retry_refused(now);
+        // Joining on a host another service holds out.
+        if held_out {
+            self.mirror(&key, now);
+        }
+    }
+
+    /// The upstream removed `key`.
+    pub(crate) fn remove(&mut self, key: &K, now: Instant) {
+        let Some(entry) = self.entries.remove(key) else {
+            tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream removed an unknown endpoint");
+            return;
+        };
+        let tracked = self.registry.remove(self.roster, entry.id);
+        self.refused.remove(&entry.id);
+        self.mirror_refused.remove(&entry.id);
+        self.unready.remove(&entry.id);
+        self.signals.release(entry.slot);
+        let status = entry.status();
+        match status {
+            Status::Available | Status::Trial { .. } => {
+                self.queue.push_back(Change::Remove(key.clone()));
+            }
+            Status::Ejected { .. } | Status::HeldForHost => self.ejected -= 1,
+            Status::Probing => {
+                self.cancelled.push(entry.id);
+                self.ejected -= 1;
+            }
+        }
+        if entry.holds_host_out() {
+            self.share_host(entry.id, false);
+        }
+        if let Some(sharing) = &mut self.sharing {
+            sharing.hosts.remove(&entry.id);
+        }
+        // Once the engine's state is complete: a callback reading a snapshot sees the removal.
+        if let Some(tracked) = tracked {
+            let status = status.public();
+            self.registry.events.emit(|| Event::Removed {
+                key: tracked.key,
+                status,
+            });
+        }
+        self.enforce_budget(now);
+        self.retry_refused(now);
+    }
+
+    /// Starts `endpoint`'s latency estimate at the mean of the available endpoints', so it
+    /// competes for traffic on equal terms: the samples from before its ejection (or none at all)
+    /// would otherwise starve it, and a passive trial needs traffic to judge. A sample of the
+    /// fleet is enough for a starting point and keeps inserting n endpoints linear in n.
+    pub(super) fn seed_rtt(&self, record: &EndpointRecord) {
+        const SAMPLE: usize = 32;
+        let now = record.clock().now();
+        let (sum, count) = self
+            .entries
+            .values()
+            .filter(|e| e.status().is_available())
+            .take(SAMPLE)
+            .map(|e| e.record().rtt_estimate(now))
+            .fold((0.0, 0usize), |(sum, n), rtt| (sum + rtt, n + 1));
+        if count > 0 {
+            record.seed_rtt(sum / count as f64, now);
+        }
+    }
+}
