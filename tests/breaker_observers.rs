@@ -3,11 +3,14 @@
 //! stopped by what an observer does (a panic whose payload panics again when dropped ended the
 //! thread: later changes were lost, or told on the caller's task again).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+mod support;
+
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::reset_while as backend;
 
-use tower::{service_fn, Layer, Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 use tower_outlier::slow_call::{
     state_observers_told, wait_for_state_observers, BreakerConfig, CircuitBreakerLayer, State,
 };
@@ -18,24 +21,6 @@ fn config() -> BreakerConfig {
         .open_duration(Duration::from_millis(20))
         .build()
         .unwrap()
-}
-
-/// A backend failing while `failing` is set.
-fn backend(
-    failing: Arc<AtomicBool>,
-) -> impl Service<
-    (),
-    Response = u32,
-    Error = std::io::Error,
-    Future = std::future::Ready<Result<u32, std::io::Error>>,
-> + Clone {
-    service_fn(move |()| {
-        std::future::ready(if failing.load(Ordering::SeqCst) {
-            Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
-        } else {
-            Ok(7)
-        })
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

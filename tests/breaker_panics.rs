@@ -2,11 +2,14 @@
 //! probe is admitted, a classifier that panics on the probe's answer. Before, either left the
 //! breaker HALF_OPEN for ever, rejecting every call.
 
+mod support;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use support::reset_while as backend;
 
-use tower::{service_fn, Layer, Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 use tower_outlier::classify::{classify_fn, FailureKind, Outcome};
 use tower_outlier::slow_call::{BreakerConfig, CircuitBreakerLayer, State};
 
@@ -16,24 +19,6 @@ fn config() -> BreakerConfig {
         .open_duration(Duration::from_secs(10))
         .build()
         .unwrap()
-}
-
-/// A backend failing while `failing` is set.
-fn backend(
-    failing: Arc<AtomicBool>,
-) -> impl Service<
-    (),
-    Response = u32,
-    Error = std::io::Error,
-    Future = std::future::Ready<Result<u32, std::io::Error>>,
-> + Clone {
-    service_fn(move |()| {
-        std::future::ready(if failing.load(Ordering::SeqCst) {
-            Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
-        } else {
-            Ok(7)
-        })
-    })
 }
 
 #[tokio::test(start_paused = true)]

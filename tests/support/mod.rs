@@ -339,3 +339,18 @@ pub fn announce<S: Clone>(
     std::mem::forget(tx);
     rx
 }
+
+/// A service answering 7, or failing with a connection reset while `failing` is set: the
+/// standalone breaker's tests' backend.
+pub fn reset_while(
+    failing: Arc<AtomicBool>,
+) -> impl Service<(), Response = u32, Error = io::Error, Future = Ready<Result<u32, io::Error>>> + Clone
+{
+    tower::service_fn(move |()| {
+        ready(if failing.load(Ordering::SeqCst) {
+            Err(io::Error::from(io::ErrorKind::ConnectionReset))
+        } else {
+            Ok(7)
+        })
+    })
+}

@@ -45,6 +45,7 @@ mod policy;
 mod record;
 mod sync;
 pub mod text;
+mod user_code;
 mod window;
 
 pub use classify::{Classify, NetworkErrors, ServerErrors};
@@ -61,4 +62,5 @@ pub use record::{
 };
 /// The boxed error type of tower middleware (`tower::BoxError`).
 pub use tower::BoxError;
+pub use user_code::{drop_panic, panic_message};
 pub use window::{SharedWindow, Window, WindowCounts, WindowShape};

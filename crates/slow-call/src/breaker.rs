@@ -384,15 +384,6 @@ impl Breaker {
     }
 }
 
-/// The message a panic carried, if it was text.
-pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(not text)")
-}
-
 pub(crate) struct StrategyDisplay(pub(crate) Strategy);
 
 impl fmt::Display for StrategyDisplay {

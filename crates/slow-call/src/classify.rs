@@ -132,9 +132,10 @@ macro_rules! immediate {
                     Err(panic) => {
                         tracing::error!(
                             target: "tower_outlier::breaker",
-                            panic = crate::breaker::panic_text(&*panic),
+                            panic = tower_outlier_core::panic_message(&*panic),
                             "the classifier panicked: the call is not recorded"
                         );
+                        tower_outlier_core::drop_panic(panic);
                     }
                 }
                 result

@@ -83,9 +83,10 @@ where
                     Err(panic) => {
                         tracing::error!(
                             target: "tower_outlier::breaker",
-                            panic = crate::breaker::panic_text(&*panic),
+                            panic = tower_outlier_core::panic_message(&*panic),
                             "the classifier panicked: the call is not recorded"
                         );
+                        tower_outlier_core::drop_panic(panic);
                         Err("the circuit breaker's classifier panicked".into())
                     }
                 })

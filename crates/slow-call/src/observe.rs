@@ -17,7 +17,9 @@ use std::sync::mpsc::{self, Sender, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::breaker::{panic_text, Observer, StateChange};
+use tower_outlier_core::{drop_panic, panic_message};
+
+use crate::breaker::{Observer, StateChange};
 use crate::config::Strategy;
 
 /// What the thread is sent.
@@ -58,7 +60,7 @@ fn inbox() -> Option<&'static Sender<Message>> {
                         // Nothing a message does may end the thread (a panicking subscriber, a
                         // panic payload that panics when dropped): later changes would be lost.
                         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| deliver(message))) {
-                            dispose(panic);
+                            drop_panic(panic);
                         }
                     }
                 });
@@ -95,14 +97,6 @@ fn deliver(message: Message) {
         Message::FlushAsync(done) => {
             let _ = done.send(());
         }
-    }
-}
-
-/// Drops a caught panic's payload, which may itself panic when dropped; that second payload is
-/// leaked rather than dropped.
-fn dispose(panic: Box<dyn std::any::Any + Send>) {
-    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(panic))) {
-        std::mem::forget(again);
     }
 }
 
@@ -228,10 +222,10 @@ fn tell(observers: &[Observer], change: &StateChange, strategy: Strategy) {
                 target: "tower_outlier::breaker",
                 from = %change.from,
                 to = %change.to,
-                panic = panic_text(&*panic),
+                panic = panic_message(&*panic),
                 "a state observer panicked"
             );
-            dispose(panic);
+            drop_panic(panic);
         }
         let took = started.elapsed();
         if took > SLOW_OBSERVER {

@@ -293,9 +293,10 @@ where
         Err(panic) => {
             tracing::error!(
                 target: "tower_outlier",
-                panic = crate::events::panic_text(&*panic),
+                panic = tower_outlier_core::panic_message(&*panic),
                 "a probe panicked as it started: counted as a failed check"
             );
+            tower_outlier_core::drop_panic(panic);
             Some(Box::pin(std::future::ready(false)))
         }
     }
@@ -322,9 +323,10 @@ fn start_probe<K: Send + 'static>(
             Ok(Err(panic)) => {
                 tracing::error!(
                     target: "tower_outlier",
-                    panic = crate::events::panic_text(&*panic),
+                    panic = tower_outlier_core::panic_message(&*panic),
                     "a probe panicked: counted as a failed check"
                 );
+                tower_outlier_core::drop_panic(panic);
                 false
             }
             Err(_) => false,

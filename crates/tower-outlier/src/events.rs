@@ -340,9 +340,10 @@ impl EventHub {
                     tracing::error!(
                         target: "tower_outlier",
                         event = ?event,
-                        panic = panic_text(&*panic),
+                        panic = tower_outlier_core::panic_message(&*panic),
                         "an on_event callback panicked; the event was still delivered to the others"
                     );
+                    tower_outlier_core::drop_panic(panic);
                 }
             }
         }
@@ -352,13 +353,4 @@ impl EventHub {
             let _ = sender.send(event);
         }
     }
-}
-
-/// The message a panic carried, if it was text.
-pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(not text)")
 }

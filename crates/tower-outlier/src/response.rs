@@ -71,7 +71,7 @@ macro_rules! immediate {
                 });
                 match std::panic::catch_unwind(classify) {
                     Ok(outcome) => recorder.record(outcome),
-                    Err(panic) => classifier_panicked(&*panic),
+                    Err(panic) => classifier_panicked(panic),
                 }
                 result
             }
@@ -88,12 +88,13 @@ immediate! {
 }
 
 #[cold]
-fn classifier_panicked(panic: &(dyn std::any::Any + Send)) {
+fn classifier_panicked(panic: Box<dyn std::any::Any + Send>) {
     tracing::error!(
         target: "tower_outlier",
-        panic = crate::events::panic_text(panic),
+        panic = tower_outlier_core::panic_message(&*panic),
         "the classifier panicked: the call is not recorded"
     );
+    tower_outlier_core::drop_panic(panic);
 }
 
 /// One call's pending record: where and when to record its outcome, and the classifier.
