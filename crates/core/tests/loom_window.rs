@@ -96,11 +96,12 @@ fn recorders_claiming_together_count_each_call_once() {
     });
 }
 
-/// Two recorders a window and more after the last call, racing: one jumps the ring, emptying it;
-/// the other's call, if recorded while the jump empties the buckets, may be lost with them.
-/// Never counted twice, never an old call.
+/// Two recorders a window and more after the last call, racing: one jumps the ring to their
+/// slice, emptying the other buckets; the other counts its call in that slice. Both calls are
+/// counted, once each, and the old one is gone. (When the jump emptied every bucket, its own
+/// slice's among them, the other recorder's call could be emptied with them.)
 #[test]
-fn recorders_racing_a_jump_invent_nothing() {
+fn recorders_racing_a_jump_count_both_calls() {
     model(2, || {
         let w = window_with(0, false);
         let a = {
@@ -114,9 +115,36 @@ fn recorders_racing_a_jump_invent_nothing() {
         a.join().unwrap();
         b.join().unwrap();
         let after = w.counts(2 * MS + 1);
-        assert!(
-            (1..=2).contains(&after.calls) && after.failures <= 1,
-            "at most the two new calls, the jumper's among them: {after:?}"
+        assert_eq!(
+            (after.calls, after.failures),
+            (2, 1),
+            "the two new calls, exactly"
+        );
+    });
+}
+
+/// The same far behind: a window of three buckets whose last call, a failure, is nine slices
+/// back, two recorders there: each call counted once and nothing old.
+#[test]
+fn recorders_racing_a_jump_far_behind_count_both_calls_and_nothing_old() {
+    model(2, || {
+        let w = Arc::new(Window::new(std::time::Duration::from_millis(3), 3).unwrap());
+        w.record(0, true, false);
+        let a = {
+            let w = w.clone();
+            thread::spawn(move || w.record(9 * MS, false, false))
+        };
+        let b = {
+            let w = w.clone();
+            thread::spawn(move || w.record(9 * MS + 1, true, false))
+        };
+        a.join().unwrap();
+        b.join().unwrap();
+        let after = w.counts(9 * MS + 1);
+        assert_eq!(
+            (after.calls, after.failures),
+            (2, 1),
+            "the two new calls, exactly"
         );
     });
 }
