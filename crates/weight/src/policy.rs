@@ -60,7 +60,7 @@ use crate::config::{ExceptionKinds, WeightConfig};
 /// endpoint's. Up-weighting is capped: an endpoint can at most win every pair it is drawn into,
 /// which is `2/n` of the draws for `n` endpoints (half the traffic with 4), however large its
 /// weight. So weights here can push traffic away from an endpoint, not pull a set share towards
-/// it. The measured shares are in the repository's BENCHMARKS.md and `tests/weight.rs`.
+/// it. The measured shares are in the repository's BENCHMARKS.md and `tests/rules/weight.rs`.
 ///
 /// ```
 /// use std::time::Duration;

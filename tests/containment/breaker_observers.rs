@@ -3,7 +3,7 @@
 //! stopped by what an observer does (a panic whose payload panics again when dropped ended the
 //! thread: later changes were lost, or told on the caller's task again).
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};

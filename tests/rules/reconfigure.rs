@@ -1,7 +1,7 @@
 //! Rules changed while the layer runs (`RulesHandle`), behind `Buffer` and p2c on tokio's paused
 //! clock: what takes effect when, and what each endpoint keeps.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};

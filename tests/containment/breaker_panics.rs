@@ -2,7 +2,7 @@
 //! probe is admitted, a classifier that panics on the probe's answer. Before, either left the
 //! breaker HALF_OPEN for ever, rejecting every call.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! and how their budgets count. The backends fail with refused connections, which Envoy counts
 //! as 5xx (and gateway failures) unless the origins are split.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! `ADMIN_BROWSER` names another binary). Without one it is skipped and says so, unless
 //! `ADMIN_BROWSER_REQUIRED` is set (CI sets it): then the test fails.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! `tower_outlier::rules`, section 6 (SOFARPC weight degradation), rule by rule, through the discover
 //! adaptor on tokio's paused clock, and the weight's effect through a real p2c balancer.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

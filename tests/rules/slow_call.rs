@@ -2,7 +2,7 @@
 //! rule by rule: on the breaker itself, through the standalone layer on tokio's paused clock, and
 //! per endpoint through the outlier layer.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //! p2c keeps answering from its healthy endpoints. Each test fails (the buffer's worker dies, the
 //! process aborts, the caller's request panics) without the containment.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

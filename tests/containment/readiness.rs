@@ -19,7 +19,7 @@ use tower_outlier::{
     DetectorConfig, DetectorPolicy, EndpointStatus, Monitor, OutlierDetectionLayer,
 };
 
-mod support;
+use crate::support;
 
 /// A backend that answers its id, fails every call while `failing`, and fails `poll_ready`
 /// while `broken`.

@@ -2,7 +2,7 @@
 //! paused clock. A host ejected in one service is ejected in the other, within its own rules, and
 //! comes back in both; with the sharing off, only the service that saw the failures ejects.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

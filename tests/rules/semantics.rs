@@ -1,7 +1,7 @@
 //! `tower_outlier::rules`, sections 2 to 4 and 8 (error-rate ejection), rule by rule, through the discover adaptor on
 //! tokio's paused clock. Each test fails if its rule is broken.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! and time, on tokio's paused clock. Deterministic: a seeded generator picks every step, and the
 //! failing seed and step are printed on a violation.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,8 +16,8 @@ use tower_outlier::{
 };
 
 /// How many seeds each test runs: a few in CI, as many as `SOAK_HISTORIES` asks for in a soak
-/// (`SOAK_HISTORIES=20000 cargo test --release --test invariants`: five histories a seed, three
-/// budgets with passive trials, active probes, reconfigurations — 100 000 histories).
+/// (`SOAK_HISTORIES=20000 cargo test --release --test rules invariants::`: five histories a
+/// seed, three budgets with passive trials, active probes, reconfigurations — 100 000 histories).
 fn seeds(first: u64, default: u64) -> std::ops::Range<u64> {
     let count = std::env::var("SOAK_HISTORIES")
         .ok()

@@ -1,7 +1,7 @@
 //! The layer's decisions as typed events (`Monitor::subscribe`, `Monitor::on_event`), on tokio's
 //! paused clock: a scripted incident arrives whole and in order.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

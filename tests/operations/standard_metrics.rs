@@ -4,7 +4,7 @@
 //! 0 from the moment the layer is watched. On metrics-util's recorder, installed for this test
 //! binary alone; the layer driven like a balancer on tokio's paused clock.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 

@@ -6,7 +6,7 @@
 //! * a passive trial passed when the endpoint received no calls during it;
 //! * a trial that breached while the budget kept the endpoint in counted as a recovery.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! paused clock: counters move with ejections and re-admissions, and endpoint churn leaves the
 //! label sets bounded.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

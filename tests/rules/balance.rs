@@ -2,7 +2,7 @@
 //! clock: ejected endpoints get no requests, recovered ones get traffic again, and an idle
 //! balancer is not polled in a loop.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::future::Future;

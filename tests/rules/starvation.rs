@@ -4,7 +4,7 @@
 //! cheapest pick; a healed endpoint gets its share back; a small fleet is protected, or told why
 //! not; a slow endpoint gets no more traffic than p2c alone gives it.
 
-mod support;
+use crate::support;
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

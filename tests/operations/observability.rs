@@ -1,7 +1,7 @@
 //! What operators check after a change (EDAS and HSF call it "verify the result"): `tracing` events and monitor snapshots tell what the
 //! layer did, with the endpoint, the reason, the error rate and the next check.
 
-mod support;
+use crate::support;
 
 use std::io;
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-//! The adversarial suite: random histories beyond `tests/invariants.rs`, on tokio's paused clock.
+//! The adversarial suite: random histories beyond `tests/rules/invariants.rs`, on tokio's paused clock.
 //! Two policies at once (the error-rate preset and the recommended detectors), callbacks that
 //! panic, probes that panic or never finish, services whose `poll_ready` fails and later mends,
 //! keys inserted twice, unknown keys removed, a key removed and inserted again between two polls,
@@ -6,10 +6,10 @@
 //! the invariants of `tower_outlier::rules` (section 9) are checked; at the end, liveness: once
 //! every backend is healthy and time has passed, every endpoint is back.
 //!
-//! 1 000 histories by default; `SOAK_HISTORIES=100000 cargo test --release --test adversarial`
-//! for the soak. The failing seed and step are printed on a violation.
+//! 1 000 histories by default;
+//! `SOAK_HISTORIES=100000 cargo test --release --test containment adversarial::` for the soak. The failing seed and step are printed on a violation.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};

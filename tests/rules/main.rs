@@ -1,0 +1,19 @@
+//! The rules, one test per rule, mostly on tokio's paused clock and through a real
+//! `tower::balance::p2c::Balance`: judging, ejection and return, the budget, hosts, weights, the
+//! slow-call breaker, the detectors, events, reconfiguration, starvation and the detection scenarios.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod balance;
+mod detection;
+mod detectors;
+mod events;
+mod grpc;
+mod hosts;
+mod invariants;
+mod reconfigure;
+mod semantics;
+mod slow_call;
+mod starvation;
+mod weight;
