@@ -11,7 +11,7 @@ use tower::discover::{Change, ServiceList};
 use tower::timeout::Timeout;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_http::classify::ServerErrorsAsFailures;
-use tower_outlier::tower_http::TowerHttp;
+use tower_outlier::tower_http_classifier::TowerHttp;
 use tower_outlier::{DetectorConfig, DetectorPolicy, ErrorRateConfig, ErrorRatePolicy};
 use tower_outlier::{OutlierDetectionLayer, ServerErrors};
 

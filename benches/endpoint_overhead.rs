@@ -89,7 +89,8 @@ fn main() {
     }
     // The record saw every call: a sanity check that the work was not optimised away.
     let calls = tsc_endpoint.record().policies()[0]
-        .counts(tsc_endpoint.record().clock().now())
+        .describe(tsc_endpoint.record().clock().now())
+        .counts
         .calls;
     assert!(calls > 0, "the wrapped calls were recorded");
 }

@@ -396,7 +396,11 @@ fn main() {
     drive(&mut check, 1_000);
     let record = endpoint.record();
     assert!(
-        record.policies()[0].counts(record.clock().now()).calls > 0,
+        record.policies()[0]
+            .describe(record.clock().now())
+            .counts
+            .calls
+            > 0,
         "the endpoint recorded the calls"
     );
     let mut check = breaker.clone();

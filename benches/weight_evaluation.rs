@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tower_outlier::classify::{FailureKind, Observation, Outcome};
-use tower_outlier::policy::{EndpointPolicy, EndpointRecord, FleetMember, Notifier, Policy};
+use tower_outlier::policy::{EndpointPolicy, EndpointRecord, FleetMember, Notifier, OutlierPolicy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
 use tower_outlier::Clock;
 

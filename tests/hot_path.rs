@@ -86,7 +86,7 @@ fn run(clock: Clock) {
     }
     counting(false);
     let record = endpoint.record();
-    let counts = record.policies()[0].counts(record.clock().now());
+    let counts = record.policies()[0].describe(record.clock().now()).counts;
     assert!(
         counts.calls > 0 && counts.failures > 0,
         "the calls were recorded"

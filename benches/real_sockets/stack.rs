@@ -29,7 +29,7 @@ use tower::util::BoxService;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_outlier::events::Event;
 use tower_outlier::grpc::GrpcErrors;
-use tower_outlier::policy::Policy;
+use tower_outlier::policy::OutlierPolicy;
 use tower_outlier::probe::{probe_fn, ProbeFuture};
 use tower_outlier::{
     DetectorConfig, DetectorPolicy, ErrorRateConfig, ErrorRatePolicy, Monitor,
@@ -122,7 +122,7 @@ trait PolicyFactory: Send + Sync {
 impl<F, P> PolicyFactory for F
 where
     F: Fn() -> P + Send + Sync,
-    P: Policy,
+    P: OutlierPolicy,
 {
     fn layer(&self) -> OutlierDetectionLayer {
         OutlierDetectionLayer::new(self())

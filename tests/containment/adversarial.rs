@@ -19,7 +19,7 @@ use std::time::Duration;
 use support::{Backend, Harness, SeededRng};
 use tower_outlier::probe::{probe_fn, Probe, ProbeFuture};
 use tower_outlier::{
-    Budget, BudgetFloor, DetectorConfig, DetectorPolicy, EndpointStatus, ErrorRateConfig,
+    BudgetFloor, DetectorConfig, DetectorPolicy, EjectionBudget, EndpointStatus, ErrorRateConfig,
     ErrorRatePolicy, OutlierDetectionLayer,
 };
 
@@ -56,7 +56,7 @@ fn callable<P: Probe<usize, Backend> + Clone>(h: &Harness<P>) -> Vec<usize> {
 
 async fn history(seed: u64, exercised: Arc<Exercised>) {
     let mut rng = SeededRng(seed);
-    let budget = Budget::new(
+    let budget = EjectionBudget::new(
         [0.3, 0.5, 1.0][rng.below(3) as usize],
         if rng.below(2) == 0 {
             BudgetFloor::Zero
@@ -235,7 +235,7 @@ fn check<P>(
     h: &Harness<P>,
     monitor: &tower_outlier::Monitor,
     upstream: &HashSet<usize>,
-    budget: Budget,
+    budget: EjectionBudget,
     context: &str,
 ) {
     // The adaptor tracks exactly what the upstream holds; nothing else is live.

@@ -86,6 +86,6 @@ async fn a_server_that_is_gone_is_a_transport_failure() {
     let request = http::Request::get("/").body(Empty::<Bytes>::new()).unwrap();
     assert!(endpoint.ready().await.unwrap().call(request).await.is_err());
     let record = endpoint.record();
-    let counts = record.policies()[0].counts(record.clock().now());
+    let counts = record.policies()[0].describe(record.clock().now()).counts;
     assert_eq!((counts.calls, counts.failures), (1, 1));
 }

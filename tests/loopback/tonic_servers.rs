@@ -355,7 +355,7 @@ async fn a_server_stalling_after_its_headers_is_a_timeout_with_stalled_after() {
             "the stalling server answered"
         );
         let record = endpoint.record();
-        let counts = record.policies()[0].counts(record.clock().now());
+        let counts = record.policies()[0].describe(record.clock().now()).counts;
         assert_eq!((counts.calls, counts.failures), expected, "{classifier:?}");
     }
 }

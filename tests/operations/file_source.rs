@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tower::BoxError;
 use tower_outlier::dialect::{watch_file, Dialect, Hsf};
-use tower_outlier::policy::Policy;
+use tower_outlier::policy::OutlierPolicy;
 use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 
 /// HSF JSON, counting the documents it is given.
@@ -20,7 +20,11 @@ impl Dialect for Counting {
     fn policy_name(&self) -> &'static str {
         self.0.policy_name()
     }
-    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+    fn parse(
+        &self,
+        text: &str,
+        current: &dyn OutlierPolicy,
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
         self.1.fetch_add(1, Ordering::SeqCst);
         self.0.parse(text, current)
     }
@@ -164,7 +168,11 @@ impl Dialect for Recording {
     fn policy_name(&self) -> &'static str {
         self.0.policy_name()
     }
-    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+    fn parse(
+        &self,
+        text: &str,
+        current: &dyn OutlierPolicy,
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
         self.1.lock().unwrap().push(text.to_owned());
         self.0.parse(text, current)
     }

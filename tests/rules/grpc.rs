@@ -99,7 +99,7 @@ fn endpoint(
 
 fn counts<S>(endpoint: &OutlierEndpoint<S, GrpcErrors>) -> WindowCounts {
     let record = endpoint.record();
-    record.policies()[0].counts(record.clock().now())
+    record.policies()[0].describe(record.clock().now()).counts
 }
 
 async fn call_and_read(classifier: GrpcErrors, answer: Answer) -> WindowCounts {
@@ -297,7 +297,7 @@ async fn transport_errors_fail() {
     assert!(endpoint.ready().await.unwrap().call(()).await.is_err());
     let record = endpoint.record();
     assert_eq!(
-        failures(record.policies()[0].counts(record.clock().now())),
+        failures(record.policies()[0].describe(record.clock().now()).counts),
         (1, 1)
     );
 }

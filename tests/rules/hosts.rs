@@ -9,7 +9,8 @@ use std::time::Duration;
 use support::Harness;
 use tower_outlier::hosts::{HostOf, HostRegistry};
 use tower_outlier::{
-    Budget, BudgetFloor, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer,
+    BudgetFloor, EjectionBudget, EndpointStatus, ErrorRateConfig, ErrorRatePolicy,
+    OutlierDetectionLayer,
 };
 
 /// Endpoint `n` of every service runs on host `n`.
@@ -96,7 +97,7 @@ async fn each_service_keeps_its_own_budget_and_last_endpoint() {
     let orders = layer().share_hosts(hosts.clone(), host_of());
     // Payments may eject nobody: 0 % with no floor.
     let payments = layer()
-        .budget(Budget::new(0.0, BudgetFloor::Zero).unwrap())
+        .budget(EjectionBudget::new(0.0, BudgetFloor::Zero).unwrap())
         .share_hosts(hosts.clone(), host_of());
     let mut o = Harness::new(&orders, 5);
     let mut p = Harness::new(&payments, 5);
@@ -130,7 +131,7 @@ async fn a_host_stays_out_while_any_endpoint_on_it_is_ejected() {
     // Keys 2 and 3 are two ports of one host.
     let pair = || HostOf::new(|key: &usize| Some(format!("10.0.0.{}", key.min(&3) / 2)));
     let orders = layer()
-        .budget(Budget::new(0.5, BudgetFloor::Zero).unwrap())
+        .budget(EjectionBudget::new(0.5, BudgetFloor::Zero).unwrap())
         .share_hosts(hosts.clone(), pair());
     let mut o = Harness::new(&orders, 6);
     o.calls(2, 10, 0).await;
@@ -183,7 +184,7 @@ async fn a_service_refusing_a_held_out_host_says_so_again_at_the_hosts_next_outa
     let orders = layer().share_hosts(hosts.clone(), host_of());
     // Payments may eject nobody: it keeps the host in and says so.
     let payments = layer()
-        .budget(Budget::new(0.0, BudgetFloor::Zero).unwrap())
+        .budget(EjectionBudget::new(0.0, BudgetFloor::Zero).unwrap())
         .share_hosts(hosts.clone(), host_of());
     let refusals = std::sync::Arc::new(std::sync::Mutex::new(0));
     let seen = refusals.clone();

@@ -12,7 +12,8 @@ use std::time::Duration;
 use support::{Backend, Harness, SeededRng};
 use tower_outlier::probe::{probe_fn, Probe, ProbeFuture};
 use tower_outlier::{
-    Budget, BudgetFloor, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer,
+    BudgetFloor, EjectionBudget, EndpointStatus, ErrorRateConfig, ErrorRatePolicy,
+    OutlierDetectionLayer,
 };
 
 /// How many seeds each test runs: a few in CI, as many as `SOAK_HISTORIES` asks for in a soak
@@ -29,7 +30,7 @@ fn seeds(first: u64, default: u64) -> std::ops::Range<u64> {
 async fn run<P: Probe<usize, Backend> + Clone>(
     seed: u64,
     layer: OutlierDetectionLayer<tower_outlier::NetworkErrors, P>,
-    mut budget: Budget,
+    mut budget: EjectionBudget,
     reconfigure: bool,
 ) {
     let monitor = layer.monitor();
@@ -145,7 +146,7 @@ async fn invariants_hold_with_passive_trials() {
             (0.3, BudgetFloor::One),
             (1.0, BudgetFloor::One),
         ] {
-            let budget = Budget::new(ratio, floor).unwrap();
+            let budget = EjectionBudget::new(ratio, floor).unwrap();
             let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
                 ErrorRateConfig::hsf()
                     .min_calls(5)
@@ -179,7 +180,7 @@ async fn invariants_hold_through_reconfigurations() {
 #[tokio::test(start_paused = true)]
 async fn invariants_hold_with_active_probes() {
     for seed in seeds(1_000_000, 12) {
-        let budget = Budget::new(0.6, BudgetFloor::One).unwrap();
+        let budget = EjectionBudget::new(0.6, BudgetFloor::One).unwrap();
         // Probes that succeed or fail at random, some only after a while.
         let coin = Arc::new(AtomicU64::new(seed));
         let probe = probe_fn(move |_: &usize, _: Backend| -> ProbeFuture {

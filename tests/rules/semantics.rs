@@ -511,7 +511,13 @@ async fn readiness_errors_are_not_outcomes() {
         tokio::time::sleep(Duration::from_secs(31)).await;
     }
     let record = endpoint.record();
-    assert_eq!(record.policies()[0].counts(record.clock().now()).calls, 0);
+    assert_eq!(
+        record.policies()[0]
+            .describe(record.clock().now())
+            .counts
+            .calls,
+        0
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -376,7 +376,7 @@ mod through_the_outlier_layer {
     use tower::buffer::Buffer;
     use tower::Layer;
     use tower_outlier::{
-        Budget, BudgetFloor, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor,
+        BudgetFloor, EjectionBudget, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor,
         OutlierDetectionLayer,
     };
 
@@ -390,7 +390,7 @@ mod through_the_outlier_layer {
                 .build()
                 .unwrap(),
         ))
-        .budget(Budget::new(0.5, BudgetFloor::One).unwrap())
+        .budget(EjectionBudget::new(0.5, BudgetFloor::One).unwrap())
     }
 
     /// `workers` callers, each sending requests back to back through the balancer for `span`.
@@ -490,7 +490,7 @@ mod through_the_outlier_layer {
 
         // Every endpoint slow, and only two endpoints: one always stays.
         let pair: Vec<(usize, Sleepy)> = (0..2).map(|id| (id, Sleepy::new(id, 600))).collect();
-        let layer = breaker_layer().budget(Budget::new(1.0, BudgetFloor::One).unwrap());
+        let layer = breaker_layer().budget(EjectionBudget::new(1.0, BudgetFloor::One).unwrap());
         let monitor = layer.monitor();
         let balancer = Buffer::new(
             Balance::from_rng(layer.layer(announce(&pair)), SeededRng(9)),
@@ -538,7 +538,7 @@ mod through_the_outlier_layer {
 /// one open duration after the ejection.
 #[tokio::test(start_paused = true)]
 async fn a_late_ejection_is_checked_when_the_breaker_s_open_duration_ends() {
-    use tower_outlier::{Budget, BudgetFloor, EndpointStatus, OutlierDetectionLayer};
+    use tower_outlier::{BudgetFloor, EjectionBudget, EndpointStatus, OutlierDetectionLayer};
 
     let layer = OutlierDetectionLayer::new(SlowCallPolicy::new(
         BreakerConfig::error_ratio(0.5)
@@ -548,7 +548,7 @@ async fn a_late_ejection_is_checked_when_the_breaker_s_open_duration_ends() {
             .build()
             .unwrap(),
     ))
-    .budget(Budget::new(0.25, BudgetFloor::One).unwrap());
+    .budget(EjectionBudget::new(0.25, BudgetFloor::One).unwrap());
     let monitor = layer.monitor();
     let mut h = support::Harness::new(&layer, 4);
     // Both breakers open at 0 s, until 10 s; the one slot goes to 0, 1 is refused.

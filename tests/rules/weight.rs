@@ -8,7 +8,7 @@ use std::time::Duration;
 use support::Harness;
 use tower_outlier::probe::PassiveTrial;
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
-use tower_outlier::{Budget, BudgetFloor, OutlierDetectionLayer};
+use tower_outlier::{BudgetFloor, EjectionBudget, OutlierDetectionLayer};
 
 /// SOFARPC's documented example: window 20 s, least 30 calls, multiple 6, degrade 0.5, recover 1.2, least
 /// weight 1, at most 2 degraded.
@@ -27,7 +27,7 @@ fn seed() -> tower_outlier::weight::WeightBuilder {
 
 fn layer(config: tower_outlier::weight::WeightBuilder) -> OutlierDetectionLayer {
     OutlierDetectionLayer::new(WeightPolicy::new(config.build().unwrap()))
-        .budget(Budget::new(0.0, BudgetFloor::Zero).unwrap())
+        .budget(EjectionBudget::new(0.0, BudgetFloor::Zero).unwrap())
 }
 
 /// Absolute weights (original 100) as the monitor reports them, by key.

@@ -5,8 +5,8 @@
 //!   [`classify::classify_fn`]): which results count as failures.
 //! * [`Window`]: a lock-free, time-bucketed sliding window of call counts.
 //! * [`Clock`]: the deliberate choice of time source for the hot path.
-//! * [`Policy`], [`EndpointPolicy`], [`Judgement`]: how policies judge endpoints, and the shared
-//!   [`Budget`] and [`RecoverySchedule`] they eject and recover by.
+//! * [`OutlierPolicy`], [`EndpointPolicy`], [`Judgement`]: how policies judge endpoints, and the shared
+//!   [`EjectionBudget`] and [`RecoverySchedule`] they eject and recover by.
 //! * [`EndpointRecord`]: the per-endpoint state the layer and the response futures share.
 //! * [`ConfigError`]: a configuration value outside its range, named; [`text`]: how
 //!   configuration readers show names and values in errors.
@@ -54,8 +54,9 @@ pub use error::{check_nonzero_duration, check_ratio, ConfigError};
 pub use lock::{Lock, LockGuard};
 pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
-    Admit, AsAny, Budget, BudgetFloor, EndpointPolicy, FleetEvaluation, FleetMember, FleetPolicy,
-    Judgement, Policy, ProbeGate, Reason, RecoverySchedule, Signal,
+    Admit, AsAny, BudgetFloor, Description, EjectionBudget, EndpointPolicy, FleetEvaluation,
+    FleetMember, FleetPolicy, Judgement, OutlierPolicy, ProbeGate, Reason, RecoverySchedule,
+    Signal, Weighting,
 };
 pub use record::{
     store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,

@@ -1,13 +1,13 @@
 //! The policy trait: how a policy judges endpoints, and how several policies share one layer.
 //!
-//! A [`Policy`] is configured once per layer. For every endpoint the layer asks it for an
+//! A [`OutlierPolicy`] is configured once per layer. For every endpoint the layer asks it for an
 //! [`EndpointPolicy`], the policy's per-endpoint state. On every finished call the endpoint's
 //! response future hands the [`Observation`] to each of its endpoint policies
 //! ([`EndpointPolicy::record`]): this is the hot path, so it must not lock or allocate. When a
 //! record makes a cheap local check cross its threshold it returns [`Signal::Evaluate`], and the
 //! layer wakes and asks [`EndpointPolicy::judge`] for a [`Judgement`] on the cold path. All policies'
-//! ejections spend from one [`Budget`] and never take out the last available endpoint; the policy
-//! that ejected an endpoint decides when it is checked again ([`Policy::recovery`]).
+//! ejections spend from one [`EjectionBudget`] and never take out the last available endpoint; the policy
+//! that ejected an endpoint decides when it is checked again ([`OutlierPolicy::recovery`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use crate::record::EndpointRecord;
 use crate::window::{SharedWindow, WindowCounts};
 
 /// A policy's configuration, shared by all endpoints of a layer.
-pub trait Policy: fmt::Debug + Send + Sync + AsAny + 'static {
+pub trait OutlierPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// A short name for logs and snapshots, such as `"error-rate"`.
     fn name(&self) -> &'static str;
 
@@ -57,7 +57,7 @@ pub trait Policy: fmt::Debug + Send + Sync + AsAny + 'static {
 
     /// The ejection budget this policy asks for, if it has an opinion. The layer uses the first
     /// policy's budget unless it is given one explicitly.
-    fn budget(&self) -> Option<Budget> {
+    fn budget(&self) -> Option<EjectionBudget> {
         None
     }
 
@@ -73,7 +73,7 @@ pub trait Policy: fmt::Debug + Send + Sync + AsAny + 'static {
 /// state type: the layer calls [`evaluate`](Self::evaluate) every [`interval`](Self::interval)
 /// with every endpoint the upstream holds.
 pub trait FleetPolicy: Send + Sync {
-    /// The policy's per-endpoint state (what its [`Policy::new_endpoint`] boxes).
+    /// The policy's per-endpoint state (what its [`OutlierPolicy::new_endpoint`] boxes).
     type State: EndpointPolicy;
 
     /// How often to evaluate.
@@ -164,8 +164,9 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// Judges the endpoint now. Cold path: called when a record signalled, or on a timer.
     fn judge(&self, now: Nanos) -> Judgement;
 
-    /// The counts this policy's window holds now, for snapshots.
-    fn counts(&self, now: Nanos) -> WindowCounts;
+    /// What this state shows of the endpoint now: its window's counts, its state in the words of
+    /// the system it follows, its weight. Cold path: snapshots, metrics, the end of a trial.
+    fn describe(&self, now: Nanos) -> Description;
 
     /// Forgets the recorded history: the endpoint is re-admitted and is judged only on what
     /// happens from now on.
@@ -186,8 +187,8 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
 
     /// How many calls a passive trial of an endpoint this policy ejected must see before it can
     /// pass: a re-admitted endpoint that received fewer has shown nothing, so its trial goes on.
-    /// The layer adds up [`counts`](Self::counts) at the end of each trial period. 0 (the
-    /// default) for policies that decide recovery in their own way.
+    /// The layer adds up the counts [`describe`](Self::describe) shows at the end of each trial
+    /// period. 0 (the default) for policies that decide recovery in their own way.
     fn trial_calls(&self) -> u64 {
         0
     }
@@ -200,13 +201,6 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// policy's [`RecoverySchedule`] decides.
     fn check_at(&self, now: Nanos) -> Option<Nanos> {
         let _ = now;
-        None
-    }
-
-    /// The state this policy holds the endpoint in, in the words of the system it follows, for
-    /// snapshots and metrics (a breaker's `"CLOSED"`, `"OPEN"`, `"HALF_OPEN"`). Cold path;
-    /// `None` (the default) for policies without such a state.
-    fn state_name(&self) -> Option<&'static str> {
         None
     }
 
@@ -234,6 +228,40 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     fn gate(&self) -> Option<&dyn ProbeGate> {
         None
     }
+}
+
+/// What a policy's state shows of its endpoint ([`EndpointPolicy::describe`]).
+///
+/// ```
+/// use tower_outlier_core::{Description, WindowCounts};
+///
+/// let shown = Description {
+///     counts: WindowCounts { calls: 10, failures: 6, slow: 0 },
+///     state: Some("OPEN"),
+///     ..Description::default()
+/// };
+/// assert_eq!(shown.weight, None);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Description {
+    /// The counts the policy's window holds now.
+    pub counts: WindowCounts,
+    /// The state the policy holds the endpoint in, in the words of the system it follows (a
+    /// breaker's `"CLOSED"`, `"OPEN"`, `"HALF_OPEN"`); `None` for policies without such a state.
+    pub state: Option<&'static str>,
+    /// The endpoint's weight, for a policy that weights endpoints.
+    pub weight: Option<Weighting>,
+}
+
+/// An endpoint's weight as a weighting policy holds it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Weighting {
+    /// The absolute weight (the policy's full weight when the endpoint is not degraded).
+    pub weight: f64,
+    /// Whether the policy has degraded the endpoint's weight.
+    pub degraded: bool,
 }
 
 /// A readiness gate: what a policy that probes through real traffic adds to [`EndpointPolicy`]
@@ -337,23 +365,23 @@ pub enum BudgetFloor {
 /// deciding the case where that is below one. `n` counts every endpoint the upstream holds.
 ///
 /// ```
-/// use tower_outlier_core::{Budget, BudgetFloor};
+/// use tower_outlier_core::{EjectionBudget, BudgetFloor};
 ///
-/// let edas = Budget::new(0.6, BudgetFloor::Zero).unwrap();
+/// let edas = EjectionBudget::new(0.6, BudgetFloor::Zero).unwrap();
 /// assert_eq!(edas.max_ejected(6), 3); // 6 × 60 % = 3.6 → 3
-/// assert_eq!(Budget::new(0.2, BudgetFloor::Zero).unwrap().max_ejected(4), 0);
-/// assert_eq!(Budget::new(0.2, BudgetFloor::One).unwrap().max_ejected(4), 1);
+/// assert_eq!(EjectionBudget::new(0.2, BudgetFloor::Zero).unwrap().max_ejected(4), 0);
+/// assert_eq!(EjectionBudget::new(0.2, BudgetFloor::One).unwrap().max_ejected(4), 1);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Budget {
+pub struct EjectionBudget {
     max_ratio: f64,
     floor: BudgetFloor,
 }
 
-impl Budget {
+impl EjectionBudget {
     /// A budget of `max_ratio` (in `[0, 1]`) of the endpoints.
     pub fn new(max_ratio: f64, floor: BudgetFloor) -> Result<Self, ConfigError> {
-        Ok(Budget {
+        Ok(EjectionBudget {
             max_ratio: check_ratio("max_ejection_ratio", max_ratio)?,
             floor,
         })
@@ -362,7 +390,7 @@ impl Budget {
     /// A budget usable in constants: `None` when `max_ratio` is outside `[0, 1]`.
     pub const fn const_new(max_ratio: f64, floor: BudgetFloor) -> Option<Self> {
         if max_ratio >= 0.0 && max_ratio <= 1.0 {
-            Some(Budget { max_ratio, floor })
+            Some(EjectionBudget { max_ratio, floor })
         } else {
             None
         }
@@ -451,56 +479,4 @@ impl RecoverySchedule {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn budget_examples_of_the_seeds() {
-        let hsf = Budget::new(0.6, BudgetFloor::One).unwrap();
-        assert_eq!(hsf.max_ejected(6), 3);
-        assert_eq!(
-            Budget::new(0.2, BudgetFloor::One).unwrap().max_ejected(3),
-            1
-        );
-        assert_eq!(
-            Budget::new(0.2, BudgetFloor::Zero).unwrap().max_ejected(3),
-            0
-        );
-        assert_eq!(
-            Budget::new(0.3, BudgetFloor::Zero).unwrap().max_ejected(10),
-            3
-        );
-        assert_eq!(
-            Budget::new(1.0, BudgetFloor::Zero).unwrap().max_ejected(5),
-            5
-        );
-        assert_eq!(
-            Budget::new(0.0, BudgetFloor::One).unwrap().max_ejected(5),
-            0
-        );
-        assert_eq!(
-            Budget::new(0.5, BudgetFloor::One).unwrap().max_ejected(0),
-            0
-        );
-        assert!(Budget::new(1.5, BudgetFloor::One).is_err());
-        // gRPC: 5 endpoints at 10 % allow one (0 / 5 < 10 %), 10 at 15 % two, 0 % none.
-        let grpc = |ratio| Budget::new(ratio, BudgetFloor::RoundUp).unwrap();
-        assert_eq!(grpc(0.1).max_ejected(5), 1);
-        assert_eq!(grpc(0.1).max_ejected(10), 1);
-        assert_eq!(grpc(0.15).max_ejected(10), 2);
-        assert_eq!(grpc(0.3).max_ejected(10), 3);
-        assert_eq!(grpc(0.0).max_ejected(10), 0);
-        assert_eq!(grpc(1.0).max_ejected(3), 3);
-        assert!(Budget::new(f64::NAN, BudgetFloor::One).is_err());
-    }
-
-    #[test]
-    fn hsf_schedule_caps_at_sixty_minutes() {
-        let hsf = RecoverySchedule::new(Duration::from_secs(60), 60).unwrap();
-        assert_eq!(hsf.delay(59), Duration::from_secs(3600));
-        assert_eq!(hsf.delay(60), Duration::from_secs(3600));
-        assert_eq!(hsf.delay(u32::MAX), Duration::from_secs(3600));
-        assert!(RecoverySchedule::new(Duration::ZERO, 1).is_err());
-        assert!(RecoverySchedule::new(Duration::from_secs(1), 0).is_err());
-    }
-}
+mod tests;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tower_outlier_core::{check_nonzero_duration, Budget, BudgetFloor, ConfigError};
+use tower_outlier_core::{check_nonzero_duration, BudgetFloor, ConfigError, EjectionBudget};
 
 /// Whose rules decide the details on which Envoy, gRPC and linkerd differ.
 ///
@@ -16,7 +16,7 @@ use tower_outlier_core::{check_nonzero_duration, Budget, BudgetFloor, ConfigErro
 /// | re-admission | on the first interval tick at or after the ejection time | the same (grpc-go re-arms its timer after each run, so a tick always falls just after the time) | after the back-off, for one real request (the probe) |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Dialect {
+pub enum DetectorSemantics {
     /// Envoy's `outlier_detection` (`source/common/upstream/outlier_detection_impl.cc`).
     Envoy,
     /// gRPC's `outlier_detection_experimental` (proposal A50, grpc-go).
@@ -115,7 +115,7 @@ pub struct FailurePercentage {
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct DetectorConfig {
-    pub(crate) dialect: Dialect,
+    pub(crate) semantics: DetectorSemantics,
     pub(crate) interval: Duration,
     pub(crate) base_ejection_time: Duration,
     pub(crate) max_ejection_time: Duration,
@@ -155,7 +155,7 @@ impl DetectorConfig {
     /// with a classifier that does the same to match it exactly.
     pub fn grpc() -> DetectorBuilder {
         DetectorBuilder {
-            dialect: Dialect::Grpc,
+            semantics: DetectorSemantics::Grpc,
             max_ejection_time: Some(Duration::from_secs(300)),
             consecutive_5xx: OFF,
             consecutive_gateway_failure: OFF,
@@ -173,7 +173,7 @@ impl DetectorConfig {
     /// statistical detector.
     pub fn linkerd() -> DetectorBuilder {
         DetectorBuilder {
-            dialect: Dialect::Linkerd,
+            semantics: DetectorSemantics::Linkerd,
             base_ejection_time: Duration::from_secs(1),
             max_ejection_time: Some(Duration::from_secs(60)),
             backoff_jitter: 0.5,
@@ -217,7 +217,7 @@ impl DetectorConfig {
     /// ```
     pub fn recommended() -> DetectorBuilder {
         DetectorBuilder {
-            dialect: Dialect::Linkerd,
+            semantics: DetectorSemantics::Linkerd,
             base_ejection_time: Duration::from_secs(1),
             max_ejection_time: Some(Duration::from_secs(5)),
             backoff_jitter: 0.5,
@@ -236,8 +236,8 @@ impl DetectorConfig {
     }
 
     /// Whose rules decide the details.
-    pub fn dialect(&self) -> Dialect {
-        self.dialect
+    pub fn semantics(&self) -> DetectorSemantics {
+        self.semantics
     }
 
     /// How often the statistical detectors run and ejected endpoints are re-admitted.
@@ -270,10 +270,10 @@ impl DetectorConfig {
         self.max_ejection_percent
     }
 
-    /// The ejection budget the layer applies, by dialect.
-    pub fn budget(&self) -> Budget {
-        let floor = match self.dialect {
-            Dialect::Grpc => BudgetFloor::RoundUp,
+    /// The ejection budget the layer applies, by the system followed.
+    pub fn budget(&self) -> EjectionBudget {
+        let floor = match self.semantics {
+            DetectorSemantics::Grpc => BudgetFloor::RoundUp,
             _ if self.always_eject_one_host => BudgetFloor::One,
             _ => BudgetFloor::Zero,
         };
@@ -283,7 +283,8 @@ impl DetectorConfig {
             // one applies to a ratio above zero.
             ratio = f64::MIN_POSITIVE;
         }
-        Budget::const_new(ratio, floor).expect("a percentage of at most 100 is a valid ratio")
+        EjectionBudget::const_new(ratio, floor)
+            .expect("a percentage of at most 100 is a valid ratio")
     }
 
     /// Whether local-origin failures (errors raised before any response) are counted apart.
@@ -346,7 +347,7 @@ const ENVOY_FAILURE_PERCENTAGE: FailurePercentage = FailurePercentage {
 /// that is wrong. Field names follow Envoy's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DetectorBuilder {
-    pub(crate) dialect: Dialect,
+    pub(crate) semantics: DetectorSemantics,
     pub(crate) interval: Duration,
     pub(crate) base_ejection_time: Duration,
     pub(crate) max_ejection_time: Option<Duration>,
@@ -365,7 +366,7 @@ pub struct DetectorBuilder {
 impl Default for DetectorBuilder {
     fn default() -> Self {
         DetectorBuilder {
-            dialect: Dialect::Envoy,
+            semantics: DetectorSemantics::Envoy,
             interval: Duration::from_secs(10),
             base_ejection_time: Duration::from_secs(30),
             max_ejection_time: None,
@@ -394,8 +395,8 @@ impl Default for DetectorBuilder {
 
 impl DetectorBuilder {
     /// Whose rules decide the details (set by the presets).
-    pub fn dialect(mut self, dialect: Dialect) -> Self {
-        self.dialect = dialect;
+    pub fn semantics(mut self, semantics: DetectorSemantics) -> Self {
+        self.semantics = semantics;
         self
     }
 
@@ -596,9 +597,11 @@ impl DetectorBuilder {
                 ));
             }
         }
-        let max_ejection_time = match (self.max_ejection_time, self.dialect) {
+        let max_ejection_time = match (self.max_ejection_time, self.semantics) {
             (None, _) => self.base_ejection_time.max(Duration::from_secs(300)),
-            (Some(max), Dialect::Envoy | Dialect::Linkerd) if max < self.base_ejection_time => {
+            (Some(max), DetectorSemantics::Envoy | DetectorSemantics::Linkerd)
+                if max < self.base_ejection_time =>
+            {
                 return Err(ConfigError::new(
                     "max_ejection_time",
                     format!("{max:?}"),
@@ -655,7 +658,7 @@ impl DetectorBuilder {
             )?;
         }
         Ok(DetectorConfig {
-            dialect: self.dialect,
+            semantics: self.semantics,
             interval: self.interval,
             base_ejection_time: self.base_ejection_time,
             max_ejection_time,
@@ -681,119 +684,4 @@ fn percent(field: &str, value: u32) -> Result<(), ConfigError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn presets_carry_the_references_defaults() {
-        let envoy = DetectorConfig::envoy().build().unwrap();
-        assert_eq!(
-            envoy.consecutive_5xx(),
-            Consecutive {
-                threshold: 5,
-                enforcement: 100
-            }
-        );
-        assert_eq!(envoy.consecutive_gateway_failure().enforcement, 0);
-        assert_eq!(envoy.failure_percentage().unwrap().enforcement, 0);
-        assert_eq!(envoy.failure_percentage().unwrap().threshold, 85);
-        assert_eq!(envoy.success_rate().unwrap().stdev_factor, 1900);
-        assert_eq!(envoy.max_ejection_time(), Duration::from_secs(300));
-        assert_eq!(envoy.budget().max_ejected(9), 0);
-        assert_eq!(envoy.budget().max_ejected(10), 1);
-        let one = DetectorConfig::envoy()
-            .always_eject_one_host(true)
-            .build()
-            .unwrap();
-        assert_eq!(one.budget().max_ejected(5), 1);
-        // Envoy's default max is max(300 s, base).
-        let long = DetectorConfig::envoy()
-            .base_ejection_time(Duration::from_secs(600))
-            .build()
-            .unwrap();
-        assert_eq!(long.max_ejection_time(), Duration::from_secs(600));
-
-        let grpc = DetectorConfig::grpc().build().unwrap();
-        assert_eq!(grpc.consecutive_5xx().threshold, 0);
-        assert!(grpc.failure_percentage().is_none());
-        assert_eq!(grpc.budget().max_ejected(5), 1);
-        // gRPC takes max(base, max) instead of rejecting.
-        let grpc = DetectorConfig::grpc()
-            .max_ejection_time(Duration::from_secs(1))
-            .build()
-            .unwrap();
-        assert_eq!(grpc.max_ejection_time(), Duration::from_secs(30));
-
-        let linkerd = DetectorConfig::linkerd().build().unwrap();
-        assert_eq!(linkerd.consecutive_5xx().threshold, 7);
-        assert_eq!(linkerd.base_ejection_time(), Duration::from_secs(1));
-        assert_eq!(linkerd.max_ejection_time(), Duration::from_secs(60));
-        assert_eq!(linkerd.backoff_jitter(), 0.5);
-        assert_eq!(linkerd.budget().max_ejected(3), 3);
-    }
-
-    #[test]
-    fn every_invalid_field_is_named() {
-        let cases: Vec<(DetectorBuilder, &str)> = vec![
-            (DetectorConfig::envoy().interval(Duration::ZERO), "interval"),
-            (
-                DetectorConfig::envoy().base_ejection_time(Duration::ZERO),
-                "base_ejection_time",
-            ),
-            (
-                DetectorConfig::envoy().max_ejection_time(Duration::from_secs(29)),
-                "max_ejection_time",
-            ),
-            (
-                DetectorConfig::linkerd().backoff_jitter(1.5),
-                "backoff_jitter",
-            ),
-            (
-                DetectorConfig::envoy().max_ejection_percent(101),
-                "max_ejection_percent",
-            ),
-            (
-                DetectorConfig::envoy().enforcing_consecutive_5xx(101),
-                "enforcing_consecutive_5xx",
-            ),
-            (
-                DetectorConfig::envoy().enforcing_consecutive_gateway_failure(200),
-                "enforcing_consecutive_gateway_failure",
-            ),
-            (
-                DetectorConfig::envoy().enforcing_consecutive_local_origin_failure(101),
-                "enforcing_consecutive_local_origin_failure",
-            ),
-            (
-                DetectorConfig::envoy().enforcing_success_rate(101),
-                "enforcing_success_rate",
-            ),
-            (
-                DetectorConfig::envoy().enforcing_local_origin_success_rate(101),
-                "enforcing_local_origin_success_rate",
-            ),
-            (
-                DetectorConfig::envoy().failure_percentage_threshold(101),
-                "failure_percentage_threshold",
-            ),
-            (
-                DetectorConfig::envoy().enforcing_failure_percentage(101),
-                "enforcing_failure_percentage",
-            ),
-            (
-                DetectorConfig::envoy().enforcing_failure_percentage_local_origin(101),
-                "enforcing_failure_percentage_local_origin",
-            ),
-            (
-                DetectorConfig::envoy().success_rate_rule(SuccessRateRule::Robust {
-                    min_spread: f64::NAN,
-                }),
-                "success_rate_rule.min_spread",
-            ),
-        ];
-        for (builder, field) in cases {
-            let error = builder.build().unwrap_err();
-            assert_eq!(error.field(), field, "{error}");
-        }
-    }
-}
+mod tests;

@@ -8,11 +8,11 @@ use std::task::{Context, Poll};
 
 use futures::task::AtomicWaker;
 use tower_outlier_core::{
-    duration_to_nanos, Admit, Clock, EndpointPolicy, FailureKind, Judgement, Nanos, Observation,
-    Outcome, ProbeGate, Reason, Signal, WindowCounts,
+    duration_to_nanos, Admit, Clock, Description, EndpointPolicy, FailureKind, Judgement, Nanos,
+    Observation, Outcome, ProbeGate, Reason, Signal, WindowCounts,
 };
 
-use crate::config::Dialect;
+use crate::config::DetectorSemantics;
 use crate::enforcement::ejection_end;
 use crate::policy::{Detector, Shared};
 use crate::statistics::Tally;
@@ -116,7 +116,7 @@ impl DetectorEndpoint {
             config.consecutive_gateway_failure.enforcement > 0,
             config.consecutive_local_origin_failure.enforcement > 0,
         ];
-        let gate = (config.dialect == Dialect::Linkerd).then(|| Gate {
+        let gate = (config.semantics == DetectorSemantics::Linkerd).then(|| Gate {
             state: AtomicU8::new(CLOSED),
             waker: AtomicWaker::new(),
         });
@@ -342,7 +342,7 @@ impl EndpointPolicy for DetectorEndpoint {
         if bits == 0 {
             return Judgement::Healthy;
         }
-        let counts = self.counts(now);
+        let counts = self.counts();
         let policy = self.shared.name;
         if bits & FAILED_PROBE != 0 {
             return Judgement::Outlier(Reason {
@@ -374,19 +374,11 @@ impl EndpointPolicy for DetectorEndpoint {
         })
     }
 
-    fn counts(&self, _now: Nanos) -> WindowCounts {
-        let tally = unpack(self.external.load(Ordering::Relaxed));
-        let local = unpack(self.local.load(Ordering::Relaxed));
-        let (calls, failures) = if self.split {
-            // Local-origin failures never reached the external tally.
-            (local.calls, tally.failures + local.failures)
-        } else {
-            (tally.calls, tally.failures)
-        };
-        WindowCounts {
-            calls,
-            failures,
-            slow: 0,
+    fn describe(&self, _now: Nanos) -> Description {
+        Description {
+            counts: self.counts(),
+            state: self.state_name(),
+            weight: None,
         }
     }
 
@@ -472,6 +464,24 @@ impl EndpointPolicy for DetectorEndpoint {
 
     fn gate(&self) -> Option<&dyn ProbeGate> {
         self.gate.as_ref().map(|_| self as &dyn ProbeGate)
+    }
+}
+
+impl DetectorEndpoint {
+    fn counts(&self) -> WindowCounts {
+        let tally = unpack(self.external.load(Ordering::Relaxed));
+        let local = unpack(self.local.load(Ordering::Relaxed));
+        let (calls, failures) = if self.split {
+            // Local-origin failures never reached the external tally.
+            (local.calls, tally.failures + local.failures)
+        } else {
+            (tally.calls, tally.failures)
+        };
+        WindowCounts {
+            calls,
+            failures,
+            slow: 0,
+        }
     }
 
     fn state_name(&self) -> Option<&'static str> {

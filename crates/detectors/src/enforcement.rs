@@ -1,12 +1,12 @@
 //! Enforcement shared by every detector: the enforcement percentage's dice, and how long an
-//! ejection lasts in each dialect.
+//! ejection lasts under each system's semantics.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tower_outlier_core::{duration_to_nanos, Nanos};
 
-use crate::config::{DetectorConfig, Dialect};
+use crate::config::{DetectorConfig, DetectorSemantics};
 
 /// A seedable random source that any thread may draw from without a lock: SplitMix64 over an
 /// atomic counter, so two draws racing each get their own number.
@@ -73,8 +73,8 @@ pub(crate) fn ejection_end(
     let base = config.base_ejection_time;
     let max = config.max_ejection_time;
     let interval = duration_to_nanos(config.interval).max(1);
-    match config.dialect {
-        Dialect::Envoy => {
+    match config.semantics {
+        DetectorSemantics::Envoy => {
             let grows = base.saturating_mul(ejections) < max.saturating_add(base);
             let multiplier = if grows { ejections + 1 } else { ejections };
             let jitter_ms =
@@ -91,13 +91,13 @@ pub(crate) fn ejection_end(
             let due = now.saturating_add(duration_to_nanos(length));
             (align(due, last_tick, interval), multiplier)
         }
-        Dialect::Grpc => {
+        DetectorSemantics::Grpc => {
             let multiplier = ejections.saturating_add(1);
             let length = base.saturating_mul(multiplier).min(max.max(base));
             let due = now.saturating_add(duration_to_nanos(length));
             (align(due, last_tick, interval), multiplier)
         }
-        Dialect::Linkerd => {
+        DetectorSemantics::Linkerd => {
             let doubled = 2u32
                 .checked_pow(ejections)
                 .map_or(max, |factor| base.saturating_mul(factor));

@@ -47,7 +47,7 @@ const MONITORS_ALLOWED: &str = "a JSON array of TypedExtensionConfig objects (ac
                                 effect: Envoy does not implement monitors)";
 
 /// An Envoy cluster's `outlier_detection`, read from proto3 JSON into a validated
-/// [`DetectorConfig`] of the [`Envoy`](crate::Dialect::Envoy) dialect.
+/// [`DetectorConfig`] of the [`Envoy`](crate::DetectorSemantics::Envoy) semantics.
 ///
 /// Read it with [`from_json`](Self::from_json), then take the [`config`](Self::config), or the
 /// [`builder`](Self::builder) to adjust before [`build`](DetectorBuilder::build). Every field of

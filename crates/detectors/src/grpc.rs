@@ -74,7 +74,7 @@ const CHILD_POLICY_ALLOWED: &str =
     "a non-empty JSON array of {\"policy_name\": {config}} objects, one key each";
 
 /// gRPC's `outlier_detection_experimental` load-balancing policy config (proposal A50), read from
-/// JSON into a validated [`DetectorConfig`] of the [`Grpc`](crate::Dialect::Grpc) dialect.
+/// JSON into a validated [`DetectorConfig`] of the [`Grpc`](crate::DetectorSemantics::Grpc) semantics.
 ///
 /// Read it with [`from_json`](Self::from_json), then take the [`config`](Self::config), or the
 /// [`builder`](Self::builder) to adjust before [`build`](DetectorBuilder::build). The text may

@@ -16,7 +16,7 @@
 //! each with its enforcement percentage (seedable dice: [`DetectorPolicy::seeded`]), and
 //! [`DetectorStats`] counting what each detected and enforced. How long an ejection lasts, how its
 //! multiplier grows and decays, and how many endpoints may be out at once follow the
-//! [`Dialect`]; the layer applies the budget and never ejects the last endpoint.
+//! [`DetectorSemantics`]; the layer applies the budget and never ejects the last endpoint.
 //!
 //! | preset | detectors | ejection time | budget |
 //! |---|---|---|---|
@@ -25,7 +25,7 @@
 //! | [`DetectorConfig::linkerd`] | 7 consecutive failures | back-off 1 s to 60 s, jitter 0.5, then one real request as the probe | none |
 //!
 //! ```
-//! use tower_outlier_core::Policy;
+//! use tower_outlier_core::OutlierPolicy;
 //! use tower_outlier_detectors::{DetectorConfig, DetectorPolicy, SuccessRateRule};
 //!
 //! let policy = DetectorPolicy::new(
@@ -63,8 +63,8 @@ mod policy;
 mod statistics;
 
 pub use config::{
-    Consecutive, DetectorBuilder, DetectorConfig, Dialect, FailurePercentage, SuccessRate,
-    SuccessRateRule,
+    Consecutive, DetectorBuilder, DetectorConfig, DetectorSemantics, FailurePercentage,
+    SuccessRate, SuccessRateRule,
 };
 pub use endpoint::DetectorEndpoint;
 #[cfg(feature = "envoy")]

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    duration_to_nanos, Budget, EndpointPolicy, FleetEvaluation, FleetMember, FleetPolicy, Nanos,
-    Policy, RecoverySchedule,
+    duration_to_nanos, EjectionBudget, EndpointPolicy, FleetEvaluation, FleetMember, FleetPolicy,
+    Nanos, OutlierPolicy, RecoverySchedule,
 };
 
-use crate::config::{DetectorConfig, Dialect};
+use crate::config::{DetectorConfig, DetectorSemantics};
 use crate::endpoint::DetectorEndpoint;
 use crate::enforcement::Dice;
 use crate::statistics::{failure_percentage_outliers, success_rate_outliers, Tally, Verdict};
@@ -178,11 +178,11 @@ impl Shared {
 
 /// The detectors of Envoy, gRPC and linkerd as one policy of the layer: consecutive failures
 /// (event-driven, at exactly the Nth), success rate and failure percentage (on the interval), one
-/// ejection counter per endpoint that all of them grow, and the dialect's rules for how long an
+/// ejection counter per endpoint that all of them grow, and the followed system's rules for how long an
 /// ejection lasts and how many may be out at once (the layer's budget; never the last endpoint).
 ///
 /// ```
-/// use tower_outlier_core::Policy;
+/// use tower_outlier_core::OutlierPolicy;
 /// use tower_outlier_detectors::{DetectorConfig, DetectorPolicy};
 ///
 /// let envoy = DetectorPolicy::new(DetectorConfig::envoy().build()?);
@@ -226,10 +226,10 @@ impl DetectorPolicy {
     }
 
     fn with_runtime(config: DetectorConfig, runtime: Arc<Runtime>) -> Self {
-        let name = match config.dialect {
-            Dialect::Envoy => "envoy",
-            Dialect::Grpc => "grpc",
-            Dialect::Linkerd => "linkerd",
+        let name = match config.semantics {
+            DetectorSemantics::Envoy => "envoy",
+            DetectorSemantics::Grpc => "grpc",
+            DetectorSemantics::Linkerd => "linkerd",
         };
         DetectorPolicy {
             shared: Arc::new(Shared {
@@ -259,7 +259,7 @@ impl DetectorPolicy {
         }
     }
 
-    /// The state of one endpoint, on its own (the layer calls [`Policy::new_endpoint`]).
+    /// The state of one endpoint, on its own (the layer calls [`OutlierPolicy::new_endpoint`]).
     pub fn endpoint(&self) -> DetectorEndpoint {
         DetectorEndpoint::new(self.shared.clone())
     }
@@ -274,7 +274,7 @@ impl fmt::Debug for DetectorPolicy {
     }
 }
 
-impl Policy for DetectorPolicy {
+impl OutlierPolicy for DetectorPolicy {
     fn name(&self) -> &'static str {
         self.shared.name
     }
@@ -307,13 +307,14 @@ impl Policy for DetectorPolicy {
         self.shared.config.interval
     }
 
-    fn budget(&self) -> Option<Budget> {
+    fn budget(&self) -> Option<EjectionBudget> {
         Some(self.shared.config.budget())
     }
 
     fn fleet(&self) -> Option<&dyn FleetEvaluation> {
         // linkerd has no interval: nothing to count, decay or align to.
-        (self.shared.config.dialect != Dialect::Linkerd).then_some(self as &dyn FleetEvaluation)
+        (self.shared.config.semantics != DetectorSemantics::Linkerd)
+            .then_some(self as &dyn FleetEvaluation)
     }
 }
 
@@ -370,21 +371,21 @@ impl FleetPolicy for DetectorPolicy {
         if let Some(detector) = &config.failure_percentage {
             judge(
                 Detector::FailurePercentage,
-                failure_percentage_outliers(detector, config.dialect, &external),
+                failure_percentage_outliers(detector, config.semantics, &external),
             );
             if config.split_external_local_origin_errors {
                 judge(
                     Detector::LocalOriginFailurePercentage,
-                    failure_percentage_outliers(detector, config.dialect, &local),
+                    failure_percentage_outliers(detector, config.semantics, &local),
                 );
             }
         }
         let interval = duration_to_nanos(config.interval);
         for member in fleet.iter().filter(|m| m.available) {
             let state = member.state;
-            let decays = match config.dialect {
+            let decays = match config.semantics {
                 // From one full interval after it came back.
-                Dialect::Envoy => {
+                DetectorSemantics::Envoy => {
                     let until = state.ejected_until.load(Ordering::Relaxed);
                     until != Nanos::MAX && now >= until.saturating_add(interval)
                 }

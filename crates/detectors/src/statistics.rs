@@ -2,7 +2,7 @@
 //! threshold, and which reach the failure-percentage threshold. Pure functions over what one
 //! interval counted.
 
-use crate::config::{Dialect, FailurePercentage, SuccessRate, SuccessRateRule};
+use crate::config::{DetectorSemantics, FailurePercentage, SuccessRate, SuccessRateRule};
 
 /// What one endpoint counted in the last interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub(crate) fn success_rate_outliers(
 /// (Envoy: at or above it; gRPC: above it), when at least `minimum_hosts` have the volume.
 pub(crate) fn failure_percentage_outliers(
     detector: &FailurePercentage,
-    dialect: Dialect,
+    semantics: DetectorSemantics,
     fleet: &[Option<Tally>],
 ) -> Vec<Verdict> {
     let volume = u64::from(detector.request_volume);
@@ -101,8 +101,8 @@ pub(crate) fn failure_percentage_outliers(
     let threshold = f64::from(detector.threshold);
     eligible
         .into_iter()
-        .filter(|(_, failed)| match dialect {
-            Dialect::Grpc => *failed > threshold,
+        .filter(|(_, failed)| match semantics {
+            DetectorSemantics::Grpc => *failed > threshold,
             _ => *failed >= threshold,
         })
         .map(|(index, value)| Verdict {
@@ -228,17 +228,19 @@ mod tests {
             request_volume: 50,
         };
         let fleet = fleet(&[1000, 1000, 1000, 150, 140]);
-        let envoy: Vec<usize> = failure_percentage_outliers(&detector, Dialect::Envoy, &fleet)
-            .iter()
-            .map(|v| v.index)
-            .collect();
+        let envoy: Vec<usize> =
+            failure_percentage_outliers(&detector, DetectorSemantics::Envoy, &fleet)
+                .iter()
+                .map(|v| v.index)
+                .collect();
         assert_eq!(envoy, vec![3, 4]);
-        let grpc: Vec<usize> = failure_percentage_outliers(&detector, Dialect::Grpc, &fleet)
-            .iter()
-            .map(|v| v.index)
-            .collect();
+        let grpc: Vec<usize> =
+            failure_percentage_outliers(&detector, DetectorSemantics::Grpc, &fleet)
+                .iter()
+                .map(|v| v.index)
+                .collect();
         assert_eq!(grpc, vec![4]);
         let small = &fleet[..4];
-        assert!(failure_percentage_outliers(&detector, Dialect::Envoy, small).is_empty());
+        assert!(failure_percentage_outliers(&detector, DetectorSemantics::Envoy, small).is_empty());
     }
 }

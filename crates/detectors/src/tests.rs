@@ -260,7 +260,7 @@ fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
             measure: "failed probe",
             value: 1.0,
             threshold: 1.0,
-            counts: endpoint.counts(0),
+            counts: endpoint.describe(0).counts,
         })
     );
     assert_eq!(endpoint.check_at(11 * SECOND), Some(13 * SECOND));

@@ -5,8 +5,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower_outlier_core::{
-    Admit, Clock, EndpointPolicy, Judgement, Nanos, Observation, Policy, ProbeGate, Reason,
-    RecoverySchedule, Signal, WindowCounts,
+    Admit, Clock, Description, EndpointPolicy, Judgement, Nanos, Observation, OutlierPolicy,
+    ProbeGate, Reason, RecoverySchedule, Signal,
 };
 
 use crate::breaker::{Admission, Breaker, Observer, State, StateChange};
@@ -25,7 +25,7 @@ use crate::config::{BreakerConfig, Strategy};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_outlier_core::Policy;
+/// use tower_outlier_core::OutlierPolicy;
 /// use tower_outlier_slow_call::{BreakerConfig, SlowCallPolicy};
 ///
 /// let policy = SlowCallPolicy::new(
@@ -90,7 +90,7 @@ impl std::fmt::Debug for SlowCallPolicy {
     }
 }
 
-impl Policy for SlowCallPolicy {
+impl OutlierPolicy for SlowCallPolicy {
     fn name(&self) -> &'static str {
         "slow-call"
     }
@@ -169,20 +169,20 @@ impl EndpointPolicy for BreakerEndpoint {
         })
     }
 
-    fn counts(&self, now: Nanos) -> WindowCounts {
-        self.breaker.counts(now)
+    fn describe(&self, now: Nanos) -> Description {
+        Description {
+            counts: self.breaker.counts(now),
+            state: Some(match self.breaker.state() {
+                State::Closed => "CLOSED",
+                State::Open => "OPEN",
+                State::HalfOpen => "HALF_OPEN",
+            }),
+            weight: None,
+        }
     }
 
     fn reset(&self) {
         // The breaker's own state machine decides re-admission through its probe.
-    }
-
-    fn state_name(&self) -> Option<&'static str> {
-        Some(match self.breaker.state() {
-            State::Closed => "CLOSED",
-            State::Open => "OPEN",
-            State::HalfOpen => "HALF_OPEN",
-        })
     }
 
     fn check_at(&self, _now: Nanos) -> Option<Nanos> {

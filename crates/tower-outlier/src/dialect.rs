@@ -32,7 +32,7 @@ pub use crate::reconfigure::Dialect;
 ))]
 use {
     std::sync::Arc,
-    tower_outlier_core::{BoxError, Policy},
+    tower_outlier_core::{BoxError, OutlierPolicy},
 };
 
 #[cfg(feature = "file-source")]
@@ -123,17 +123,21 @@ impl Dialect for Hsf {
         "error-rate"
     }
 
-    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+    fn parse(
+        &self,
+        text: &str,
+        current: &dyn OutlierPolicy,
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
         self.parse_noting(text, current, &mut Vec::new())
     }
 
     fn parse_noting(
         &self,
         text: &str,
-        _current: &dyn Policy,
+        _current: &dyn OutlierPolicy,
         notes: &mut Vec<String>,
-    ) -> Result<Arc<dyn Policy>, BoxError> {
-        let hsf = tower_outlier_ejection::HsfQosConfig::from_json(text)?;
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
+        let hsf = tower_outlier_error_rate::HsfQosConfig::from_json(text)?;
         let config = hsf.service(&self.service)?;
         keep_or_refuse(self.strict, hsf.ignored_key_notes(), notes)?;
         if !config.enabled() {
@@ -142,7 +146,7 @@ impl Dialect for Hsf {
                 tower_outlier_core::text::name(&self.service)
             ));
         }
-        Ok(Arc::new(tower_outlier_ejection::ErrorRatePolicy::new(
+        Ok(Arc::new(tower_outlier_error_rate::ErrorRatePolicy::new(
             config,
         )))
     }
@@ -206,16 +210,20 @@ impl Dialect for Sentinel {
         "slow-call"
     }
 
-    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+    fn parse(
+        &self,
+        text: &str,
+        current: &dyn OutlierPolicy,
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
         self.parse_noting(text, current, &mut Vec::new())
     }
 
     fn parse_noting(
         &self,
         text: &str,
-        current: &dyn Policy,
+        current: &dyn OutlierPolicy,
         notes: &mut Vec<String>,
-    ) -> Result<Arc<dyn Policy>, BoxError> {
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
         use tower_outlier_slow_call::{parse_degrade_rules, SlowCallPolicy};
         let rules = parse_degrade_rules(text)?;
         let Some(rule) = rules.iter().find(|r| r.resource() == self.resource) else {
@@ -246,7 +254,11 @@ impl Dialect for Sofa {
         "weight"
     }
 
-    fn parse(&self, text: &str, _current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+    fn parse(
+        &self,
+        text: &str,
+        _current: &dyn OutlierPolicy,
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
         let config = tower_outlier_weight::SofaProperties::from_properties(text)?.config();
         Ok(Arc::new(tower_outlier_weight::WeightPolicy::new(config)))
     }
@@ -269,7 +281,11 @@ impl Dialect for Envoy {
         "envoy"
     }
 
-    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+    fn parse(
+        &self,
+        text: &str,
+        current: &dyn OutlierPolicy,
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
         let config = tower_outlier_detectors::EnvoyOutlierDetection::from_json(text)?.into_config();
         Ok(detectors(config, current))
     }
@@ -292,7 +308,11 @@ impl Dialect for Grpc {
         "grpc"
     }
 
-    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError> {
+    fn parse(
+        &self,
+        text: &str,
+        current: &dyn OutlierPolicy,
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
         let config = tower_outlier_detectors::GrpcOutlierDetection::from_json(text)?.into_config();
         Ok(detectors(config, current))
     }
@@ -301,8 +321,8 @@ impl Dialect for Grpc {
 #[cfg(any(feature = "envoy", feature = "grpc-config"))]
 fn detectors(
     config: tower_outlier_detectors::DetectorConfig,
-    current: &dyn Policy,
-) -> Arc<dyn Policy> {
+    current: &dyn OutlierPolicy,
+) -> Arc<dyn OutlierPolicy> {
     use tower_outlier_detectors::DetectorPolicy;
     match current.as_any().downcast_ref::<DetectorPolicy>() {
         Some(current) => Arc::new(current.with_config(config)),

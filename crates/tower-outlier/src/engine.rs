@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::discover::Change;
-use tower_outlier_core::{EndpointRecord, Notifier, Policy, Reason};
+use tower_outlier_core::{EndpointRecord, Notifier, OutlierPolicy, Reason};
 
 use crate::deadlines::Deadlines;
 use crate::endpoint::OutlierEndpoint;
@@ -110,7 +110,12 @@ impl Ejector {
 /// Each policy's state for the endpoint of `record` (cold path), or none at all, which holds no
 /// memory, while no policy has one (most policies never do).
 fn policy_states(record: &EndpointRecord) -> Box<[Option<&'static str>]> {
-    let states: Box<[_]> = record.policies().iter().map(|p| p.state_name()).collect();
+    let now = record.clock().now();
+    let states: Box<[_]> = record
+        .policies()
+        .iter()
+        .map(|p| p.describe(now).state)
+        .collect();
     if states.iter().all(Option::is_none) {
         Box::default()
     } else {
@@ -185,7 +190,7 @@ impl<K, S, C> Engine<K, S, C> {
     }
 
     /// The layer's policies.
-    pub(crate) fn policies(&self) -> &Arc<[Arc<dyn Policy>]> {
+    pub(crate) fn policies(&self) -> &Arc<[Arc<dyn OutlierPolicy>]> {
         &self.settings.policies
     }
 

@@ -188,8 +188,8 @@ impl fmt::Display for Code {
 
 /// Classifies gRPC responses by their status; see the [module docs](self).
 ///
-#[cfg_attr(feature = "ejection", doc = "```")]
-#[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+#[cfg_attr(feature = "error-rate", doc = "```")]
+#[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
 /// use tower_outlier::grpc::{Code, GrpcErrors};
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///

@@ -18,8 +18,8 @@ use tower_outlier_core::{Lock, Notifier};
 ///
 /// Cheap to clone; clones are the same registry.
 ///
-#[cfg_attr(feature = "ejection", doc = "```")]
-#[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+#[cfg_attr(feature = "error-rate", doc = "```")]
+#[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
 /// use tower_outlier::hosts::{HostOf, HostRegistry};
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///

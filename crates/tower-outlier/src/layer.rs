@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 use tower_outlier_core::{
-    Budget, BudgetFloor, Clock, EndpointRecord, NetworkErrors, Notifier, Policy,
+    BudgetFloor, Clock, EjectionBudget, EndpointRecord, NetworkErrors, Notifier, OutlierPolicy,
 };
 
 use crate::discover::OutlierDetectionDiscover;
@@ -26,8 +26,8 @@ use crate::reconfigure::{RulesCell, RulesHandle};
 ///   [`classify`](crate::classify) for the others).
 /// * `P` checks ejected endpoints ([`PassiveTrial`] by default; see [`probe`](crate::probe)).
 ///
-#[cfg_attr(feature = "ejection", doc = "```")]
-#[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+#[cfg_attr(feature = "error-rate", doc = "```")]
+#[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
 /// use std::convert::Infallible;
 /// use tower::balance::p2c::Balance;
 /// use tower::discover::ServiceList;
@@ -54,7 +54,7 @@ pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
     discover_errors: DiscoverErrors,
     rules: Arc<RulesCell>,
     hosts: Option<(HostRegistry, HostOf)>,
-    budget: Option<Budget>,
+    budget: Option<EjectionBudget>,
     clock: Clock,
     classifier: C,
     probe: P,
@@ -64,7 +64,7 @@ pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
 impl OutlierDetectionLayer {
     /// A layer running `policy`, classifying with [`NetworkErrors`] and recovering by passive
     /// trial. The ejection budget is the policy's.
-    pub fn new(policy: impl Policy) -> Self {
+    pub fn new(policy: impl OutlierPolicy) -> Self {
         let monitor = Monitor::new();
         let rules = RulesCell::new(vec![Arc::new(policy)], monitor.registry().clone());
         OutlierDetectionLayer {
@@ -86,7 +86,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     ///
     /// A [`monitor`](Self::monitor) taken before or after shows the same endpoints, each with
     /// the windows of all the policies of the layer that built its adaptor.
-    pub fn with_policy(mut self, policy: impl Policy) -> Self {
+    pub fn with_policy(mut self, policy: impl OutlierPolicy) -> Self {
         // A new set of rules of its own: a clone of this layer, or a handle taken before, keeps
         // the policies it had.
         let mut policies = self.rules.current().policies.to_vec();
@@ -97,7 +97,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
 
     /// Sets the shared ejection budget (by default the first policy's that has one, else 20 % with
     /// at least one).
-    pub fn budget(mut self, budget: Budget) -> Self {
+    pub fn budget(mut self, budget: EjectionBudget) -> Self {
         self.budget = Some(budget);
         self
     }
@@ -144,8 +144,8 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     /// call, and `Buffer` with it), or log it and keep serving the endpoints the upstream gave so
     /// far ([`DiscoverErrors::KeepServing`], what the README's stack uses).
     ///
-    #[cfg_attr(feature = "ejection", doc = "```")]
-    #[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+    #[cfg_attr(feature = "error-rate", doc = "```")]
+    #[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
     /// use tower_outlier::{DiscoverErrors, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
     ///
     /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?))
@@ -212,10 +212,11 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     }
 }
 
-pub(crate) const DEFAULT_BUDGET: Budget = match Budget::const_new(0.2, BudgetFloor::One) {
-    Some(b) => b,
-    None => unreachable!(),
-};
+pub(crate) const DEFAULT_BUDGET: EjectionBudget =
+    match EjectionBudget::const_new(0.2, BudgetFloor::One) {
+        Some(b) => b,
+        None => unreachable!(),
+    };
 
 impl<D, C, P> Layer<D> for OutlierDetectionLayer<C, P>
 where

@@ -8,7 +8,7 @@
 //! fast, idle endpoints.
 //!
 //! Policies (each its own crate, re-exported behind a feature):
-//! * `ejection` (default): error-rate ejection with EDAS / HSF semantics —
+//! * `error-rate` (default): error-rate ejection with EDAS / HSF semantics —
 //!   `ErrorRatePolicy`, `ErrorRateConfig`, `HsfQosConfig` (feature `hsf`), at the root.
 //! * `slow-call` (default): the slow-call ratio breaker with Sentinel semantics, in `slow_call`:
 //!   `SlowCallPolicy` per endpoint (composes with error-rate ejection through
@@ -28,8 +28,8 @@
 //! probe's ([`probe::PassiveTrial`], [`probe::request_probe`], [`probe::probe_fn`]). A
 //! [`Monitor`] shows what the layer decided.
 //!
-#![cfg_attr(feature = "ejection", doc = "```")]
-#![cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+#![cfg_attr(feature = "error-rate", doc = "```")]
+#![cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
 //! use std::convert::Infallible;
 //! use tower::balance::p2c::Balance;
 //! use tower::discover::ServiceList;
@@ -52,7 +52,7 @@
 //!
 //! # Cargo features
 //!
-//! On by default: `ejection`, `slow-call`, `weight`, `detectors` (the policies) and `hsf`,
+//! On by default: `error-rate`, `slow-call`, `weight`, `detectors` (the policies) and `hsf`,
 //! `sentinel`, `sofa`, `envoy`, `grpc-config` (their configuration readers, which bring in
 //! serde_json). Off by default:
 //!
@@ -102,7 +102,7 @@ pub mod rules;
 #[cfg_attr(docsrs, doc(cfg(feature = "standard-metrics")))]
 pub mod standard_metrics;
 #[cfg(feature = "tower-http")]
-pub mod tower_http;
+pub mod tower_http_classifier;
 
 pub mod classify {
     //! What counts as a failure, and when it is known.
@@ -123,21 +123,21 @@ pub mod classify {
 
 pub use classify::{NetworkErrors, ServerErrors};
 pub use discover::OutlierDetectionDiscover;
-pub use endpoint::{Cost, OutlierEndpoint};
+pub use endpoint::{EndpointCost, OutlierEndpoint};
 pub use layer::{DiscoverErrors, OutlierDetectionLayer};
 pub use monitor::{
     EndpointSnapshot, EndpointStatus, EventCallback, Monitor, PolicyWindow, Snapshot,
 };
 pub use reconfigure::{ReconfigureError, RulesHandle};
 pub use tower_outlier_core::{
-    Budget, BudgetFloor, Clock, ConfigError, Reason, RecoverySchedule, WindowCounts,
+    BudgetFloor, Clock, ConfigError, EjectionBudget, Reason, RecoverySchedule, WindowCounts,
 };
 
-/// Error-rate ejection (EDAS and HSF semantics): everything of the `tower-outlier-ejection`
+/// Error-rate ejection (EDAS and HSF semantics): everything of the `tower-outlier-error-rate`
 /// crate; the policy, its configuration and the HSF reader are also at this crate's root.
-#[cfg(feature = "ejection")]
-#[cfg_attr(docsrs, doc(cfg(feature = "ejection")))]
-pub use tower_outlier_ejection as ejection;
+#[cfg(feature = "error-rate")]
+#[cfg_attr(docsrs, doc(cfg(feature = "error-rate")))]
+pub use tower_outlier_error_rate as error_rate;
 
 /// The slow-call ratio circuit breaker (Sentinel semantics): [`SlowCallPolicy`](slow_call::SlowCallPolicy)
 /// per endpoint in this layer, or [`CircuitBreakerLayer`](slow_call::CircuitBreakerLayer) around
@@ -163,10 +163,10 @@ pub use tower_outlier_detectors as detectors;
 #[cfg_attr(docsrs, doc(cfg(feature = "detectors")))]
 pub use tower_outlier_detectors::{DetectorConfig, DetectorPolicy};
 
-#[cfg(feature = "ejection")]
-#[cfg_attr(docsrs, doc(cfg(feature = "ejection")))]
-pub use tower_outlier_ejection::{ErrorRateBuilder, ErrorRateConfig, ErrorRatePolicy};
+#[cfg(feature = "error-rate")]
+#[cfg_attr(docsrs, doc(cfg(feature = "error-rate")))]
+pub use tower_outlier_error_rate::{ErrorRateBuilder, ErrorRateConfig, ErrorRatePolicy};
 
 #[cfg(feature = "hsf")]
 #[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
-pub use tower_outlier_ejection::{HsfConfigError, HsfQosConfig};
+pub use tower_outlier_error_rate::{HsfConfigError, HsfQosConfig};

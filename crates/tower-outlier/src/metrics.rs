@@ -84,7 +84,7 @@ type Labels = Vec<(&'static str, String)>;
 /// ```
 /// use prometheus_client::registry::Registry;
 /// use tower_outlier::metrics::OutlierMetrics;
-/// # #[cfg(feature = "ejection")] {
+/// # #[cfg(feature = "error-rate")] {
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///
 /// let orders = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap()));
@@ -504,7 +504,7 @@ fn encode_detectors(
     detectors: &[(String, crate::DetectorPolicy)],
 ) -> Result<(), fmt::Error> {
     use prometheus_client::metrics::counter::ConstCounter;
-    use tower_outlier_core::Policy;
+    use tower_outlier_core::OutlierPolicy;
     use tower_outlier_detectors::Detector;
     if detectors.is_empty() {
         return Ok(());

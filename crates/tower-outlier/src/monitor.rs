@@ -185,8 +185,8 @@ impl Snapshot {
 /// balancer can show an endpoint as ejected with its next check already due (`next_check_in` of
 /// zero) until traffic resumes and the check runs.
 ///
-#[cfg_attr(feature = "ejection", doc = "```")]
-#[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+#[cfg_attr(feature = "error-rate", doc = "```")]
+#[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///
 /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap()));
@@ -352,20 +352,28 @@ impl Monitor {
                 let shared = &copied.shared;
                 let record = shared.record();
                 let at = record.clock().now();
-                let windows: Vec<PolicyWindow> = record
+                let descriptions: Vec<_> = record
                     .policies()
                     .iter()
+                    .map(|policy| policy.describe(at))
+                    .collect();
+                let windows: Vec<PolicyWindow> = descriptions
+                    .iter()
                     .zip(copied.names.iter())
-                    .map(|(policy, name)| PolicyWindow {
+                    .map(|(shown, name)| PolicyWindow {
                         policy: name,
-                        counts: policy.counts(at),
-                        state: policy.state_name(),
+                        counts: shown.counts,
+                        state: shown.state,
                     })
                     .collect();
                 let next_check_in = copied
                     .next_check
                     .map(|at| at.saturating_duration_since(now));
-                let (absolute_weight, degraded) = weight_state(record);
+                let weighting = descriptions.iter().find_map(|shown| shown.weight);
+                let (absolute_weight, degraded) = (
+                    weighting.map(|w| w.weight),
+                    weighting.is_some_and(|w| w.degraded),
+                );
                 let in_flight = shared.in_flight();
                 let status = match copied.status {
                     EndpointStatus::Available | EndpointStatus::Trial if copied.unready => {
@@ -430,8 +438,8 @@ impl Monitor {
     /// the last 1024; a receiver that falls further behind misses the oldest (and is told so by
     /// `RecvError::Lagged`). Nothing is built for events while nobody listens.
     ///
-    #[cfg_attr(feature = "ejection", doc = "```")]
-    #[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+    #[cfg_attr(feature = "error-rate", doc = "```")]
+    #[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
     /// use tower_outlier::events::Event;
     /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
     ///
@@ -457,8 +465,8 @@ impl Monitor {
     /// is logged and keeps its place. The returned handle removes it
     /// ([`EventCallback::unsubscribe`]); dropping the handle keeps it.
     ///
-    #[cfg_attr(feature = "ejection", doc = "```")]
-    #[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+    #[cfg_attr(feature = "error-rate", doc = "```")]
+    #[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
     /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
     ///
     /// # fn main() -> Result<(), tower::BoxError> {
@@ -497,21 +505,6 @@ impl fmt::Debug for EventCallback {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EventCallback").finish_non_exhaustive()
     }
-}
-
-/// The absolute weight and the degraded flag of a weight policy's state, if the record has one.
-fn weight_state(record: &tower_outlier_core::EndpointRecord) -> (Option<f64>, bool) {
-    #[cfg(feature = "weight")]
-    for state in record.policies() {
-        if let Some(weight) = state
-            .as_any()
-            .downcast_ref::<tower_outlier_weight::WeightEndpoint>()
-        {
-            return (Some(weight.weight()), weight.is_degraded());
-        }
-    }
-    let _ = record;
-    (None, false)
 }
 
 impl Registry {
@@ -760,53 +753,4 @@ impl fmt::Debug for Monitor {
 }
 
 #[cfg(all(test, feature = "serde"))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn snapshots_serialize_with_typed_keys_as_text() {
-        let monitor = Monitor::new();
-        let key = EndpointKey::new(&std::net::SocketAddr::from(([10, 0, 0, 7], 8080)));
-        let snapshot = Snapshot {
-            endpoints: vec![EndpointSnapshot {
-                key,
-                status: EndpointStatus::Ejected,
-                windows: vec![PolicyWindow {
-                    policy: "error-rate",
-                    counts: WindowCounts {
-                        calls: 10,
-                        failures: 6,
-                        slow: 0,
-                    },
-                    state: None,
-                }],
-                error_rate: 0.6,
-                next_check_in: Some(Duration::from_secs(30)),
-                next_check_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(60)),
-                failed_checks: 0,
-                last_reason: None,
-                in_flight: 0,
-                latency_estimate: Duration::ZERO,
-                weight: 1.0,
-                absolute_weight: None,
-                avoided_for: None,
-                refused: None,
-                degraded: false,
-            }],
-            rules_version: 3,
-            rules_error: None,
-            rules_notes: Vec::new(),
-            discover_errors: 0,
-            no_ejection: None,
-        };
-        let json = serde_json::to_value(&snapshot).unwrap();
-        assert_eq!(json["endpoints"][0]["key"], "10.0.0.7:8080");
-        assert_eq!(json["endpoints"][0]["status"], "Ejected");
-        assert_eq!(json["endpoints"][0]["windows"][0]["counts"]["failures"], 6);
-        assert_eq!(json["rules_version"], 3);
-        assert_eq!(
-            serde_json::to_value(monitor.snapshot()).unwrap()["endpoints"],
-            serde_json::json!([])
-        );
-    }
-}
+mod tests;

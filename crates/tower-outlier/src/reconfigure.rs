@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use futures::{Stream, StreamExt};
-use tower_outlier_core::{BoxError, Lock, Notifier, Policy};
+use tower_outlier_core::{BoxError, Lock, Notifier, OutlierPolicy};
 
 use crate::monitor::Registry;
 
 /// The policies a layer runs, in its order, and the version they were published as.
 pub(crate) struct Rules {
     pub(crate) version: u64,
-    pub(crate) policies: Arc<[Arc<dyn Policy>]>,
+    pub(crate) policies: Arc<[Arc<dyn OutlierPolicy>]>,
 }
 
 /// What a layer, its [`RulesHandle`]s and its adaptors share.
@@ -32,7 +32,7 @@ struct CellState {
 }
 
 impl RulesCell {
-    pub(crate) fn new(policies: Vec<Arc<dyn Policy>>, registry: Arc<Registry>) -> Arc<Self> {
+    pub(crate) fn new(policies: Vec<Arc<dyn OutlierPolicy>>, registry: Arc<Registry>) -> Arc<Self> {
         Arc::new(RulesCell {
             version: AtomicU64::new(0),
             state: Lock::new(CellState {
@@ -64,7 +64,11 @@ impl RulesCell {
         state.subscribers.push(Arc::downgrade(notifier));
     }
 
-    fn publish(&self, slot: usize, policy: Arc<dyn Policy>) -> Result<u64, ReconfigureError> {
+    fn publish(
+        &self,
+        slot: usize,
+        policy: Arc<dyn OutlierPolicy>,
+    ) -> Result<u64, ReconfigureError> {
         let mut state = self.state.lock();
         let current = &state.rules.policies;
         let Some(previous) = current.get(slot) else {
@@ -131,8 +135,8 @@ impl RulesCell {
 /// traffic. Every endpoint keeps what the new rules can use of its history: see
 /// [`rules`](crate::rules), section 11, setting by setting.
 ///
-#[cfg_attr(feature = "ejection", doc = "```")]
-#[cfg_attr(not(feature = "ejection"), doc = "```ignore")]
+#[cfg_attr(feature = "error-rate", doc = "```")]
+#[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///
 /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
@@ -173,14 +177,18 @@ impl RulesHandle {
     }
 
     /// The policies in force, in the layer's order.
-    pub fn policies(&self) -> Vec<Arc<dyn Policy>> {
+    pub fn policies(&self) -> Vec<Arc<dyn OutlierPolicy>> {
         self.cell.current().policies.to_vec()
     }
 
     /// Replaces the policy in `slot` (its position in the layer: the first policy is 0) by
-    /// `policy`, which must be of the same kind (the same [`Policy::name`]). Returns the new
+    /// `policy`, which must be of the same kind (the same [`OutlierPolicy::name`]). Returns the new
     /// version.
-    pub fn replace(&self, slot: usize, policy: impl Policy) -> Result<u64, ReconfigureError> {
+    pub fn replace(
+        &self,
+        slot: usize,
+        policy: impl OutlierPolicy,
+    ) -> Result<u64, ReconfigureError> {
         self.replace_arc(slot, Arc::new(policy))
     }
 
@@ -188,7 +196,7 @@ impl RulesHandle {
     pub fn replace_arc(
         &self,
         slot: usize,
-        policy: Arc<dyn Policy>,
+        policy: Arc<dyn OutlierPolicy>,
     ) -> Result<u64, ReconfigureError> {
         let result = self.cell.publish(slot, policy.clone());
         self.log(&result, policy.name(), "typed configuration");
@@ -305,12 +313,16 @@ pub trait Dialect: Send + Sync {
     /// The dialect's name, for errors and logs (`"HSF JSON"`).
     fn name(&self) -> &'static str;
 
-    /// The [`Policy::name`] of the policies it configures: the slot it replaces.
+    /// The [`OutlierPolicy::name`] of the policies it configures: the slot it replaces.
     fn policy_name(&self) -> &'static str;
 
     /// Reads `text` into the policy that replaces `current` (the policy in force in that slot,
     /// whose callbacks or counters the new one may keep).
-    fn parse(&self, text: &str, current: &dyn Policy) -> Result<Arc<dyn Policy>, BoxError>;
+    fn parse(
+        &self,
+        text: &str,
+        current: &dyn OutlierPolicy,
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError>;
 
     /// As [`parse`](Self::parse), adding to `notes` what an operator should know of a document
     /// that is accepted: keys that were ignored (a misspelling, with the key it likely meant),
@@ -319,9 +331,9 @@ pub trait Dialect: Send + Sync {
     fn parse_noting(
         &self,
         text: &str,
-        current: &dyn Policy,
+        current: &dyn OutlierPolicy,
         notes: &mut Vec<String>,
-    ) -> Result<Arc<dyn Policy>, BoxError> {
+    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
         let _ = notes;
         self.parse(text, current)
     }

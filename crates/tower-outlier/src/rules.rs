@@ -109,7 +109,7 @@
 //! # 7. Load and the balancer
 //!
 //! * Each endpoint's [`Load`](tower::load::Load) is (latency estimate + 1 µs) × (calls in
-//!   flight + 1) ÷ relative weight ([`Cost`](crate::Cost)). The latency estimate is a
+//!   flight + 1) ÷ relative weight ([`EndpointCost`](crate::EndpointCost)). The latency estimate is a
 //!   peak-sensitive moving average that decays toward zero while the endpoint is idle (10 s time
 //!   constant), with three rules of its own:
 //!   * **The first call** after the endpoint joins or is re-admitted, if it succeeds, moves the

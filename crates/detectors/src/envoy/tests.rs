@@ -1,5 +1,5 @@
 use super::*;
-use crate::{Consecutive, Dialect, FailurePercentage, SuccessRate, SuccessRateRule};
+use crate::{Consecutive, DetectorSemantics, FailurePercentage, SuccessRate, SuccessRateRule};
 
 /// The cluster example of Envoy's documentation (`docs/root/api-v3/config/contrib/
 /// load_balancing_policies/peak_ewma/peak_ewma.rst`), its `outlier_detection` in JSON.
@@ -49,7 +49,7 @@ fn defaults() -> DetectorConfig {
 #[test]
 fn documentation_examples_read() {
     let config = config_of(PEAK_EWMA_DOC);
-    assert_eq!(config.dialect(), Dialect::Envoy);
+    assert_eq!(config.semantics(), DetectorSemantics::Envoy);
     assert_eq!(
         config.consecutive_5xx(),
         Consecutive {

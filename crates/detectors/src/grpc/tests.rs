@@ -1,5 +1,5 @@
 use super::*;
-use crate::{Dialect, FailurePercentage, SuccessRate, SuccessRateRule};
+use crate::{DetectorSemantics, FailurePercentage, SuccessRate, SuccessRateRule};
 
 /// The service config of grpc-go's outlier-detection end-to-end test for the success-rate
 /// algorithm (`internal/xds/balancer/outlierdetection/e2e_test`), its child policy named.
@@ -111,7 +111,7 @@ fn grpc_go_service_configs_read() {
     let grpc = read(GRPC_GO_SUCCESS_RATE);
     assert!(grpc.ignored_fields().is_empty());
     let config = grpc.config();
-    assert_eq!(config.dialect(), Dialect::Grpc);
+    assert_eq!(config.semantics(), DetectorSemantics::Grpc);
     assert_eq!(config.interval(), Duration::from_millis(50));
     assert_eq!(config.base_ejection_time(), Duration::from_millis(100));
     assert_eq!(config.max_ejection_time(), Duration::from_secs(300));

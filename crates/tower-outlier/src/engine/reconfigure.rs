@@ -21,7 +21,7 @@ where
     /// Applies the newest rules of the layer, if they are newer than the ones in force.
     ///
     /// Each endpoint gets a new record whose states the new policies make from its old ones
-    /// ([`Policy::new_endpoint_from`](tower_outlier_core::Policy::new_endpoint_from)); endpoints
+    /// ([`OutlierPolicy::new_endpoint_from`](tower_outlier_core::OutlierPolicy::new_endpoint_from)); endpoints
     /// in the balancer's set are re-inserted with it (calls in flight finish on the old record and
     /// are not counted). Ejected endpoints stay out until their check, as scheduled. Endpoints a
     /// policy turned off had ejected come back on trial; then every endpoint in the set is judged

@@ -92,7 +92,10 @@ where
             .policy()
             .and_then(|index| record.policies().get(index))
             .map_or((0, 0), |policy| {
-                (policy.counts(recorded_now).calls, policy.trial_calls())
+                (
+                    policy.describe(recorded_now).counts.calls,
+                    policy.trial_calls(),
+                )
             });
         episode.trial_calls = episode.trial_calls.saturating_add(seen);
         if episode.trial_calls < needed {

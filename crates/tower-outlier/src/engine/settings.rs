@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_outlier_core::{Budget, Clock, Policy};
+use tower_outlier_core::{Clock, EjectionBudget, OutlierPolicy};
 
 use super::later;
 use crate::hosts::{HostOf, HostRegistry};
@@ -13,10 +13,10 @@ use crate::layer::DEFAULT_BUDGET;
 use crate::reconfigure::RulesCell;
 
 pub(crate) struct Settings {
-    pub(crate) policies: Arc<[Arc<dyn Policy>]>,
-    pub(crate) budget: Budget,
+    pub(crate) policies: Arc<[Arc<dyn OutlierPolicy>]>,
+    pub(crate) budget: EjectionBudget,
     // The budget the layer was given, if any: otherwise each version of the rules brings its own.
-    pub(crate) explicit_budget: Option<Budget>,
+    pub(crate) explicit_budget: Option<EjectionBudget>,
     pub(crate) clock: Clock,
     pub(crate) rules: Arc<RulesCell>,
     // The version of the rules these settings hold.
@@ -29,7 +29,7 @@ impl Settings {
     /// The settings for the newest rules of `cell`.
     pub(crate) fn new(
         cell: &Arc<RulesCell>,
-        explicit_budget: Option<Budget>,
+        explicit_budget: Option<EjectionBudget>,
         clock: Clock,
         hosts: Option<(HostRegistry, HostOf)>,
     ) -> Self {
@@ -55,7 +55,7 @@ impl Settings {
 
 /// The longest trial period of `policies`, at least a millisecond: a zero trial would extend
 /// itself without end in one poll.
-pub(super) fn trial_period(policies: &[Arc<dyn Policy>]) -> Duration {
+pub(super) fn trial_period(policies: &[Arc<dyn OutlierPolicy>]) -> Duration {
     policies
         .iter()
         .map(|p| p.trial_period())
@@ -67,7 +67,7 @@ pub(super) fn trial_period(policies: &[Arc<dyn Policy>]) -> Duration {
 /// The fleet evaluations of `policies`: a policy whose interval is unchanged from `previous`
 /// keeps its next evaluation, any other starts a full interval after `now`.
 pub(super) fn fleet_schedules(
-    policies: &[Arc<dyn Policy>],
+    policies: &[Arc<dyn OutlierPolicy>],
     now: Instant,
     previous: &[FleetSchedule],
 ) -> Vec<FleetSchedule> {

@@ -8,8 +8,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{
-    Budget, BudgetFloor, Clock, EndpointPolicy, Judgement, Lock, Nanos, NetworkErrors, Observation,
-    Outcome, Policy, Reason, RecoverySchedule, Signal, WindowCounts,
+    BudgetFloor, Clock, Description, EjectionBudget, EndpointPolicy, Judgement, Lock, Nanos,
+    NetworkErrors, Observation, Outcome, OutlierPolicy, Reason, RecoverySchedule, Signal,
+    WindowCounts,
 };
 
 use super::{Engine, Settings, Status};
@@ -40,7 +41,7 @@ struct SwitchState(Arc<Switch>);
 #[derive(Debug)]
 struct SwitchPolicy(Arc<Switches>);
 
-impl Policy for SwitchPolicy {
+impl OutlierPolicy for SwitchPolicy {
     fn name(&self) -> &'static str {
         "switch"
     }
@@ -84,12 +85,15 @@ impl EndpointPolicy for SwitchState {
         }
     }
 
-    fn counts(&self, _: Nanos) -> WindowCounts {
+    fn describe(&self, _: Nanos) -> Description {
         let calls = self.0.calls.swap(0, Ordering::Relaxed);
-        WindowCounts {
-            calls,
-            failures: 0,
-            slow: 0,
+        Description {
+            counts: WindowCounts {
+                calls,
+                failures: 0,
+                slow: 0,
+            },
+            ..Description::default()
         }
     }
 
@@ -109,8 +113,8 @@ type TestEngine = Engine<u32, Svc, NetworkErrors>;
 
 /// Settings running `policy` alone with `budget`, on tokio's clock.
 fn settings(
-    policy: Arc<dyn Policy>,
-    budget: Budget,
+    policy: Arc<dyn OutlierPolicy>,
+    budget: EjectionBudget,
     registry: &Arc<crate::monitor::Registry>,
 ) -> Settings {
     let cell = crate::reconfigure::RulesCell::new(vec![policy], registry.clone());
@@ -132,7 +136,7 @@ impl Bench {
         let registry = Monitor::new().registry().clone();
         let settings = settings(
             Arc::new(SwitchPolicy(switches.clone())),
-            Budget::new(max_ratio, BudgetFloor::One).unwrap(),
+            EjectionBudget::new(max_ratio, BudgetFloor::One).unwrap(),
             &registry,
         );
         let start = Instant::now();
@@ -489,14 +493,14 @@ impl EndpointPolicy for CensusState {
         Judgement::Healthy
     }
 
-    fn counts(&self, _: Nanos) -> WindowCounts {
-        WindowCounts::default()
+    fn describe(&self, _: Nanos) -> Description {
+        Description::default()
     }
 
     fn reset(&self) {}
 }
 
-impl Policy for CensusPolicy {
+impl OutlierPolicy for CensusPolicy {
     fn name(&self) -> &'static str {
         "census"
     }
@@ -540,7 +544,7 @@ fn fleet_evaluations_run_on_their_interval_from_when_they_ran() {
     let registry = Monitor::new().registry().clone();
     let settings = settings(
         Arc::new(CensusPolicy(census.clone())),
-        Budget::new(0.5, BudgetFloor::One).unwrap(),
+        EjectionBudget::new(0.5, BudgetFloor::One).unwrap(),
         &registry,
     );
     let mut engine: TestEngine = Engine::new(Arc::new(settings), NetworkErrors, registry, start);

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tower_outlier_core::{
-    check_ratio, Budget, BudgetFloor, ConfigError, RecoverySchedule, WindowShape,
+    check_ratio, BudgetFloor, ConfigError, EjectionBudget, RecoverySchedule, WindowShape,
 };
 
 /// A validated error-rate ejection configuration. Build one with [`ErrorRateConfig::builder`] or
@@ -12,7 +12,7 @@ use tower_outlier_core::{
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_outlier_ejection::ErrorRateConfig;
+/// use tower_outlier_error_rate::ErrorRateConfig;
 ///
 /// let config = ErrorRateConfig::edas_spring_cloud()
 ///     .error_rate_threshold(0.3)
@@ -28,7 +28,7 @@ pub struct ErrorRateConfig {
     pub(crate) window: WindowShape,
     pub(crate) min_calls: u64,
     pub(crate) threshold: f64,
-    pub(crate) budget: Budget,
+    pub(crate) budget: EjectionBudget,
     pub(crate) recovery: RecoverySchedule,
 }
 
@@ -95,7 +95,7 @@ impl ErrorRateConfig {
     }
 
     /// The ejection budget.
-    pub fn budget(&self) -> Budget {
+    pub fn budget(&self) -> EjectionBudget {
         self.budget
     }
 
@@ -217,7 +217,7 @@ impl ErrorRateBuilder {
             window,
             min_calls: self.min_calls,
             threshold: check_ratio("error_rate_threshold", self.threshold)?,
-            budget: Budget::new(self.max_ejection_ratio, self.budget_floor)?,
+            budget: EjectionBudget::new(self.max_ejection_ratio, self.budget_floor)?,
             recovery: RecoverySchedule::new(self.recovery_unit, self.max_recovery_multiple)?,
         })
     }

@@ -25,7 +25,7 @@
 )]
 //!
 //! ```
-//! use tower_outlier_ejection::{ErrorRateConfig, ErrorRatePolicy};
+//! use tower_outlier_error_rate::{ErrorRateConfig, ErrorRatePolicy};
 //!
 //! let policy = ErrorRatePolicy::new(ErrorRateConfig::edas_spring_cloud().build()?);
 //! # Ok::<(), tower_outlier_core::ConfigError>(())

@@ -27,7 +27,7 @@ pub use ::tower_http::classify;
 ///
 /// ```
 /// use tower_http::classify::ServerErrorsAsFailures;
-/// use tower_outlier::tower_http::TowerHttp;
+/// use tower_outlier::tower_http_classifier::TowerHttp;
 /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 ///
 /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?))
@@ -163,7 +163,7 @@ mod tests {
             let _ = endpoint.ready().await.unwrap().call(status).await.unwrap();
         }
         let record = endpoint.record();
-        let counts = record.policies()[0].counts(record.clock().now());
+        let counts = record.policies()[0].describe(record.clock().now()).counts;
         assert_eq!((counts.calls, counts.failures), (4, 2));
     }
 
@@ -184,7 +184,7 @@ mod tests {
             }));
         let counts = |endpoint: &crate::OutlierEndpoint<_, _>| {
             let record = endpoint.record();
-            record.policies()[0].counts(record.clock().now())
+            record.policies()[0].describe(record.clock().now()).counts
         };
         let response = endpoint.ready().await.unwrap().call("14").await.unwrap();
         assert_eq!(

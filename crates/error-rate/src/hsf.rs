@@ -141,7 +141,7 @@ impl HsfQosConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_outlier_ejection::HsfQosConfig;
+    /// use tower_outlier_error_rate::HsfQosConfig;
     ///
     /// let hsf = HsfQosConfig::from_json(
     ///     r#"{ "DEFAULT": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2, "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10, "ipDimension":true } }"#,
@@ -176,7 +176,7 @@ impl HsfQosConfig {
     ///     error.to_string(),
     ///     "invalid HSF QoS configuration: block `DEFAULT` is given more than once"
     /// );
-    /// # Ok::<(), tower_outlier_ejection::HsfConfigError>(())
+    /// # Ok::<(), tower_outlier_error_rate::HsfConfigError>(())
     /// ```
     pub fn from_json(text: &str) -> Result<Self, HsfConfigError> {
         // Config centers and editors on Windows sometimes prepend a BOM, which serde_json rejects.
@@ -247,7 +247,7 @@ impl HsfQosConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_outlier_ejection::HsfQosConfig;
+    /// use tower_outlier_error_rate::HsfQosConfig;
     ///
     /// let properties = [
     ///     ("hsf.qos.enable", "true"),
@@ -277,7 +277,7 @@ impl HsfQosConfig {
     ///     .with_process_properties([("hsf.qos.isolation.time", "0")])
     ///     .unwrap_err();
     /// assert_eq!(error.key(), Some("-Dhsf.qos.isolation.time"));
-    /// # Ok::<(), tower_outlier_ejection::HsfConfigError>(())
+    /// # Ok::<(), tower_outlier_error_rate::HsfConfigError>(())
     /// ```
     pub fn with_process_properties<'a>(
         mut self,
@@ -327,7 +327,7 @@ impl HsfQosConfig {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_outlier_ejection::HsfQosConfig;
+    /// use tower_outlier_error_rate::HsfQosConfig;
     ///
     /// let hsf = HsfQosConfig::from_json(
     ///     r#"{ "DEFAULT": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2, "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10 }, "service:version": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2, "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10 } }"#,
@@ -348,7 +348,7 @@ impl HsfQosConfig {
     /// assert_eq!(config.min_calls(), 20);
     /// assert!(config.enabled());
     /// assert_eq!(hsf.service("com.bar.Other:1.0.0")?, hsf.application()?);
-    /// # Ok::<(), tower_outlier_ejection::HsfConfigError>(())
+    /// # Ok::<(), tower_outlier_error_rate::HsfConfigError>(())
     /// ```
     pub fn service(&self, service_and_version: &str) -> Result<ErrorRateConfig, ConfigError> {
         self.resolve(self.services.get(service_and_version))
@@ -372,14 +372,14 @@ impl HsfQosConfig {
     /// ([`tower_outlier_core::text::name`]) and with the key it is likely a misspelling of:
     ///
     /// ```
-    /// use tower_outlier_ejection::HsfQosConfig;
+    /// use tower_outlier_error_rate::HsfQosConfig;
     ///
     /// let hsf = HsfQosConfig::from_json(r#"{ "DEFAULT": { "errorRateThreshhold": 0.1 } }"#)?;
     /// assert_eq!(
     ///     hsf.ignored_key_notes(),
     ///     ["unknown key `DEFAULT.errorRateThreshhold` ignored (did you mean `errorRateThreshold`?)"]
     /// );
-    /// # Ok::<(), tower_outlier_ejection::HsfConfigError>(())
+    /// # Ok::<(), tower_outlier_error_rate::HsfConfigError>(())
     /// ```
     pub fn ignored_key_notes(&self) -> Vec<String> {
         self.ignored

@@ -26,7 +26,7 @@ pub(super) fn qualified(block_name: &str, key_name: &str) -> String {
 /// clipped to 80 characters and, when they hold control characters, quoted and escaped.
 ///
 /// ```
-/// use tower_outlier_ejection::HsfQosConfig;
+/// use tower_outlier_error_rate::HsfQosConfig;
 ///
 /// let error = HsfQosConfig::from_json(r#"{ "svc:1.0": { "qosEnabled": "true" } }"#).unwrap_err();
 /// assert_eq!(error.key(), Some("svc:1.0.qosEnabled"));

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    Budget, EndpointPolicy, Judgement, Nanos, Observation, Policy, Reason, RecoverySchedule,
-    SharedWindow, Signal, WindowCounts,
+    Description, EjectionBudget, EndpointPolicy, Judgement, Nanos, Observation, OutlierPolicy,
+    Reason, RecoverySchedule, SharedWindow, Signal, WindowCounts,
 };
 
 use crate::config::ErrorRateConfig;
@@ -14,8 +14,8 @@ use crate::config::ErrorRateConfig;
 /// greater than the threshold, once the window holds the minimum number of calls, is an outlier.
 ///
 /// ```
-/// use tower_outlier_core::Policy;
-/// use tower_outlier_ejection::{ErrorRateConfig, ErrorRatePolicy};
+/// use tower_outlier_core::OutlierPolicy;
+/// use tower_outlier_error_rate::{ErrorRateConfig, ErrorRatePolicy};
 ///
 /// let policy = ErrorRatePolicy::new(ErrorRateConfig::hsf().build().unwrap());
 /// assert_eq!(policy.name(), "error-rate");
@@ -38,7 +38,7 @@ impl ErrorRatePolicy {
         &self.config
     }
 
-    /// The state of one endpoint, on its own (the layer calls [`Policy::new_endpoint`]).
+    /// The state of one endpoint, on its own (the layer calls [`OutlierPolicy::new_endpoint`]).
     pub fn endpoint(&self) -> ErrorRateEndpoint {
         ErrorRateEndpoint {
             enabled: self.config.enabled,
@@ -49,7 +49,7 @@ impl ErrorRatePolicy {
     }
 }
 
-impl Policy for ErrorRatePolicy {
+impl OutlierPolicy for ErrorRatePolicy {
     fn name(&self) -> &'static str {
         "error-rate"
     }
@@ -93,7 +93,7 @@ impl Policy for ErrorRatePolicy {
         self.config.window.span()
     }
 
-    fn budget(&self) -> Option<Budget> {
+    fn budget(&self) -> Option<EjectionBudget> {
         Some(self.config.budget)
     }
 }
@@ -173,8 +173,11 @@ impl EndpointPolicy for ErrorRateEndpoint {
         }
     }
 
-    fn counts(&self, now: Nanos) -> WindowCounts {
-        self.window().counts(now)
+    fn describe(&self, now: Nanos) -> Description {
+        Description {
+            counts: self.window().counts(now),
+            ..Description::default()
+        }
     }
 
     fn calls_wanted(&self, now: Nanos) -> u64 {
