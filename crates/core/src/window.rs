@@ -25,7 +25,7 @@
 //! twice. Sentinel's `LeapArray` has the same property. A call recorded while another recorder is
 //! still claiming an older slice is counted in the slice being claimed (early, by as many slices
 //! as the claimer is behind); one recorded while another jumps the ring (below) is counted in the
-//! slice it jumps to. Two races can lose calls instead, never invent them: a claim that takes a
+//! slice it jumps to (late or early by the slices between). Two races can lose calls instead, never invent them: a claim that takes a
 //! slice's old counts out after a [`Window::clear`] (or after another claim a whole window later)
 //! emptied the bucket takes them out of whatever the bucket holds by then, down to zero at most;
 //! and calls recorded while a clear runs may be forgotten with the rest. A bucket counts at most
@@ -39,13 +39,17 @@
 //! is never shown without the call (failures and slow calls are clamped to calls). These are
 //! checked under every interleaving of a recycle, two claims, two recorders jumping a ring and a
 //! clear racing recorders and a reader, by the loom models in `tests/loom_window.rs` (at most
-//! three preemptions).
+//! two or three preemptions).
 //!
 //! **Quiet endpoints.** The first call after a pause shorter than the window claims the slices
 //! passed one at a time, one compare-and-swap each; after a longer one it jumps to its slice with
 //! two compare-and-swaps and a swap per bucket: about 80 ns for ten buckets, microseconds for
 //! hundreds. Recorders that see a jump under way count their calls in its slice, the one bucket
-//! it does not empty outright, so none is lost however long the jump is descheduled.
+//! it does not empty outright, so none is lost to the jump; a jump descheduled for a window or
+//! more leaves them in a slice that has aged out by the time it is published, as a claim does.
+//! A clear between a jump's first read and its compare-and-swap, followed by recorders that bring
+//! the ring back to the very slice the jump read (possible in practice only with one bucket), lets
+//! the calls those recorders made after the clear show one slice late.
 //!
 //! With one bucket the window is a fixed interval that restarts every `span`, which is exactly
 //! Sentinel's `statIntervalMs` behaviour.

@@ -4,7 +4,7 @@
 //! RUSTFLAGS="--cfg loom" cargo test -p tower-outlier-core --test loom_window --release
 //! ```
 //!
-//! A window of two 1 ms buckets. What a racing reader may see, as the window's documentation
+//! Windows of two or three 1 ms buckets. What a racing reader may see, as the window's documentation
 //! states it: never more calls than were recorded in the slices it reads (a call may be counted a
 //! slice late, or lost to a clear, never counted twice or out of an older slice), and failures
 //! never more than calls. Every actor runs in a spawned thread (loom 0.7 misses schedules where a

@@ -18,9 +18,9 @@ pub(super) const INDEX: u64 = (1 << INDEX_BITS) - 1;
 // slice's bucket (epochs never reach this bit: it would take 2^53 slices).
 pub(super) const CLAIMING: u64 = 1 << 63;
 // Set with `CLAIMING` while a claim jumps a ring a window or more behind (or empty) straight to
-// its slice, emptying every bucket: until it is done, readers take the whole ring as empty, since
-// its buckets still hold counts from before the jump that its new newest slice would date as
-// recent.
+// its slice, emptying the other buckets and taking its own bucket's old counts out: until it is
+// done, readers take the whole ring as empty, since its buckets still hold counts from before the
+// jump that its new newest slice would date as recent.
 pub(super) const JUMPING: u64 = 1 << 62;
 pub(super) const FLAGS: u64 = CLAIMING | JUMPING;
 
@@ -129,8 +129,8 @@ impl Ring {
         true
     }
 
-    /// Makes slice `epoch` (in bucket `index`) the newest if `seen` still is, emptying every
-    /// bucket first: the ring was empty or a window or more behind, so everything it holds is
+    /// Makes slice `epoch` (in bucket `index`) the newest if `seen` still is, emptying the ring
+    /// of what it held first: it was empty or a window or more behind, so everything it holds is
     /// stale. False when another claim or a clear came first.
     ///
     /// While it runs, recorders that see it count their calls in bucket `index` and no other
