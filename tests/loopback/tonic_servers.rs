@@ -369,7 +369,7 @@ async fn the_standalone_breaker_opens_on_unavailable_with_grpc_errors() {
 
     let config = BreakerConfig::error_ratio(0.5)
         .min_requests(5)
-        .stat_interval(Duration::from_secs(10))
+        .window(Duration::from_secs(10))
         .open_duration(Duration::from_secs(60))
         .build()
         .unwrap();

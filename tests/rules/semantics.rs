@@ -621,7 +621,7 @@ async fn absurd_intervals_do_not_panic() {
     )
     .with_policy(tower_outlier::weight::WeightPolicy::new(
         tower_outlier::weight::WeightConfig::sofarpc()
-            .time_window(Duration::MAX)
+            .interval(Duration::MAX)
             .build()
             .unwrap(),
     ));

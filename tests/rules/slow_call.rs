@@ -262,7 +262,7 @@ async fn the_seed_walk_through_on_a_paused_clock() {
             BreakerConfig::slow_ratio(Duration::from_millis(500))
                 .ratio(1.0)
                 .min_requests(5)
-                .stat_interval(Duration::from_secs(1))
+                .window(Duration::from_secs(1))
                 .open_duration(Duration::from_secs(10))
                 .build()
                 .unwrap(),
@@ -385,7 +385,7 @@ mod through_the_outlier_layer {
             BreakerConfig::slow_ratio(Duration::from_millis(500))
                 .ratio(1.0)
                 .min_requests(3)
-                .stat_interval(Duration::from_secs(5))
+                .window(Duration::from_secs(5))
                 .open_duration(Duration::from_secs(10))
                 .build()
                 .unwrap(),
@@ -515,7 +515,7 @@ mod through_the_outlier_layer {
         .with_policy(SlowCallPolicy::new(
             BreakerConfig::slow_ratio(Duration::from_millis(500))
                 .min_requests(3)
-                .stat_interval(Duration::from_secs(5))
+                .window(Duration::from_secs(5))
                 .open_duration(Duration::from_secs(10))
                 .build()
                 .unwrap(),
@@ -543,7 +543,7 @@ async fn a_late_ejection_is_checked_when_the_breaker_s_open_duration_ends() {
     let layer = OutlierDetectionLayer::new(SlowCallPolicy::new(
         BreakerConfig::error_ratio(0.5)
             .min_requests(3)
-            .stat_interval(Duration::from_secs(5))
+            .window(Duration::from_secs(5))
             .open_duration(Duration::from_secs(10))
             .build()
             .unwrap(),
@@ -625,7 +625,7 @@ mod against_a_real_server {
                 BreakerConfig::slow_ratio(Duration::from_millis(30))
                     .ratio(1.0)
                     .min_requests(5)
-                    .stat_interval(Duration::from_secs(1))
+                    .window(Duration::from_secs(1))
                     .open_duration(Duration::from_secs(1))
                     .build()
                     .unwrap(),
@@ -682,8 +682,8 @@ fn invalid_breaker_configurations_are_named() {
         (
             BreakerConfig::slow_ratio(Duration::from_millis(1))
                 .open_duration(open)
-                .stat_interval(Duration::ZERO),
-            "stat_interval",
+                .window(Duration::ZERO),
+            "window",
         ),
         (
             BreakerConfig::slow_ratio(Duration::from_millis(1)),

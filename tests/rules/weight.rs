@@ -16,7 +16,7 @@ fn seed() -> tower_outlier::weight::WeightBuilder {
     WeightConfig::builder()
         .regulation_effective(true)
         .degrade_effective(true)
-        .time_window(Duration::from_secs(20))
+        .interval(Duration::from_secs(20))
         .least_window_count(30)
         .exception_rate_multiple(6.0)
         .degrade_rate(0.5)
@@ -267,7 +267,7 @@ mod through_p2c {
         // at most 4 times the average.
         let layer = OutlierDetectionLayer::new(WeightPolicy::new(
             WeightConfig::sofarpc()
-                .time_window(Duration::from_secs(10))
+                .interval(Duration::from_secs(10))
                 .exception_rate_multiple(3.0)
                 .build()
                 .unwrap(),
@@ -337,7 +337,7 @@ mod all_three_policies {
         .with_policy(SlowCallPolicy::new(
             BreakerConfig::slow_ratio(Duration::from_millis(500))
                 .min_requests(3)
-                .stat_interval(Duration::from_secs(5))
+                .window(Duration::from_secs(5))
                 .open_duration(Duration::from_secs(30))
                 .build()
                 .unwrap(),

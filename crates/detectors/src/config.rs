@@ -25,6 +25,27 @@ pub enum DetectorSemantics {
     Linkerd,
 }
 
+impl DetectorSemantics {
+    /// The name of a detector policy with these semantics (`"envoy"`, `"grpc"`, `"linkerd"`):
+    /// in logs, snapshots, metrics and events.
+    ///
+    /// ```
+    /// use tower_outlier_detectors::{DetectorConfig, DetectorPolicy, DetectorSemantics};
+    /// use tower_outlier_core::OutlierPolicy;
+    ///
+    /// let policy = DetectorPolicy::new(DetectorConfig::envoy().build()?);
+    /// assert_eq!(policy.name(), DetectorSemantics::Envoy.policy_name());
+    /// # Ok::<(), tower_outlier_core::ConfigError>(())
+    /// ```
+    pub const fn policy_name(self) -> &'static str {
+        match self {
+            DetectorSemantics::Envoy => "envoy",
+            DetectorSemantics::Grpc => "grpc",
+            DetectorSemantics::Linkerd => "linkerd",
+        }
+    }
+}
+
 /// How the success-rate detector sets its threshold from the fleet's success rates (in percent).
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]

@@ -226,11 +226,7 @@ impl DetectorPolicy {
     }
 
     fn with_runtime(config: DetectorConfig, runtime: Arc<Runtime>) -> Self {
-        let name = match config.semantics {
-            DetectorSemantics::Envoy => "envoy",
-            DetectorSemantics::Grpc => "grpc",
-            DetectorSemantics::Linkerd => "linkerd",
-        };
+        let name = config.semantics.policy_name();
         DetectorPolicy {
             shared: Arc::new(Shared {
                 config,

@@ -26,6 +26,10 @@ pub struct ErrorRatePolicy {
 }
 
 impl ErrorRatePolicy {
+    /// The policy's name ([`OutlierPolicy::name`]): in logs, snapshots, metrics, events and
+    /// [`Reason::policy`](tower_outlier_core::Reason::policy).
+    pub const NAME: &'static str = "error-rate";
+
     /// The policy for a validated configuration.
     pub fn new(config: ErrorRateConfig) -> Self {
         ErrorRatePolicy {
@@ -51,7 +55,7 @@ impl ErrorRatePolicy {
 
 impl OutlierPolicy for ErrorRatePolicy {
     fn name(&self) -> &'static str {
-        "error-rate"
+        Self::NAME
     }
 
     fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
@@ -162,7 +166,7 @@ impl EndpointPolicy for ErrorRateEndpoint {
         let counts = self.window().counts(now);
         if self.enabled && self.outlier(counts) {
             Judgement::Outlier(Reason {
-                policy: "error-rate",
+                policy: ErrorRatePolicy::NAME,
                 measure: "error rate",
                 value: counts.failure_rate(),
                 threshold: self.threshold,

@@ -51,7 +51,7 @@ impl fmt::Display for Strategy {
 /// let config = BreakerConfig::slow_ratio(Duration::from_millis(500))
 ///     .ratio(1.0)
 ///     .min_requests(5)
-///     .stat_interval(Duration::from_secs(1))
+///     .window(Duration::from_secs(1))
 ///     .open_duration(Duration::from_secs(10))
 ///     .build()?;
 /// assert_eq!(config.min_requests(), 5);
@@ -93,12 +93,12 @@ impl BreakerConfig {
     }
 
     /// The statistics interval.
-    pub fn stat_interval(&self) -> Duration {
+    pub fn window(&self) -> Duration {
         self.interval.span()
     }
 
     /// The interval's shape (span and buckets).
-    pub fn interval_shape(&self) -> WindowShape {
+    pub fn window_shape(&self) -> WindowShape {
         self.interval
     }
 
@@ -113,7 +113,7 @@ impl BreakerConfig {
 pub struct BreakerBuilder {
     strategy: Strategy,
     min_requests: u64,
-    stat_interval: Duration,
+    window: Duration,
     buckets: usize,
     open_duration: Duration,
 }
@@ -123,7 +123,7 @@ impl BreakerBuilder {
         BreakerBuilder {
             strategy,
             min_requests: 5,
-            stat_interval: Duration::from_secs(1),
+            window: Duration::from_secs(1),
             buckets: 1,
             open_duration: Duration::ZERO,
         }
@@ -146,8 +146,8 @@ impl BreakerBuilder {
     }
 
     /// The statistics interval (`statIntervalMs`, default 1 s).
-    pub fn stat_interval(mut self, interval: Duration) -> Self {
-        self.stat_interval = interval;
+    pub fn window(mut self, interval: Duration) -> Self {
+        self.window = interval;
         self
     }
 
@@ -185,21 +185,12 @@ impl BreakerBuilder {
                 "greater than 0",
             ));
         }
-        let interval = WindowShape::new(self.stat_interval, self.buckets)
-            .map_err(|e| rename(e, "window", "stat_interval"))?;
+        let interval = WindowShape::new(self.window, self.buckets)?;
         Ok(BreakerConfig {
             strategy: self.strategy,
             min_requests: self.min_requests,
             interval,
             open_duration: self.open_duration,
         })
-    }
-}
-
-fn rename(error: ConfigError, from: &str, to: &str) -> ConfigError {
-    if error.field() == from {
-        ConfigError::new(to, error.value(), error.allowed())
-    } else {
-        error
     }
 }

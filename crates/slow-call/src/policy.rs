@@ -45,6 +45,10 @@ pub struct SlowCallPolicy {
 }
 
 impl SlowCallPolicy {
+    /// The policy's name ([`OutlierPolicy::name`]): in logs, snapshots, metrics, events and
+    /// [`Reason::policy`](tower_outlier_core::Reason::policy).
+    pub const NAME: &'static str = "slow-call";
+
     /// A policy giving each endpoint a breaker with `config`.
     pub fn new(config: BreakerConfig) -> Self {
         SlowCallPolicy {
@@ -92,7 +96,7 @@ impl std::fmt::Debug for SlowCallPolicy {
 
 impl OutlierPolicy for SlowCallPolicy {
     fn name(&self) -> &'static str {
-        "slow-call"
+        Self::NAME
     }
 
     fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
@@ -125,7 +129,7 @@ impl OutlierPolicy for SlowCallPolicy {
     }
 
     fn trial_period(&self) -> Duration {
-        self.config.stat_interval()
+        self.config.window()
     }
 }
 
@@ -161,7 +165,7 @@ impl EndpointPolicy for BreakerEndpoint {
             Strategy::ErrorCount { count } => ("error count", count as f64),
         };
         Judgement::Outlier(Reason {
-            policy: "slow-call",
+            policy: SlowCallPolicy::NAME,
             measure,
             value: self.breaker.last_trigger(),
             threshold,

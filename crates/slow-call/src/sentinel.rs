@@ -156,7 +156,7 @@ impl DegradeRule {
 /// | | grade 2: the error count | whole number ≥ 0 | required |
 /// | `timeWindow` | [`open_duration`](BreakerBuilder::open_duration), in seconds | integer 1 to 2³¹ − 1 | required |
 /// | `minRequestAmount` | [`min_requests`](BreakerBuilder::min_requests) | integer 1 to 2³¹ − 1 | 5 |
-/// | `statIntervalMs` | [`stat_interval`](BreakerBuilder::stat_interval), in ms | integer 1 to 2³¹ − 1 | 1000 |
+/// | `statIntervalMs` | [`window`](BreakerBuilder::window), in ms | integer 1 to 2³¹ − 1 | 1000 |
 /// | `slowRatioThreshold` | [`ratio`](BreakerBuilder::ratio) (grade 0 only) | number in `[0, 1]` | 1.0 |
 /// | `regex` | — | `false` | false |
 ///
@@ -238,7 +238,7 @@ impl DegradeRule {
 ///     Strategy::SlowRatio { max_rt: Duration::from_millis(500), ratio: 1.0 }
 /// );
 /// assert_eq!(config.min_requests(), 5);
-/// assert_eq!(config.stat_interval(), Duration::from_secs(1));
+/// assert_eq!(config.window(), Duration::from_secs(1));
 /// assert_eq!(config.open_duration(), Duration::from_secs(10));
 ///
 /// // An invalid rule is an error naming its position, resource, field, value and allowed range.
@@ -395,7 +395,7 @@ fn read_config(fields: &Map<String, Value>) -> Result<BreakerConfig, ConfigError
 
     builder
         .min_requests(min_requests)
-        .stat_interval(Duration::from_millis(interval_ms))
+        .window(Duration::from_millis(interval_ms))
         .open_duration(Duration::from_secs(seconds))
         .build()
         // Every value was checked above, so this only happens if the builder grows a rule the
@@ -465,7 +465,7 @@ fn sentinel_names(error: ConfigError) -> ConfigError {
         "slow_ratio_threshold" => SLOW_RATIO_THRESHOLD,
         "error_ratio" => COUNT,
         "min_requests" => MIN_REQUEST_AMOUNT,
-        "stat_interval" => STAT_INTERVAL_MS,
+        "window" => STAT_INTERVAL_MS,
         "open_duration" => TIME_WINDOW,
         _ => return error,
     };

@@ -120,7 +120,7 @@ impl Dialect for Hsf {
     }
 
     fn policy_name(&self) -> &'static str {
-        "error-rate"
+        tower_outlier_error_rate::ErrorRatePolicy::NAME
     }
 
     fn parse(
@@ -207,7 +207,7 @@ impl Dialect for Sentinel {
     }
 
     fn policy_name(&self) -> &'static str {
-        "slow-call"
+        tower_outlier_slow_call::SlowCallPolicy::NAME
     }
 
     fn parse(
@@ -251,7 +251,7 @@ impl Dialect for Sofa {
     }
 
     fn policy_name(&self) -> &'static str {
-        "weight"
+        tower_outlier_weight::WeightPolicy::NAME
     }
 
     fn parse(
@@ -278,7 +278,7 @@ impl Dialect for Envoy {
     }
 
     fn policy_name(&self) -> &'static str {
-        "envoy"
+        tower_outlier_detectors::DetectorSemantics::Envoy.policy_name()
     }
 
     fn parse(
@@ -305,7 +305,7 @@ impl Dialect for Grpc {
     }
 
     fn policy_name(&self) -> &'static str {
-        "grpc"
+        tower_outlier_detectors::DetectorSemantics::Grpc.policy_name()
     }
 
     fn parse(

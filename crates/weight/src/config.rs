@@ -19,7 +19,7 @@ use tower_outlier_core::{ConfigError, FailureKind, Outcome};
 /// let config = WeightConfig::builder()
 ///     .regulation_effective(true)
 ///     .degrade_effective(true)
-///     .time_window(Duration::from_secs(20))
+///     .interval(Duration::from_secs(20))
 ///     .least_window_count(30)
 ///     .exception_rate_multiple(6.0)
 ///     .degrade_rate(0.5)
@@ -27,14 +27,14 @@ use tower_outlier_core::{ConfigError, FailureKind, Outcome};
 ///     .least_weight(1.0)
 ///     .max_degraded(2)
 ///     .build()?;
-/// assert_eq!(config.time_window(), Duration::from_secs(20));
+/// assert_eq!(config.interval(), Duration::from_secs(20));
 /// # Ok::<(), tower_outlier_core::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct WeightConfig {
     pub(crate) regulation_effective: bool,
     pub(crate) degrade_effective: bool,
-    pub(crate) time_window: Duration,
+    pub(crate) interval: Duration,
     pub(crate) least_window_count: u64,
     pub(crate) exception_rate_multiple: f64,
     pub(crate) degrade_rate: f64,
@@ -73,8 +73,8 @@ impl WeightConfig {
     }
 
     /// The window, and so the evaluation period (`time.window`).
-    pub fn time_window(&self) -> Duration {
-        self.time_window
+    pub fn interval(&self) -> Duration {
+        self.interval
     }
 
     /// Least calls in a window for an endpoint at full weight to be counted
@@ -161,7 +161,7 @@ fn bit(kind: FailureKind) -> u8 {
 pub struct WeightBuilder {
     regulation_effective: bool,
     degrade_effective: bool,
-    time_window: Duration,
+    interval: Duration,
     least_window_count: u64,
     exception_rate_multiple: f64,
     degrade_rate: f64,
@@ -177,7 +177,7 @@ impl Default for WeightBuilder {
         WeightBuilder {
             regulation_effective: false,
             degrade_effective: false,
-            time_window: Duration::from_secs(10),
+            interval: Duration::from_secs(10),
             least_window_count: 10,
             exception_rate_multiple: 6.0,
             degrade_rate: 0.05,
@@ -204,8 +204,8 @@ impl WeightBuilder {
     }
 
     /// The window and evaluation period (`time.window`, default 10 s, at least 1 ms).
-    pub fn time_window(mut self, window: Duration) -> Self {
-        self.time_window = window;
+    pub fn interval(mut self, window: Duration) -> Self {
+        self.interval = window;
         self
     }
 
@@ -260,10 +260,10 @@ impl WeightBuilder {
 
     /// Validates and builds the configuration.
     pub fn build(self) -> Result<WeightConfig, ConfigError> {
-        if self.time_window < Duration::from_millis(1) {
+        if self.interval < Duration::from_millis(1) {
             return Err(ConfigError::new(
-                "time_window",
-                format_args!("{:?}", self.time_window),
+                "interval",
+                format_args!("{:?}", self.interval),
                 "at least 1ms",
             ));
         }
@@ -299,7 +299,7 @@ impl WeightBuilder {
         Ok(WeightConfig {
             regulation_effective: self.regulation_effective,
             degrade_effective: self.degrade_effective,
-            time_window: self.time_window,
+            interval: self.interval,
             least_window_count: self.least_window_count,
             exception_rate_multiple: self.exception_rate_multiple,
             degrade_rate: self.degrade_rate,

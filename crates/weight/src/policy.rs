@@ -67,7 +67,7 @@ use crate::config::{ExceptionKinds, WeightConfig};
 /// use tower_outlier_core::OutlierPolicy;
 /// use tower_outlier_weight::{WeightConfig, WeightPolicy};
 ///
-/// let policy = WeightPolicy::new(WeightConfig::sofarpc().time_window(Duration::from_secs(20)).build()?);
+/// let policy = WeightPolicy::new(WeightConfig::sofarpc().interval(Duration::from_secs(20)).build()?);
 /// let fleet = policy.fleet().expect("SOFARPC's switches are on");
 /// assert_eq!(fleet.interval(), Duration::from_secs(20));
 /// # Ok::<(), tower_outlier_core::ConfigError>(())
@@ -78,6 +78,10 @@ pub struct WeightPolicy {
 }
 
 impl WeightPolicy {
+    /// The policy's name ([`OutlierPolicy::name`]): in logs, snapshots, metrics, events and
+    /// [`Reason::policy`](tower_outlier_core::Reason::policy).
+    pub const NAME: &'static str = "weight";
+
     /// The policy for a validated configuration.
     pub fn new(config: WeightConfig) -> Self {
         WeightPolicy {
@@ -186,7 +190,7 @@ enum Verdict {
 
 impl OutlierPolicy for WeightPolicy {
     fn name(&self) -> &'static str {
-        "weight"
+        Self::NAME
     }
 
     fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
@@ -217,11 +221,11 @@ impl OutlierPolicy for WeightPolicy {
 
     fn recovery(&self) -> RecoverySchedule {
         // Never used: this policy never ejects.
-        RecoverySchedule::fixed(self.config.time_window)
+        RecoverySchedule::fixed(self.config.interval)
     }
 
     fn trial_period(&self) -> Duration {
-        self.config.time_window
+        self.config.interval
     }
 
     fn fleet(&self) -> Option<&dyn FleetEvaluation> {
@@ -235,7 +239,7 @@ impl FleetPolicy for WeightPolicy {
     type State = WeightEndpoint;
 
     fn interval(&self) -> Duration {
-        self.config.time_window
+        self.config.interval
     }
 
     fn evaluate(&self, fleet: &[FleetMember<'_, WeightEndpoint>], _: Nanos) {

@@ -42,7 +42,7 @@ use tower_outlier_core::ConfigError;
 /// |---|---|---|---|
 /// | `regulation.effective` | [`regulation_effective`](WeightBuilder::regulation_effective) | `true` / `false` | **false** |
 /// | `degrade.effective` | [`degrade_effective`](WeightBuilder::degrade_effective) | `true` / `false` | **false** |
-/// | `time.window` | [`time_window`](WeightBuilder::time_window) | integer ≥ 1, in seconds | 10 s |
+/// | `time.window` | [`interval`](WeightBuilder::interval) | integer ≥ 1, in seconds | 10 s |
 /// | `least.window.count` | [`least_window_count`](WeightBuilder::least_window_count) | integer ≥ 1 | 10 |
 /// | `least.window.exception.rate.multiple` | [`exception_rate_multiple`](WeightBuilder::exception_rate_multiple) | finite number > 0 | 6 |
 /// | `weight.degrade.rate` | [`degrade_rate`](WeightBuilder::degrade_rate) | number in (0, 1] | 0.05 |
@@ -170,7 +170,7 @@ impl SofaProperties {
     /// let config = properties.config();
     /// assert!(config.regulation_effective());
     /// assert!(config.degrade_effective());
-    /// assert_eq!(config.time_window(), Duration::from_secs(20));
+    /// assert_eq!(config.interval(), Duration::from_secs(20));
     /// assert_eq!(config.least_window_count(), 30);
     /// assert_eq!(config.exception_rate_multiple(), 6.0);
     /// assert_eq!(config.degrade_rate(), 0.5);

@@ -82,16 +82,16 @@ fn seed_rule_becomes_the_walk_through_config() {
     let expected = BreakerConfig::slow_ratio(Duration::from_millis(500))
         .ratio(1.0)
         .min_requests(5)
-        .stat_interval(Duration::from_secs(1))
+        .window(Duration::from_secs(1))
         .open_duration(Duration::from_secs(10))
         .build()
         .unwrap();
     assert_eq!(rule.config(), &expected);
     assert_eq!(rule.config().strategy(), slow(500, 1.0));
     assert_eq!(rule.config().min_requests(), 5);
-    assert_eq!(rule.config().stat_interval(), Duration::from_secs(1));
+    assert_eq!(rule.config().window(), Duration::from_secs(1));
     assert_eq!(
-        rule.config().interval_shape(),
+        rule.config().window_shape(),
         tower_outlier_core::WindowShape::new(Duration::from_secs(1), 1).unwrap()
     );
     assert_eq!(rule.config().open_duration(), Duration::from_secs(10));
@@ -113,7 +113,7 @@ fn every_grade_is_read() {
         Strategy::ErrorRatio { ratio: 0.25 }
     );
     assert_eq!(rules[1].config().min_requests(), 20);
-    assert_eq!(rules[1].config().stat_interval(), Duration::from_secs(10));
+    assert_eq!(rules[1].config().window(), Duration::from_secs(10));
     assert_eq!(rules[1].config().open_duration(), Duration::from_secs(30));
 
     assert_eq!(rules[2].resource(), "GET:/orders");
@@ -122,7 +122,7 @@ fn every_grade_is_read() {
         Strategy::ErrorCount { count: 3 }
     );
     assert_eq!(rules[2].config().min_requests(), 5);
-    assert_eq!(rules[2].config().stat_interval(), Duration::from_secs(60));
+    assert_eq!(rules[2].config().window(), Duration::from_secs(60));
     assert_eq!(rules[2].config().open_duration(), Duration::from_secs(5));
 
     // The explicit default grade and integer or whole-double counts.
@@ -152,11 +152,11 @@ fn absent_optional_fields_take_sentinels_defaults() {
     assert_eq!(rule.config(), &expected);
     assert_eq!(rule.config().strategy(), slow(100, 1.0));
     assert_eq!(rule.config().min_requests(), 5);
-    assert_eq!(rule.config().stat_interval(), Duration::from_millis(1000));
+    assert_eq!(rule.config().window(), Duration::from_millis(1000));
 
     let ratio = parse_one(r#"[{"resource":"/r","grade":1,"count":0.5,"timeWindow":5}]"#);
     assert_eq!(ratio.config().min_requests(), 5);
-    assert_eq!(ratio.config().stat_interval(), Duration::from_secs(1));
+    assert_eq!(ratio.config().window(), Duration::from_secs(1));
 }
 
 #[test]
@@ -192,10 +192,7 @@ fn extreme_in_range_values_are_accepted() {
         Duration::from_secs(2_147_483_647)
     );
     assert_eq!(rule.config().min_requests(), 2_147_483_647);
-    assert_eq!(
-        rule.config().stat_interval(),
-        Duration::from_millis(2_147_483_647)
-    );
+    assert_eq!(rule.config().window(), Duration::from_millis(2_147_483_647));
 
     let minimal = parse_one(&rule_with(
         r#""grade":2,"count":0,"timeWindow":1,"minRequestAmount":1,"statIntervalMs":1"#,
@@ -204,7 +201,7 @@ fn extreme_in_range_values_are_accepted() {
         minimal.config().strategy(),
         Strategy::ErrorCount { count: 0 }
     );
-    assert_eq!(minimal.config().stat_interval(), Duration::from_millis(1));
+    assert_eq!(minimal.config().window(), Duration::from_millis(1));
 
     let ratios = parse_one(&rule_with(
         r#""grade":0,"count":1,"timeWindow":1,"slowRatioThreshold":0"#,
@@ -738,7 +735,7 @@ fn builder_errors_are_renamed_to_sentinel_fields() {
         ("slow_ratio_threshold", "slowRatioThreshold"),
         ("error_ratio", "count"),
         ("min_requests", "minRequestAmount"),
-        ("stat_interval", "statIntervalMs"),
+        ("window", "statIntervalMs"),
         ("open_duration", "timeWindow"),
         ("buckets", "buckets"),
     ] {

@@ -68,7 +68,7 @@ impl Key {
         match self {
             Key::RegulationEffective => "regulation_effective",
             Key::DegradeEffective => "degrade_effective",
-            Key::TimeWindow => "time_window",
+            Key::TimeWindow => "interval",
             Key::LeastWindowCount => "least_window_count",
             Key::ExceptionRateMultiple => "exception_rate_multiple",
             Key::DegradeRate => "degrade_rate",
@@ -83,7 +83,7 @@ impl Key {
         Some(match self {
             Key::RegulationEffective => builder.regulation_effective(flag(value)?),
             Key::DegradeEffective => builder.degrade_effective(flag(value)?),
-            Key::TimeWindow => builder.time_window(Duration::from_secs(integer(value, 1)?)),
+            Key::TimeWindow => builder.interval(Duration::from_secs(integer(value, 1)?)),
             Key::LeastWindowCount => builder.least_window_count(integer(value, 1)?),
             Key::ExceptionRateMultiple => {
                 builder.exception_rate_multiple(number(value, |m| m.is_finite() && m > 0.0)?)

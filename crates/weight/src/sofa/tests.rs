@@ -53,7 +53,7 @@ fn assert_invalid(text: &str, key: &str, value: &str) -> PropertiesError {
 fn assert_seed_values(config: &WeightConfig) {
     assert!(config.regulation_effective());
     assert!(config.degrade_effective());
-    assert_eq!(config.time_window(), Duration::from_secs(20));
+    assert_eq!(config.interval(), Duration::from_secs(20));
     assert_eq!(config.least_window_count(), 30);
     assert_eq!(config.exception_rate_multiple(), 6.0);
     assert_eq!(config.degrade_rate(), 0.5);
@@ -158,7 +158,7 @@ fn every_key_sets_its_builder_setting() {
         ("regulation.effective", "true", |c| c.regulation_effective()),
         ("degrade.effective", "TRUE", |c| c.degrade_effective()),
         ("time.window", "7", |c| {
-            c.time_window() == Duration::from_secs(7)
+            c.interval() == Duration::from_secs(7)
         }),
         ("least.window.count", "+44", |c| {
             c.least_window_count() == 44
@@ -333,7 +333,7 @@ fn extreme_in_range_values_are_read() {
         usize::MAX
     ))
     .config();
-    assert_eq!(config.time_window(), Duration::from_secs(u64::MAX));
+    assert_eq!(config.interval(), Duration::from_secs(u64::MAX));
     assert_eq!(config.least_window_count(), u64::MAX);
     assert_eq!(config.least_weight(), 0.5);
     assert_eq!(config.recover_rate(), 1e300);
@@ -348,7 +348,7 @@ fn extreme_in_range_values_are_read() {
          com.alipay.sofa.rpc.aft.degrade.max.ip.count=007",
     )
     .config();
-    assert_eq!(config.time_window(), Duration::from_secs(1));
+    assert_eq!(config.interval(), Duration::from_secs(1));
     assert_eq!(config.max_degraded(), 7);
 }
 
@@ -411,7 +411,7 @@ fn other_keys_are_ignored_and_listed() {
         ]
     );
     let config = properties.config();
-    assert_eq!(config.time_window(), Duration::from_secs(20));
+    assert_eq!(config.interval(), Duration::from_secs(20));
     assert_eq!(config.least_window_count(), 30);
     assert!(!config.regulation_effective());
     // Invalid values of other keys are not looked at.
@@ -438,7 +438,7 @@ fn comments_blank_lines_and_continuations() {
     );
     let config = properties.config();
     assert!(config.regulation_effective());
-    assert_eq!(config.time_window(), Duration::from_secs(20));
+    assert_eq!(config.interval(), Duration::from_secs(20));
     assert_eq!(config.least_window_count(), 30);
     assert_eq!(config.max_degraded(), 5);
     // Continued into another key's value: not a pair of its own.
@@ -472,7 +472,7 @@ fn separator_forms() {
         "com.alipay.sofa.rpc.aft.time.window=20\r\n",
     ] {
         let config = read(text).config();
-        assert_eq!(config.time_window(), Duration::from_secs(20), "{text:?}");
+        assert_eq!(config.interval(), Duration::from_secs(20), "{text:?}");
     }
     // Only one separator is skipped; the second is part of the value.
     assert_invalid(
@@ -501,7 +501,7 @@ fn several_pairs_on_a_line() {
          com.alipay.sofa.rpc.aft.degrade.effective=true spring.main.banner-mode=off",
     );
     let config = properties.config();
-    assert_eq!(config.time_window(), Duration::from_secs(20));
+    assert_eq!(config.interval(), Duration::from_secs(20));
     assert_eq!(config.least_window_count(), 30);
     assert!(config.regulation_effective());
     assert!(config.degrade_effective());
@@ -553,7 +553,7 @@ fn keys_are_matched_without_regard_to_case_and_reported() {
          com.alipay.sofa.rpc.aft.regulation.effective=true\n",
     );
     let config = properties.config();
-    assert_eq!(config.time_window(), Duration::from_secs(20));
+    assert_eq!(config.interval(), Duration::from_secs(20));
     assert_eq!(config.least_window_count(), 30);
     assert!(config.degrade_effective());
     assert_eq!(
@@ -598,7 +598,7 @@ fn the_last_value_of_a_key_wins() {
          com.alipay.sofa.rpc.aft.time.window=40 com.alipay.sofa.rpc.aft.time.window=50",
     )
     .config();
-    assert_eq!(config.time_window(), Duration::from_secs(50));
+    assert_eq!(config.interval(), Duration::from_secs(50));
     // An invalid value is an error even when a later line would replace it.
     assert_invalid(
         "com.alipay.sofa.rpc.aft.time.window=0\ncom.alipay.sofa.rpc.aft.time.window=20",
