@@ -1,46 +1,19 @@
 //! Reading what the layer decided: per-endpoint status, window counts and next check.
 
-use std::collections::hash_map::{self, HashMap};
+use std::collections::hash_map::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
-use tower_outlier_core::{Lock, LockGuard, Reason, WindowCounts};
+use tower_outlier_core::{Lock, Reason};
 
 use crate::endpoint::HasRecord;
 use crate::events::{EndpointKey, Event, EventHub};
 
 /// How many events a slow broadcast subscriber may fall behind by.
 const EVENTS_CAPACITY: usize = 1024;
-
-/// Where an endpoint stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub enum EndpointStatus {
-    /// In the balancer's set, serving requests.
-    Available,
-    /// Re-admitted for a passive trial: serving requests and judged only on what happened since
-    /// re-admission; ejected again with a longer interval if it breaches before the trial ends.
-    Trial,
-    /// Out of the balancer's set, waiting for its next recovery check.
-    Ejected,
-    /// Out of the balancer's set while an active probe is in flight.
-    Probing,
-    /// In the balancer's set, but its service's `poll_ready` failed: the endpoint reports itself
-    /// not ready (the balancer does not pick it) and asks its service again after a back-off,
-    /// from 100 ms up to 30 s. The layer does not count it as an endpoint to fall back on.
-    Unready,
-}
-
-impl EndpointStatus {
-    /// Whether the balancer may send requests to the endpoint.
-    pub fn is_available(&self) -> bool {
-        matches!(self, EndpointStatus::Available | EndpointStatus::Trial)
-    }
-}
 
 /// Endpoints a snapshot copies per hold of the registry's lock.
 const SNAPSHOT_BATCH: usize = 1024;
@@ -60,121 +33,6 @@ struct Copied {
 
 /// How long after its last failed call an endpoint that gets no call is shown as avoided.
 const AVOIDED_AFTER: Duration = Duration::from_secs(1);
-
-/// One policy's window, as a snapshot shows it.
-#[derive(Clone, Debug, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct PolicyWindow {
-    /// The policy's name.
-    pub policy: &'static str,
-    /// The counts in its window now.
-    pub counts: WindowCounts,
-    /// The state the policy holds the endpoint in, if it has one (a slow-call breaker's
-    /// `"CLOSED"`, `"OPEN"`, `"HALF_OPEN"`; linkerd's `"OPEN"`, `"SHUT"`, `"PROBATION"`).
-    pub state: Option<&'static str>,
-}
-
-/// The state of one endpoint at the time of a [`Monitor::snapshot`].
-#[derive(Clone, Debug, PartialEq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub struct EndpointSnapshot {
-    /// The endpoint's discover key: typed ([`EndpointKey::downcast_ref`]), and read as its
-    /// `Debug` text where text is enough.
-    pub key: EndpointKey,
-    /// Available, on trial, ejected or probing.
-    pub status: EndpointStatus,
-    /// Each policy's window, in the layer's policy order.
-    pub windows: Vec<PolicyWindow>,
-    /// The first policy's failure rate (`failures / calls`, 0 with no calls).
-    pub error_rate: f64,
-    /// Time until the next recovery check (ejected) or the end of the trial (on trial).
-    pub next_check_in: Option<Duration>,
-    /// The same as a point in time (the system clock at the snapshot plus `next_check_in`).
-    pub next_check_at: Option<SystemTime>,
-    /// Consecutive failed recovery checks; the next interval is this plus one units, capped.
-    pub failed_checks: u32,
-    /// Why the endpoint was last ejected, if it ever was.
-    pub last_reason: Option<Reason>,
-    /// Requests in flight.
-    pub in_flight: usize,
-    /// The latency estimate the endpoint's load is computed from (decayed to the snapshot's
-    /// time): raised by fast failures, restored by the first success after them.
-    pub latency_estimate: Duration,
-    /// Relative weight (1.0 = the endpoint's original weight).
-    pub weight: f64,
-    /// The absolute weight a weight policy gives it (SOFARPC's), if the layer has one.
-    pub absolute_weight: Option<f64>,
-    /// Whether a weight policy holds it degraded.
-    pub degraded: bool,
-    /// Set while the endpoint is in the balancer's set, its last call failed at least a second ago
-    /// and no call has completed since: the balancer is **avoiding** it, since its latency
-    /// estimate carries the failures, and its policies have not judged it (a policy that judges
-    /// on a timer, a window short of its minimum after timeouts, a budget that refused). The time
-    /// since that last call. Callers get no traffic sent to it; it gets calls again as its
-    /// estimate decays (within about 30 s after fast failures, longer after timeouts), and the
-    /// first success brings it back to its share.
-    pub avoided_for: Option<Duration>,
-    /// Why the layer keeps the endpoint in although a policy judged it an outlier: "last
-    /// available endpoint", or the budget, as "ejection budget of 0 for 3 endpoints at 20 %"
-    /// (EDAS's 20 % rounds down to none below five endpoints) or "ejection budget of 1 for 5
-    /// endpoints at 20 % is spent". Cleared once it is ejected or no longer judged an outlier.
-    pub refused: Option<String>,
-}
-
-/// All endpoints of a layer, sorted by key.
-#[derive(Clone, Debug, PartialEq, Default)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub struct Snapshot {
-    /// One entry per endpoint the upstream currently holds.
-    pub endpoints: Vec<EndpointSnapshot>,
-    /// The version of the rules in force: the newest an adaptor of the layer has applied (0 as
-    /// built; see [`RulesHandle`](crate::RulesHandle)). A version just published is in force once
-    /// the balancer next polls the adaptor.
-    pub rules_version: u64,
-    /// Why the last reconfiguration was refused, if it was (cleared by the next accepted one).
-    pub rules_error: Option<String>,
-    /// What the rules in force said on their way in, when a document was accepted with notes:
-    /// keys it ignored (with the key a misspelt one likely meant), detection it switched off.
-    /// Replaced by the next accepted change.
-    pub rules_notes: Vec<String>,
-    /// Errors the upstream discover streams returned that the layer kept serving through
-    /// ([`DiscoverErrors::KeepServing`](crate::DiscoverErrors)).
-    pub discover_errors: u64,
-    /// Set while the layer's budget allows no ejection at all for the endpoints it has, with
-    /// why: "ejection budget of 0 for 3 endpoints at 20 %" (EDAS's 20 % of fewer than five,
-    /// Envoy's 10 % of fewer than ten). Its policies may judge endpoints outliers; none is
-    /// ejected, and failing ones are only avoided by the balancer.
-    pub no_ejection: Option<String>,
-}
-
-impl Snapshot {
-    /// The endpoint whose key prints (with `Debug`) as `key`.
-    pub fn get(&self, key: &str) -> Option<&EndpointSnapshot> {
-        self.endpoints.iter().find(|e| e.key.as_str() == key)
-    }
-
-    /// The endpoint with discover key `key` (compared by its `Debug` form, as snapshots keep it).
-    ///
-    /// ```
-    /// # use tower_outlier::Snapshot;
-    /// let addr: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
-    /// let snapshot = Snapshot::default();
-    /// assert!(snapshot.get_key(&addr).is_none());
-    /// ```
-    pub fn get_key<K: fmt::Debug + ?Sized>(&self, key: &K) -> Option<&EndpointSnapshot> {
-        self.get(&format!("{key:?}"))
-    }
-
-    /// How many endpoints are out of the balancer's set (ejected or probing).
-    pub fn ejected(&self) -> usize {
-        self.endpoints
-            .iter()
-            .filter(|e| !e.status.is_available())
-            .count()
-    }
-}
 
 /// A handle for reading the layer's decisions (what EDAS and HSF call "verify the result").
 ///
@@ -507,243 +365,6 @@ impl fmt::Debug for EventCallback {
     }
 }
 
-impl Registry {
-    fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// The rosters, for an adaptor: it is counted as waiting while another holds them, so that a
-    /// snapshot lets it in between batches.
-    fn rosters(&self) -> LockGuard<'_, HashMap<u64, Roster>> {
-        if let Some(rosters) = self.rosters.try_lock() {
-            return rosters;
-        }
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        let rosters = self.rosters.lock();
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        rosters
-    }
-
-    /// Lets the adaptors waiting for the rosters take them first (a snapshot, between batches).
-    fn give_way(&self) {
-        // Bounded: an adaptor counted as waiting takes the free lock within microseconds, but a
-        // snapshot must not wait on one descheduled for long.
-        for _ in 0..1_000 {
-            if self.waiting.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            std::thread::yield_now();
-        }
-    }
-
-    /// A new adaptor, with no endpoint yet and the policies named `policies`: its roster's id.
-    pub(crate) fn join(&self, policies: Arc<[&'static str]>) -> u64 {
-        let roster = self.next_id();
-        let joined = Roster {
-            policies,
-            endpoints: HashMap::new(),
-            standings: HashMap::new(),
-            no_ejection: None,
-        };
-        self.rosters().insert(roster, joined);
-        roster
-    }
-
-    /// The adaptor of `roster` is gone, and so are its endpoints: they are returned.
-    pub(crate) fn leave(&self, roster: u64) -> HashMap<u64, Tracked> {
-        let removed = self.rosters().remove(&roster);
-        removed.map(|roster| roster.endpoints).unwrap_or_default()
-    }
-
-    /// A new endpoint of the adaptor of `roster`: its id.
-    pub(crate) fn insert(&self, roster: u64, tracked: Tracked) -> u64 {
-        let id = self.next_id();
-        if let Some(roster) = self.rosters().get_mut(&roster) {
-            roster.endpoints.insert(id, tracked);
-        }
-        id
-    }
-
-    /// Sends the event `make` builds about endpoint `id` of `roster` from the key the monitor
-    /// holds for it, if anybody listens.
-    pub(crate) fn emit_about(&self, roster: u64, id: u64, make: impl FnOnce(EndpointKey) -> Event) {
-        if !self.events.listened() {
-            return;
-        }
-        let key = self
-            .rosters()
-            .get(&roster)
-            .and_then(|roster| roster.endpoints.get(&id))
-            .map(|tracked| tracked.key.clone());
-        if let Some(key) = key {
-            self.events.emit(|| make(key));
-        }
-    }
-
-    pub(crate) fn remove(&self, roster: u64, id: u64) -> Option<Tracked> {
-        let mut rosters = self.rosters();
-        let roster = rosters.get_mut(&roster)?;
-        roster.standings.remove(&id);
-        roster.endpoints.remove(&id)
-    }
-
-    /// New rules in the adaptor of `roster`: its policies are named `policies`, and each endpoint
-    /// has a new record. All at once, so no snapshot reads a record with another's names.
-    pub(crate) fn reconfigure(
-        &self,
-        roster: u64,
-        policies: Arc<[&'static str]>,
-        records: impl IntoIterator<Item = (u64, Weak<dyn HasRecord>)>,
-    ) {
-        let mut rosters = self.rosters();
-        let Some(roster) = rosters.get_mut(&roster) else {
-            return;
-        };
-        roster.policies = policies;
-        for (id, record) in records {
-            if let Some(tracked) = roster.endpoints.get_mut(&id) {
-                tracked.record = record;
-            }
-        }
-    }
-
-    /// An adaptor put `version` of the rules in force; whether it is the first to.
-    pub(crate) fn rules_in_force(&self, version: u64) -> bool {
-        let mut rules = self.rules.lock();
-        let newer = version > rules.0;
-        rules.0 = rules.0.max(version);
-        newer
-    }
-
-    /// An adaptor applied `version` of the rules (not at start-up): one event per version, from
-    /// the first adaptor of the layer to apply it.
-    pub(crate) fn rules_applied(&self, version: u64) {
-        if self.rules_in_force(version) {
-            self.events.emit(|| Event::RulesApplied { version });
-        }
-    }
-
-    /// The notes of the last accepted document ([`Dialect::parse_noting`](crate::dialect::Dialect)).
-    pub(crate) fn rules_notes(&self, notes: Vec<String>) {
-        *self.rules_notes.lock() = notes;
-    }
-
-    /// The last reconfiguration was refused for `error`, or accepted (`None`: its notes are
-    /// cleared too, until the dialect's are set).
-    /// A configuration source's trouble (not a refused document: no event, the notes kept).
-    #[cfg(feature = "etcd")]
-    pub(crate) fn source_trouble(&self, trouble: Option<String>) {
-        self.rules.lock().1 = trouble;
-    }
-
-    pub(crate) fn rules_error(&self, error: Option<String>) {
-        if error.is_none() {
-            self.rules_notes.lock().clear();
-        }
-        self.rules.lock().1 = error.clone();
-        if let Some(error) = error {
-            self.events.emit(|| Event::RulesRejected { error });
-        }
-    }
-
-    /// Records where the adaptor of `roster` put endpoint `id`, and `reason` if it has just been
-    /// judged an outlier (the last reason stays otherwise).
-    pub(crate) fn publish(
-        &self,
-        roster: u64,
-        id: u64,
-        status: EndpointStatus,
-        next_check: Option<Instant>,
-        failed_checks: u32,
-        reason: Option<Reason>,
-    ) {
-        let mut rosters = self.rosters();
-        let Some(roster) = rosters.get_mut(&roster) else {
-            return;
-        };
-        if !roster.endpoints.contains_key(&id) {
-            return;
-        }
-        let standing = match roster.standings.entry(id) {
-            hash_map::Entry::Occupied(standing) => standing.into_mut(),
-            hash_map::Entry::Vacant(vacant) => {
-                let initial = status == EndpointStatus::Available
-                    && next_check.is_none()
-                    && failed_checks == 0
-                    && reason.is_none();
-                if initial {
-                    // Nothing to hold: it stands where every endpoint starts.
-                    return;
-                }
-                vacant.insert(Box::new(Standing::INITIAL))
-            }
-        };
-        standing.status = status;
-        standing.next_check = next_check;
-        standing.failed_checks = failed_checks;
-        if let Some(reason) = reason {
-            standing.last_reason = Some(reason);
-        }
-    }
-
-    /// Shows endpoint `id` not ready (its service failed `poll_ready`), or ready again.
-    pub(crate) fn unready(&self, roster: u64, id: u64, unready: bool) {
-        let mut rosters = self.rosters();
-        let Some(roster) = rosters.get_mut(&roster) else {
-            return;
-        };
-        if !roster.endpoints.contains_key(&id) {
-            return;
-        }
-        match roster.standings.entry(id) {
-            hash_map::Entry::Occupied(standing) => standing.into_mut().unready = unready,
-            hash_map::Entry::Vacant(vacant) if unready => {
-                vacant.insert(Box::new(Standing {
-                    unready,
-                    ..Standing::INITIAL
-                }));
-            }
-            hash_map::Entry::Vacant(_) => {}
-        }
-    }
-
-    /// Counts an upstream error an adaptor kept serving through.
-    pub(crate) fn discover_error(&self) {
-        self.discover_errors.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Shows why the adaptor of `roster` can eject nothing now, or (`None`) that it can.
-    pub(crate) fn no_ejection(&self, roster: u64, why: Option<String>) {
-        if let Some(roster) = self.rosters().get_mut(&roster) {
-            roster.no_ejection = why.map(String::into_boxed_str);
-        }
-    }
-
-    /// Shows why the layer keeps endpoint `id` in although a policy judged it an outlier, or
-    /// (`None`) that it no longer does.
-    pub(crate) fn refused(&self, roster: u64, id: u64, why: Option<String>) {
-        let mut rosters = self.rosters();
-        let Some(roster) = rosters.get_mut(&roster) else {
-            return;
-        };
-        if !roster.endpoints.contains_key(&id) {
-            return;
-        }
-        match (roster.standings.entry(id), why) {
-            (hash_map::Entry::Occupied(standing), why) => {
-                standing.into_mut().refused = why.map(String::into_boxed_str);
-            }
-            (hash_map::Entry::Vacant(vacant), Some(why)) => {
-                vacant.insert(Box::new(Standing {
-                    refused: Some(why.into_boxed_str()),
-                    ..Standing::INITIAL
-                }));
-            }
-            (hash_map::Entry::Vacant(_), None) => {}
-        }
-    }
-}
-
 impl fmt::Debug for Monitor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Monitor")
@@ -751,6 +372,10 @@ impl fmt::Debug for Monitor {
             .finish()
     }
 }
+
+mod registry;
+mod snapshot;
+pub use snapshot::*;
 
 #[cfg(all(test, feature = "serde"))]
 mod tests;

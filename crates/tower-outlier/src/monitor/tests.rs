@@ -1,4 +1,5 @@
 use super::*;
+use tower_outlier_core::WindowCounts;
 
 #[test]
 fn snapshots_serialize_with_typed_keys_as_text() {

@@ -1,0 +1,79 @@
+//! Policies that judge endpoints against each other, on a timer.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::clock::Nanos;
+use crate::record::EndpointRecord;
+
+use super::*;
+
+/// What a policy that judges endpoints against each other implements, with its own endpoint
+/// state type: the layer calls [`evaluate`](Self::evaluate) every [`interval`](Self::interval)
+/// with every endpoint the upstream holds.
+pub trait FleetPolicy: Send + Sync {
+    /// The policy's per-endpoint state (what its [`OutlierPolicy::new_endpoint`] boxes).
+    type State: EndpointPolicy;
+
+    /// How often to evaluate.
+    fn interval(&self) -> Duration;
+
+    /// Judges the whole set at once (cold path); the policy acts through the states and the
+    /// records (for example their weights).
+    fn evaluate(&self, fleet: &[FleetMember<'_, Self::State>], now: Nanos);
+}
+
+/// One endpoint as [`FleetPolicy::evaluate`] sees it.
+#[derive(Debug)]
+pub struct FleetMember<'a, S: ?Sized> {
+    /// The endpoint's key, for logs.
+    pub key: &'a dyn fmt::Debug,
+    /// This policy's state for the endpoint.
+    pub state: &'a S,
+    /// The endpoint's record.
+    pub record: &'a EndpointRecord,
+    /// Whether the endpoint is in the balancer's set (not ejected).
+    pub available: bool,
+}
+
+impl<S: ?Sized> Clone for FleetMember<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S: ?Sized> Copy for FleetMember<'_, S> {}
+
+/// A [`FleetPolicy`] as the layer holds it, whatever its state type. Implemented for every
+/// `FleetPolicy`; policies do not implement it themselves.
+pub trait FleetEvaluation: Send + Sync {
+    /// [`FleetPolicy::interval`].
+    fn interval(&self) -> Duration;
+
+    /// [`FleetPolicy::evaluate`] over the members whose state is this policy's (all of them, in a
+    /// layer: each endpoint holds one state per policy).
+    fn evaluate(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos);
+}
+
+impl<F: FleetPolicy> FleetEvaluation for F {
+    fn interval(&self) -> Duration {
+        FleetPolicy::interval(self)
+    }
+
+    fn evaluate(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos) {
+        // The one place state types are recovered: each state came from this policy's
+        // `new_endpoint`, so every member matches.
+        let typed: Vec<FleetMember<'_, F::State>> = fleet
+            .iter()
+            .filter_map(|member| {
+                Some(FleetMember {
+                    key: member.key,
+                    state: member.state.as_any().downcast_ref::<F::State>()?,
+                    record: member.record,
+                    available: member.available,
+                })
+            })
+            .collect();
+        FleetPolicy::evaluate(self, &typed, now);
+    }
+}

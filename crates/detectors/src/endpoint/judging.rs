@@ -1,0 +1,212 @@
+//! Recording calls and judging on them: the detectors' side of the policy trait.
+
+use std::sync::atomic::Ordering;
+
+use tower_outlier_core::{
+    Description, EndpointPolicy, FailureKind, Judgement, Nanos, Observation, Outcome, ProbeGate,
+    Reason, Signal, WindowCounts,
+};
+
+use crate::enforcement::ejection_end;
+use crate::policy::Detector;
+
+use super::*;
+
+impl EndpointPolicy for DetectorEndpoint {
+    #[inline]
+    fn record(&self, observation: &Observation, now: Nanos) -> Signal {
+        let kind = match observation.outcome {
+            Outcome::Success => None,
+            Outcome::Failure(kind) => Some(kind),
+            Outcome::Cancelled => return Signal::None,
+        };
+        // Raised before any response: the connection was refused or reset, or no answer came.
+        let local = matches!(kind, Some(FailureKind::Transport | FailureKind::Timeout));
+        if self.split {
+            self.local.fetch_add(tally_of(local), Ordering::Relaxed);
+            if local {
+                return self.extend_streak(2, now);
+            }
+            // A response came, so the connection worked.
+            self.break_streak(2);
+        }
+        self.external
+            .fetch_add(tally_of(kind.is_some()), Ordering::Relaxed);
+        let Some(kind) = kind else {
+            self.break_streak(0);
+            self.break_streak(1);
+            return Signal::None;
+        };
+        // Unsplit, Envoy counts a refused connection as a 503 and a timeout as a 504.
+        let gateway = local || matches!(kind, FailureKind::Gateway | FailureKind::Overload);
+        let mut signal = Signal::None;
+        if gateway {
+            if self.extend_streak(1, now) == Signal::Evaluate {
+                signal = Signal::Evaluate;
+            }
+        } else {
+            self.break_streak(1);
+        }
+        if self.extend_streak(0, now) == Signal::Evaluate {
+            signal = Signal::Evaluate;
+        }
+        signal
+    }
+
+    fn judge(&self, now: Nanos) -> Judgement {
+        let bits = self.standing(now);
+        if bits == 0 {
+            return Judgement::Healthy;
+        }
+        let counts = self.counts();
+        let policy = self.shared.name;
+        if bits & FAILED_PROBE != 0 {
+            return Judgement::Outlier(Reason {
+                policy,
+                measure: "failed probe",
+                value: 1.0,
+                threshold: 1.0,
+                counts,
+            });
+        }
+        if bits & CONSECUTIVE != 0 {
+            let index = (bits & CONSECUTIVE).trailing_zeros() as usize;
+            let threshold = f64::from(self.thresholds[index]);
+            return Judgement::Outlier(Reason {
+                policy,
+                measure: Detector::CONSECUTIVE[index].measure(),
+                value: threshold,
+                threshold,
+                counts,
+            });
+        }
+        let detector = Detector::from_bit(bits & STATISTICAL);
+        Judgement::Outlier(Reason {
+            policy,
+            measure: detector.measure(),
+            value: f64::from_bits(self.verdict_value.load(Ordering::Relaxed)),
+            threshold: f64::from_bits(self.verdict_threshold.load(Ordering::Relaxed)),
+            counts,
+        })
+    }
+
+    fn describe(&self, _now: Nanos) -> Description {
+        Description {
+            counts: self.counts(),
+            state: self.state_name(),
+            weight: None,
+        }
+    }
+
+    fn reset(&self) {
+        for streak in &self.streaks {
+            streak.store(0, Ordering::Relaxed);
+        }
+        self.condemned.store(0, Ordering::Release);
+        self.out.store(false, Ordering::Relaxed);
+        if let Some(gate) = &self.gate {
+            // Back in rotation after the back-off: one real request is the probe.
+            if matches!(gate.state.load(Ordering::Acquire), OPEN | SHUT) {
+                self.wake_gate(gate, HALF_OPEN);
+            }
+        }
+    }
+
+    fn calls_wanted(&self, _now: Nanos) -> u64 {
+        // A streak needs exactly the rest of its calls to be judged: the record raises the
+        // estimate of an endpoint failing fast, so a latency-driven balancer would otherwise stop
+        // sending them. (The layer asks only after a fast failure: a streak of timeouts is left to
+        // the balancer, which avoids it at less cost to callers than judging it would.) The
+        // statistical detectors judge on a timer and want nothing: calls pulled to them would
+        // only fail.
+        (0..3)
+            .filter(|&index| self.thresholds[index] > 0 && self.enforcing[index])
+            .map(|index| {
+                let streak = self.streaks[index].load(Ordering::Relaxed);
+                if streak == 0 {
+                    0
+                } else {
+                    u64::from(self.thresholds[index].saturating_sub(streak))
+                }
+            })
+            .max()
+            .unwrap_or(0)
+            .min(MOST_CALLS_WANTED)
+    }
+
+    fn check_at(&self, now: Nanos) -> Option<Nanos> {
+        let last_tick = match self.last_tick.load(Ordering::Relaxed) {
+            NONE => None,
+            tick => Some(tick),
+        };
+        let (end, ejections) = ejection_end(
+            &self.shared.config,
+            self.ejections.load(Ordering::Relaxed),
+            now,
+            last_tick,
+            self.shared.dice(),
+        );
+        self.ejections.store(ejections, Ordering::Relaxed);
+        self.ejected_until.store(end, Ordering::Relaxed);
+        self.ejected_at.store(now, Ordering::Relaxed);
+        self.out.store(true, Ordering::Relaxed);
+        // The detection has been acted on: count it under the detector that made it.
+        let bits = self.standing(now);
+        if let Some(detector) = ejecting(bits) {
+            self.shared.ejected(detector);
+        }
+        self.overflow_pending.store(false, Ordering::Relaxed);
+        self.condemned.store(0, Ordering::Release);
+        if let Some(gate) = &self.gate {
+            self.wake_gate(gate, OPEN);
+        }
+        Some(end)
+    }
+
+    fn ejection_refused(&self, now: Nanos) {
+        let bits = self.standing(now);
+        if self.overflow_pending.swap(false, Ordering::Relaxed) {
+            if let Some(detector) = ejecting(bits) {
+                self.shared.overflowed(detector);
+            }
+        }
+        if let Some(gate) = &self.gate {
+            // Kept in rotation: it serves again.
+            if gate.state.load(Ordering::Acquire) == SHUT {
+                self.wake_gate(gate, CLOSED);
+            }
+        }
+    }
+
+    fn gate(&self) -> Option<&dyn ProbeGate> {
+        self.gate.as_ref().map(|_| self as &dyn ProbeGate)
+    }
+}
+
+impl DetectorEndpoint {
+    fn counts(&self) -> WindowCounts {
+        let tally = unpack(self.external.load(Ordering::Relaxed));
+        let local = unpack(self.local.load(Ordering::Relaxed));
+        let (calls, failures) = if self.split {
+            // Local-origin failures never reached the external tally.
+            (local.calls, tally.failures + local.failures)
+        } else {
+            (tally.calls, tally.failures)
+        };
+        WindowCounts {
+            calls,
+            failures,
+            slow: 0,
+        }
+    }
+
+    fn state_name(&self) -> Option<&'static str> {
+        // linkerd's breaker: open (counting), shut (ejected or waiting), probation (one probe).
+        let gate = self.gate.as_ref()?;
+        Some(match gate.state.load(Ordering::Acquire) {
+            CLOSED => "OPEN",
+            HALF_OPEN | PROBING => "PROBATION",
+            _ => "SHUT",
+        })
+    }
+}

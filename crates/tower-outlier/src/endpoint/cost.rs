@@ -1,0 +1,191 @@
+//! The load p2c reads: the endpoint's cost, and the draws that decide when a suspect gets a call.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use tower::load::Load;
+use tower_outlier_core::{EndpointRecord, Nanos};
+
+use super::*;
+
+/// The load of an [`OutlierEndpoint`]: (latency estimate + 1 µs) × (in-flight + 1) ÷ relative weight,
+/// in nanoseconds — or zero while the endpoint needs calls to be judged.
+///
+/// Lower is better. The microsecond keeps requests in flight and weights meaningful between
+/// endpoints whose measured latency rounds to zero (an in-process service, or tokio's paused
+/// clock). A weight of zero makes the cost infinite, so such an endpoint never wins a
+/// power-of-two-choices pair against one with a finite cost.
+///
+/// The latency estimate follows the endpoint's calls, with three rules of its own
+/// ([`EndpointRecord`]): the first call after the endpoint joins or is re-admitted, which may set
+/// up a connection, moves it as an average (not as a peak); a call that fails fast doubles it, up
+/// to 16 times what it was before the failures began, so that failing fast never makes an endpoint
+/// the cheapest pick; the first success after failures restores it.
+///
+/// A latency-driven balancer then starves an endpoint whose calls fail or time out. That is
+/// deliberate (it is how p2c alone protects callers), but it would keep a policy that judges each
+/// call from ever judging it, and one slow call from a healthy endpoint would shut it out for the
+/// estimate's decay time. Two rules report a cost of zero instead (neither applies to an endpoint
+/// whose weight a policy lowered on purpose):
+/// * **Evidence.** While its last call failed fast (any failure but a timeout), a policy wants
+///   more calls before it can judge (the rest of a streak of consecutive failures, or an error
+///   rate above the threshold on fewer calls than the minimum), and the layer could eject it, the
+///   endpoint wins until that many calls are in flight: exactly the failures the policy asks for,
+///   no more. A policy that judges on a timer wants none. After a timeout nothing is wanted: each
+///   call sent on purpose would cost a caller a timeout, and p2c avoids the endpoint on its own.
+/// * **Exploration.** An endpoint with no call in flight whose estimate rests on one slow call
+///   more than twice what it was, not yet confirmed by another, wins a draw after losing 16 in a
+///   row. A genuinely slow endpoint's next call confirms it and ends the exploration, so it gets
+///   no more traffic than p2c alone gives it (one call more each time p2c tries it again); a
+///   healthy one's fast calls bring its estimate back down.
+///
+/// So reading the load counts a draw: it is meant for the balancer that holds this handle (p2c
+/// reads both candidates of every draw). The count lives in the handle, not the shared record.
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub struct EndpointCost(f64);
+
+impl EndpointCost {
+    /// The cost as a number.
+    pub fn value(&self) -> f64 {
+        self.0
+    }
+}
+
+pub(super) const COST_FLOOR_NANOS: f64 = 1_000.0;
+
+impl<S, C> Load for OutlierEndpoint<S, C> {
+    type Metric = EndpointCost;
+
+    fn load(&self) -> EndpointCost {
+        let record = self.record();
+        let weight = record.weight();
+        if weight <= 0.0 {
+            return EndpointCost(f64::INFINITY);
+        }
+        let now = record.clock().now();
+        let in_flight = self.in_flight();
+        let draws = &self.holder.draws;
+        if weight >= 1.0
+            && (draws.wanted(record, now, in_flight as u64) > in_flight as u64
+                || draws.explore(record, in_flight, now))
+        {
+            return EndpointCost(0.0);
+        }
+        let mut rtt = record.rtt_estimate(now);
+        if in_flight > 0 {
+            // Calls in flight count at their age so far: one that has waited far longer than
+            // the estimate (a black hole, a hung call) says more of the endpoint than samples
+            // from before it. Measured from when the calls began or the last call completed,
+            // whichever is later (a busy endpoint completes calls all the time).
+            rtt = rtt.max(self.holder.waiting(record, now) as f64);
+        }
+        let rtt = rtt + COST_FLOOR_NANOS;
+        EndpointCost(rtt * (in_flight as f64 + 1.0) / weight)
+    }
+}
+
+/// How many power-of-two-choices draws in a row an endpoint whose estimate rests on one
+/// unconfirmed slow call may lose before it wins one anyway (at most one in 17 of its draws).
+pub(super) const EXPLORE_AFTER: u32 = 16;
+
+/// How long an endpoint avoided after one fast failure waits, once it has lost
+/// [`EXPLORE_AFTER`] draws, for a call that tells a server gone (a second failure in a row, which
+/// its policies then judge) from a blip (a success, which restores its estimate), when a policy
+/// would judge on it: without it, serial traffic left a killed server avoided and unjudged under
+/// the recommended configuration, and once restarted unfed until its estimate decayed, half a
+/// minute or more.
+pub(super) const RETRY_AFTER_FAST_FAILURE: Nanos = 1_000_000_000;
+
+/// How far the record's time of the last completion may lag (it is written at most once a
+/// millisecond, so that cores calling one endpoint do not share a written line).
+pub(super) const WAITING_GRANULARITY: Nanos = 1_000_000;
+
+/// How long a computed evidence request stays good while no call completes: the windows it reads
+/// move by whole buckets, far slower than the balancer draws.
+pub(super) const EVIDENCE_REFRESH: Nanos = 10_000_000;
+
+/// What the balancer's load reads need to remember about this handle. It belongs to the handle
+/// the balancer holds, not to the shared record, so the reads write no memory other cores use.
+/// Atomic only so that `OutlierEndpoint` stays `Sync`: the balancer holding the handle is normally its
+/// only reader; concurrent reads through a shared reference could only blur the counts.
+#[derive(Debug)]
+pub(super) struct Draws {
+    lost: AtomicU32,
+    // When the follow-up of a fast failure was last asked for and refused: asked again only
+    // [`EVIDENCE_REFRESH`] later, as it reads the policies' windows.
+    follow_up_refused_at: AtomicU64,
+    wanted: AtomicU64,
+    wanted_at: AtomicU64,
+    wanted_in_flight: AtomicU64,
+}
+
+impl Default for Draws {
+    fn default() -> Self {
+        Draws {
+            lost: AtomicU32::new(0),
+            follow_up_refused_at: AtomicU64::new(Nanos::MAX),
+            wanted: AtomicU64::new(0),
+            wanted_at: AtomicU64::new(Nanos::MAX),
+            wanted_in_flight: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Draws {
+    /// The calls the policies want ([`EndpointRecord::calls_wanted`]), read from the windows at
+    /// most every [`EVIDENCE_REFRESH`] unless a call completed since (the in-flight count fell).
+    pub(super) fn wanted(&self, record: &EndpointRecord, now: Nanos, in_flight: u64) -> u64 {
+        if !record.may_want_calls() {
+            return 0;
+        }
+        let at = self.wanted_at.load(Ordering::Relaxed);
+        if at != Nanos::MAX
+            && now.saturating_sub(at) < EVIDENCE_REFRESH
+            && in_flight >= self.wanted_in_flight.load(Ordering::Relaxed)
+        {
+            return self.wanted.load(Ordering::Relaxed);
+        }
+        let wanted = record.calls_wanted(now);
+        self.wanted.store(wanted, Ordering::Relaxed);
+        self.wanted_at.store(now, Ordering::Relaxed);
+        self.wanted_in_flight.store(in_flight, Ordering::Relaxed);
+        wanted
+    }
+
+    /// Counts one draw; true when the endpoint has lost enough in a row to win this one: its
+    /// estimate rests on one unconfirmed slow call, or its last call failed fast a second ago or
+    /// more and a policy would judge on the next ([`EndpointRecord::follow_up_wanted`]). Never while a call is in flight: a sample is on its way, and a black hole (whose
+    /// calls never complete) would otherwise be sent one more call each time it lost 16 draws
+    /// until its first timeout came back. Never after a timeout either: that call would cost a
+    /// caller a timeout too.
+    pub(super) fn explore(&self, record: &EndpointRecord, in_flight: usize, now: Nanos) -> bool {
+        let lost = self.lost.load(Ordering::Relaxed);
+        if lost >= EXPLORE_AFTER
+            && in_flight == 0
+            && (record.peak_unconfirmed() || self.follow_up(record, now))
+        {
+            return true;
+        }
+        self.lost.store(lost.saturating_add(1), Ordering::Relaxed);
+        false
+    }
+
+    /// [`EndpointRecord::follow_up_wanted`], asked at most every [`EVIDENCE_REFRESH`] after a
+    /// refusal: it reads the policies' windows, and an avoided endpoint is drawn on every request.
+    pub(super) fn follow_up(&self, record: &EndpointRecord, now: Nanos) -> bool {
+        let refused_at = self.follow_up_refused_at.load(Ordering::Relaxed);
+        if refused_at != Nanos::MAX && now.saturating_sub(refused_at) < EVIDENCE_REFRESH {
+            return false;
+        }
+        let wanted = record.follow_up_wanted(RETRY_AFTER_FAST_FAILURE, now);
+        self.follow_up_refused_at
+            .store(if wanted { Nanos::MAX } else { now }, Ordering::Relaxed);
+        wanted
+    }
+
+    #[inline]
+    pub(super) fn dispatched(&self) {
+        if self.lost.load(Ordering::Relaxed) != 0 {
+            self.lost.store(0, Ordering::Relaxed);
+        }
+    }
+}
