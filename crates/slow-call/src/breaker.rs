@@ -13,68 +13,6 @@ use tower_outlier_core::{
 
 use crate::config::{BreakerConfig, Strategy};
 
-/// A breaker's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum State {
-    /// Calls pass; completions are counted.
-    Closed,
-    /// Calls are rejected until the open duration has passed.
-    Open,
-    /// One probe call is in flight; every other call is rejected until it completes.
-    HalfOpen,
-}
-
-impl fmt::Display for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            State::Closed => "CLOSED",
-            State::Open => "OPEN",
-            State::HalfOpen => "HALF_OPEN",
-        })
-    }
-}
-
-const CLOSED: u8 = 0;
-const OPEN: u8 = 1;
-const HALF_OPEN: u8 = 2;
-
-fn state_of(raw: u8) -> State {
-    match raw {
-        CLOSED => State::Closed,
-        OPEN => State::Open,
-        _ => State::HalfOpen,
-    }
-}
-
-/// A state change, as observers receive it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StateChange {
-    /// The state before.
-    pub from: State,
-    /// The state after.
-    pub to: State,
-    /// The value that triggered the change: the slow-call ratio, error ratio or error count that
-    /// opened the breaker, or the probe's latency in milliseconds that closed or re-opened it.
-    /// `None` for the time-driven OPEN → HALF_OPEN.
-    pub value: Option<f64>,
-    /// The interval's counts when the breaker opened from CLOSED.
-    pub counts: Option<WindowCounts>,
-}
-
-/// A callback told of every state change.
-pub type Observer = Arc<dyn Fn(&StateChange) + Send + Sync>;
-
-/// Whether a call may go ahead, and as what.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
-    /// Closed: an ordinary call.
-    Call,
-    /// The single half-open probe: its completion alone decides.
-    Probe,
-    /// Open, or a probe is already in flight.
-    Rejected,
-}
-
 /// A circuit breaker with Sentinel's degrade semantics.
 ///
 /// * In CLOSED, after each completion: with fewer calls than the minimum in the interval nothing
@@ -402,3 +340,8 @@ impl fmt::Debug for Breaker {
             .finish_non_exhaustive()
     }
 }
+
+mod state;
+
+use state::*;
+pub use state::{Admission, Observer, State, StateChange};

@@ -17,11 +17,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::discover::Change;
-use tower_outlier_core::{EndpointRecord, Notifier, OutlierPolicy, Reason};
+use tower_outlier_core::{EndpointRecord, Notifier, OutlierPolicy};
 
 use crate::deadlines::Deadlines;
 use crate::endpoint::OutlierEndpoint;
-use crate::events::{Event, Refusal};
+use crate::events::Event;
 use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Registry;
 use crate::probe::ProbeFuture;
@@ -29,6 +29,21 @@ use entry::{deadline_is_current, Entry, Reported, Stage, Status};
 pub(crate) use settings::Settings;
 use settings::{fleet_schedules, trial_period, FleetSchedule};
 use signals::SignalBoard;
+
+/// What the engine needs of a discover key: hashed and compared (the entries), cloned (the
+/// balancer's changes), printed (the monitor and events) and shared with the monitor's tasks.
+pub(crate) trait DiscoverKey:
+    Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static> DiscoverKey for K {}
+
+/// What the engine needs of a classifier: one copy per endpoint, shared by its handles and
+/// response futures across threads.
+pub(crate) trait SharedClassifier: Clone + Send + Sync + 'static {}
+
+impl<C: Clone + Send + Sync + 'static> SharedClassifier for C {}
 
 /// A probe the adaptor is to run: `probe` against the ejected endpoint, failed if it takes longer
 /// than `timeout`; its result goes back to [`Engine::probe_done`] with `key` and `id`.
@@ -228,9 +243,9 @@ impl<K, S, C> Engine<K, S, C> {
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    K: DiscoverKey,
     S: Clone,
-    C: Clone + Send + Sync + 'static,
+    C: SharedClassifier,
 {
     /// When [`advance`](Self::advance) next has something to do: the earliest trial end,
     /// recovery check or fleet evaluation.
@@ -247,79 +262,6 @@ where
             .into_iter()
             .chain(self.fleet.iter().map(|f| f.next))
             .min()
-    }
-
-    /// Endpoints the balancer can pick: in its set and ready.
-    fn available(&self) -> usize {
-        self.entries.len() - self.ejected - self.unready.len()
-    }
-
-    /// Whether one more ejection is allowed now, or which rule refuses it (`rules`, section 3):
-    /// never the balancer's last endpoint it can pick, and never past the budget. The one place
-    /// the rule is written.
-    pub(super) fn room(&self) -> Result<(), Refusal> {
-        if self.available() <= 1 {
-            Err(Refusal::LastEndpoint)
-        } else if self.ejected >= self.settings.budget.max_ejected(self.entries.len()) {
-            Err(Refusal::Budget)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Follows `key`'s readiness as its balancer handle reported it; true if that changed.
-    fn sync_unready(&mut self, key: &K) -> bool {
-        let Some(entry) = self.entries.get(key) else {
-            return false;
-        };
-        let unready = entry.status().is_available() && entry.record().is_unready();
-        let id = entry.id;
-        let changed = if unready {
-            self.unready.insert(id)
-        } else {
-            self.unready.remove(&id)
-        };
-        if changed {
-            if unready {
-                tracing::warn!(
-                    target: "tower_outlier",
-                    endpoint = ?key,
-                    available = self.available(),
-                    "endpoint not ready: its service failed poll_ready; not counted as an endpoint to fall back on"
-                );
-            } else {
-                tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint ready again");
-            }
-            self.registry.unready(self.roster, id, unready);
-        }
-        changed
-    }
-
-    /// Tells the endpoints whether one more ejection would be allowed, the same test
-    /// [`consider`](Self::consider) applies, so none gathers evidence for an ejection that would
-    /// be refused.
-    pub(crate) fn publish_room(&mut self) {
-        let n = self.entries.len();
-        let max = self.settings.budget.max_ejected(n);
-        self.notifier.set_room_to_eject(self.room().is_ok());
-        // A budget that rounds to none for this fleet is said once, in the log and the monitor,
-        // and again whenever that changes.
-        let none = (max == 0 && n > 1).then_some(n);
-        if none != self.no_ejection {
-            self.no_ejection = none;
-            let why = none.map(|n| {
-                let ratio = self.settings.budget.max_ratio() * 100.0;
-                format!("ejection budget of 0 for {n} endpoints at {ratio:.0} %")
-            });
-            if let Some(why) = &why {
-                tracing::info!(
-                    target: "tower_outlier",
-                    endpoints = n,
-                    "no endpoint can be ejected: {why}"
-                );
-            }
-            self.registry.no_ejection(self.roster, why);
-        }
     }
 
     pub(crate) fn signalled(&mut self, now: Instant) {
@@ -368,38 +310,6 @@ where
         }
     }
 
-    /// Reports the policy states of `key`'s endpoint that changed since last reported.
-    fn report_states(&mut self, key: &K) {
-        if !self.registry.events.listened() {
-            return;
-        }
-        let Some(entry) = self.entries.get_mut(key) else {
-            return;
-        };
-        let now_states = policy_states(entry.record());
-        if *now_states == *entry.reported_states() {
-            return;
-        }
-        let state =
-            |states: &[Option<&'static str>], index: usize| states.get(index).copied().flatten();
-        for (index, &policy) in self.names.iter().enumerate() {
-            let (from, to) = (
-                state(entry.reported_states(), index),
-                state(&now_states, index),
-            );
-            if from != to {
-                self.registry
-                    .emit_about(self.roster, entry.id, |key| Event::PolicyStateChanged {
-                        key,
-                        policy,
-                        from,
-                        to,
-                    });
-            }
-        }
-        entry.set_reported(&self.usual_report, |reported| reported.states = now_states);
-    }
-
     fn consider(&mut self, key: &K, now: Instant) {
         let readiness_changed = self.sync_unready(key);
         self.report_states(key);
@@ -417,21 +327,6 @@ where
     fn judge_and_eject(&mut self, key: &K, now: Instant) {
         let verdict = self.decide(key);
         self.apply(key, verdict, now);
-    }
-
-    fn publish(&self, key: &K, next_check: Option<Instant>, reason: Option<Reason>) {
-        if let Some(entry) = self.entries.get(key) {
-            let status = entry.status().public();
-            let failed_checks = entry.failed_checks();
-            self.registry.publish(
-                self.roster,
-                entry.id,
-                status,
-                next_check,
-                failed_checks,
-                reason,
-            );
-        }
     }
 }
 
@@ -460,11 +355,13 @@ impl<K, S, C> Drop for Engine<K, S, C> {
     }
 }
 
+mod availability;
 mod entry;
 mod hosts;
 mod reconfigure;
 mod recovery;
 mod settings;
+mod shown;
 mod signals;
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,6 @@
 //! Rules that change while the service runs: the handle that replaces a running layer's policies,
 //! and the documents it reads.
 
-use std::error::Error;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -339,69 +338,6 @@ pub trait Dialect: Send + Sync {
     }
 }
 
-/// Why a reconfiguration was refused. The rules in force stay.
-#[derive(Debug)]
-pub struct ReconfigureError {
-    kind: Kind,
-}
-
-#[derive(Debug)]
-enum Kind {
-    NoSlot {
-        slot: usize,
-        slots: usize,
-    },
-    Mismatch {
-        slot: usize,
-        expected: &'static str,
-        given: &'static str,
-    },
-    NoPolicy {
-        policy: &'static str,
-    },
-    Document {
-        dialect: &'static str,
-        source: BoxError,
-    },
-}
-
-impl ReconfigureError {
-    fn new(kind: Kind) -> Self {
-        ReconfigureError { kind }
-    }
-
-    /// Whether the document could not be read (as opposed to a policy that does not fit the
-    /// layer).
-    pub fn is_document(&self) -> bool {
-        matches!(self.kind, Kind::Document { .. })
-    }
-}
-
-impl fmt::Display for ReconfigureError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.kind {
-            Kind::NoSlot { slot, slots } => {
-                write!(f, "the layer has no policy {slot} (it has {slots})")
-            }
-            Kind::Mismatch {
-                slot,
-                expected,
-                given,
-            } => write!(
-                f,
-                "policy {slot} is a {expected} policy; a {given} policy cannot replace it"
-            ),
-            Kind::NoPolicy { policy } => write!(f, "the layer has no {policy} policy"),
-            Kind::Document { dialect, source } => write!(f, "invalid {dialect} document: {source}"),
-        }
-    }
-}
-
-impl Error for ReconfigureError {
-    fn source(&self) -> Option<&(dyn Error + 'static)> {
-        match &self.kind {
-            Kind::Document { source, .. } => Some(&**source),
-            _ => None,
-        }
-    }
-}
+mod error;
+use error::Kind;
+pub use error::ReconfigureError;

@@ -1,5 +1,7 @@
 use super::*;
 use crate::{Consecutive, DetectorSemantics, FailurePercentage, SuccessRate, SuccessRateRule};
+use serde_json::Value;
+use std::time::Duration;
 
 /// The cluster example of Envoy's documentation (`docs/root/api-v3/config/contrib/
 /// load_balancing_policies/peak_ewma/peak_ewma.rst`), its `outlier_detection` in JSON.

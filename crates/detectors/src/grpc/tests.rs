@@ -1,5 +1,7 @@
 use super::*;
 use crate::{DetectorSemantics, FailurePercentage, SuccessRate, SuccessRateRule};
+use serde_json::Value;
+use std::time::Duration;
 
 /// The service config of grpc-go's outlier-detection end-to-end test for the success-rate
 /// algorithm (`internal/xds/balancer/outlierdetection/e2e_test`), its child policy named.

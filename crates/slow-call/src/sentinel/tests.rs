@@ -2,7 +2,9 @@
 
 use super::*;
 use crate::config::Strategy;
+use std::time::Duration;
 use tower_outlier_core::text::MAX_SHOWN_CHARS;
+use tower_outlier_core::ConfigError;
 
 /// The seed's walk-through rule, as the dashboard would store it.
 const SEED_RULE: &str = r#"[{"resource":"/testD","limitApp":"default","grade":0,"count":500,"timeWindow":10,"minRequestAmount":5,"statIntervalMs":1000,"slowRatioThreshold":1.0}]"#;

@@ -1,20 +1,17 @@
 //! HSF's ipDimension in the detector: what this adaptor ejects, the hosts it shares hold out;
 //! what another adaptor sharing them ejects, this one ejects too, within its own rules.
 
-use std::fmt;
-use std::hash::Hash;
-
 use tokio::time::Instant;
 use tower_outlier_core::{Reason, WindowCounts};
 
-use super::{later, Ejector, Engine};
+use super::{later, DiscoverKey, Ejector, Engine, SharedClassifier};
 use crate::events::Readmission;
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    K: DiscoverKey,
     S: Clone,
-    C: Clone + Send + Sync + 'static,
+    C: SharedClassifier,
 {
     /// Tells the registry this adaptor holds the host of endpoint `id` out, or no longer does.
     pub(super) fn share_host(&self, id: u64, out: bool) {

@@ -1,22 +1,22 @@
 //! Applying new rules to a running detector: every endpoint moves to the new policies with what
 //! they can use of its history, and is judged by them at once.
 
-use std::fmt;
-use std::hash::Hash;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 use tower::discover::Change;
 
-use super::{fleet_schedules, trial_period, Ejector, Engine, Settings, Status};
+use super::{
+    fleet_schedules, trial_period, DiscoverKey, Ejector, Engine, Settings, SharedClassifier, Status,
+};
 use crate::endpoint::{HasRecord, Shared};
 use crate::events::Readmission;
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    K: DiscoverKey,
     S: Clone,
-    C: Clone + Send + Sync + 'static,
+    C: SharedClassifier,
 {
     /// Applies the newest rules of the layer, if they are newer than the ones in force.
     ///

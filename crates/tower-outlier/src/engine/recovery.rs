@@ -2,22 +2,23 @@
 //! probes), trial ends, probe results and re-admissions.
 
 use std::fmt;
-use std::hash::Hash;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
-use super::{deadline_is_current, later, Engine, ProbeStart, Stage, Status};
+use super::{
+    deadline_is_current, later, DiscoverKey, Engine, ProbeStart, SharedClassifier, Stage, Status,
+};
 use crate::events::{Event, Readmission};
 use crate::probe::ProbeFuture;
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    K: DiscoverKey,
     S: Clone,
-    C: Clone + Send + Sync + 'static,
+    C: SharedClassifier,
 {
     pub(crate) fn advance(
         &mut self,

@@ -2,24 +2,22 @@
 //! available, its latency estimate seeded from the fleet's; a key inserted again keeps its
 //! history with the new service; a removed endpoint is forgotten, whatever it was doing.
 
-use std::fmt;
-use std::hash::Hash;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::EndpointRecord;
 
-use super::{policy_states, Engine, Entry, Reported, Status};
+use super::{policy_states, DiscoverKey, Engine, Entry, Reported, SharedClassifier, Status};
 use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
 use crate::events::{EndpointKey, Event};
 use crate::monitor::Tracked;
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    K: DiscoverKey,
     S: Clone,
-    C: Clone + Send + Sync + 'static,
+    C: SharedClassifier,
 {
     /// The upstream inserted `key` with `service`.
     pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {

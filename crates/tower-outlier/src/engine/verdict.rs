@@ -5,15 +5,13 @@
 //! events, shared hosts and logs. Every ejection and every refusal goes through them; the way
 //! back in is [`Engine::readmit`](super::Engine::readmit).
 
-use std::fmt;
-use std::hash::Hash;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::Reason;
 
-use super::{later, Ejector, Engine, Stage};
+use super::{later, DiscoverKey, Ejector, Engine, SharedClassifier, Stage};
 use crate::events::{Event, Refusal};
 
 /// What ejects an endpoint, or would.
@@ -43,9 +41,9 @@ pub(super) enum Verdict {
 
 impl<K, S, C> Engine<K, S, C>
 where
-    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    K: DiscoverKey,
     S: Clone,
-    C: Clone + Send + Sync + 'static,
+    C: SharedClassifier,
 {
     /// The policies' verdict on `key` now (`rules`, sections 2–5): an available endpoint a
     /// policy judges an outlier is ejected if [`room`](Self::room) allows, otherwise refused.

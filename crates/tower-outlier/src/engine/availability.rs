@@ -1,0 +1,86 @@
+//! What the balancer can pick: the endpoints in its set and ready, kept in step with the
+//! handles that report themselves unready, and the room to eject that the records read.
+
+use crate::events::Refusal;
+
+use super::*;
+
+impl<K, S, C> Engine<K, S, C>
+where
+    K: DiscoverKey,
+    S: Clone,
+    C: SharedClassifier,
+{
+    /// Endpoints the balancer can pick: in its set and ready.
+    pub(super) fn available(&self) -> usize {
+        self.entries.len() - self.ejected - self.unready.len()
+    }
+
+    /// Whether one more ejection is allowed now, or which rule refuses it (`rules`, section 3):
+    /// never the balancer's last endpoint it can pick, and never past the budget. The one place
+    /// the rule is written.
+    pub(super) fn room(&self) -> Result<(), Refusal> {
+        if self.available() <= 1 {
+            Err(Refusal::LastEndpoint)
+        } else if self.ejected >= self.settings.budget.max_ejected(self.entries.len()) {
+            Err(Refusal::Budget)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Follows `key`'s readiness as its balancer handle reported it; true if that changed.
+    pub(super) fn sync_unready(&mut self, key: &K) -> bool {
+        let Some(entry) = self.entries.get(key) else {
+            return false;
+        };
+        let unready = entry.status().is_available() && entry.record().is_unready();
+        let id = entry.id;
+        let changed = if unready {
+            self.unready.insert(id)
+        } else {
+            self.unready.remove(&id)
+        };
+        if changed {
+            if unready {
+                tracing::warn!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    available = self.available(),
+                    "endpoint not ready: its service failed poll_ready; not counted as an endpoint to fall back on"
+                );
+            } else {
+                tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint ready again");
+            }
+            self.registry.unready(self.roster, id, unready);
+        }
+        changed
+    }
+
+    /// Tells the endpoints whether one more ejection would be allowed, the same test
+    /// [`consider`](Self::consider) applies, so none gathers evidence for an ejection that would
+    /// be refused.
+    pub(crate) fn publish_room(&mut self) {
+        let n = self.entries.len();
+        let max = self.settings.budget.max_ejected(n);
+        self.notifier.set_room_to_eject(self.room().is_ok());
+        // A budget that rounds to none for this fleet is said once, in the log and the monitor,
+        // and again whenever that changes.
+        let none = (max == 0 && n > 1).then_some(n);
+        if none != self.no_ejection {
+            self.no_ejection = none;
+            let why = none.map(|n| {
+                let ratio = self.settings.budget.max_ratio() * 100.0;
+                format!("ejection budget of 0 for {n} endpoints at {ratio:.0} %")
+            });
+            if let Some(why) = &why {
+                tracing::info!(
+                    target: "tower_outlier",
+                    endpoints = n,
+                    "no endpoint can be ejected: {why}"
+                );
+            }
+            self.registry.no_ejection(self.roster, why);
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! What the monitor and the events show of an endpoint: its status, next check and reason,
+//! and its policies' states as they change.
+
+use tokio::time::Instant;
+use tower_outlier_core::Reason;
+
+use crate::events::Event;
+
+use super::*;
+
+impl<K, S, C> Engine<K, S, C>
+where
+    K: DiscoverKey,
+    S: Clone,
+    C: SharedClassifier,
+{
+    /// Reports the policy states of `key`'s endpoint that changed since last reported.
+    pub(super) fn report_states(&mut self, key: &K) {
+        if !self.registry.events.listened() {
+            return;
+        }
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let now_states = policy_states(entry.record());
+        if *now_states == *entry.reported_states() {
+            return;
+        }
+        let state =
+            |states: &[Option<&'static str>], index: usize| states.get(index).copied().flatten();
+        for (index, &policy) in self.names.iter().enumerate() {
+            let (from, to) = (
+                state(entry.reported_states(), index),
+                state(&now_states, index),
+            );
+            if from != to {
+                self.registry
+                    .emit_about(self.roster, entry.id, |key| Event::PolicyStateChanged {
+                        key,
+                        policy,
+                        from,
+                        to,
+                    });
+            }
+        }
+        entry.set_reported(&self.usual_report, |reported| reported.states = now_states);
+    }
+
+    pub(super) fn publish(&self, key: &K, next_check: Option<Instant>, reason: Option<Reason>) {
+        if let Some(entry) = self.entries.get(key) {
+            let status = entry.status().public();
+            let failed_checks = entry.failed_checks();
+            self.registry.publish(
+                self.roster,
+                entry.id,
+                status,
+                next_check,
+                failed_checks,
+                reason,
+            );
+        }
+    }
+}
