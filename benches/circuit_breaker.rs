@@ -35,8 +35,8 @@ use per_call::{allocations_per_call, drive, run, Failsafe, Sample};
 use std::time::Duration;
 
 use tower_layer::Layer;
+use tower_outlier::policy::Clock;
 use tower_outlier::slow_call::{BreakerConfig, CircuitBreakerLayer, State};
-use tower_outlier::Clock;
 use tower_resilience_circuitbreaker::{
     CircuitBreakerLayer as ResilienceLayer, CircuitState, SlidingWindowType,
 };

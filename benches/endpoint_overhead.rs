@@ -18,7 +18,8 @@ mod per_call;
 
 use common::{median, Echo};
 
-use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+use tower_outlier::policy::Clock;
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 use tower_service::Service;
 
 const ITERATIONS: u64 = 10_000_000;

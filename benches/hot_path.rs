@@ -68,8 +68,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tower_layer::Layer;
+use tower_outlier::policy::Clock;
 use tower_outlier::slow_call::{BreakerConfig, CircuitBreakerLayer, State};
-use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 use tower_service::Service;
 
 /// Calls per thread per run.

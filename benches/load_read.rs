@@ -23,9 +23,9 @@ use futures::StreamExt;
 use tower::discover::{Change, ServiceList};
 use tower::load::{CompleteOnResponse, Load, PeakEwma};
 use tower_layer::Layer;
-use tower_outlier::{
-    Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, OutlierEndpoint,
-};
+use tower_outlier::discover::OutlierEndpoint;
+use tower_outlier::policy::Clock;
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 use tower_service::Service;
 
 const ITERATIONS: u64 = 10_000_000;

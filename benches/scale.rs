@@ -20,7 +20,8 @@ use futures::channel::mpsc;
 use futures::Stream;
 use tower::discover::Change;
 use tower_layer::Layer;
-use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer, OutlierEndpoint};
+use tower_outlier::discover::OutlierEndpoint;
+use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
 use tower_service::Service;
 
 /// An in-memory endpoint that fails while `failing` is set.

@@ -25,7 +25,8 @@ use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_outlier::classify::classify_fn;
 use tower_outlier::classify::{FailureKind, Outcome};
-use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+use tower_outlier::policy::Clock;
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 use tower_service::Service;
 
 /// A request that the classifier counts as a failure.

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tower_outlier::classify::{FailureKind, Observation, Outcome};
+use tower_outlier::policy::Clock;
 use tower_outlier::policy::{EndpointPolicy, EndpointRecord, FleetMember, Notifier, OutlierPolicy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
-use tower_outlier::Clock;
 
 fn main() {
     let policy = WeightPolicy::new(

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use tower::Service;
-use tower_outlier::{Clock, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+use tower_outlier::policy::Clock;
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 
 struct Counting;
 

@@ -17,10 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{Backend, Harness, SeededRng};
+use tower_outlier::policy::{BudgetFloor, EjectionBudget};
 use tower_outlier::probe::{probe_fn, Probe, ProbeFuture};
 use tower_outlier::{
-    BudgetFloor, DetectorConfig, DetectorPolicy, EjectionBudget, EndpointStatus, ErrorRateConfig,
-    ErrorRatePolicy, OutlierDetectionLayer,
+    DetectorConfig, DetectorPolicy, EndpointStatus, ErrorRateConfig, ErrorRatePolicy,
+    OutlierDetectionLayer,
 };
 
 fn histories() -> u64 {

@@ -213,7 +213,8 @@ async fn an_idle_balancer_is_not_polled_in_a_loop() {
         }
     }
     for id in 1..5 {
-        let endpoint: &mut tower_outlier::OutlierEndpoint<Backend, _> = live.get_mut(&id).unwrap();
+        let endpoint: &mut tower_outlier::discover::OutlierEndpoint<Backend, _> =
+            live.get_mut(&id).unwrap();
         for _ in 0..10 {
             let _ = endpoint.ready().await.unwrap().call(()).await;
         }

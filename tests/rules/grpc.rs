@@ -8,10 +8,10 @@ use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt};
 use http_body_util::{BodyExt, StreamBody};
 use tower::{service_fn, Service, ServiceExt};
+use tower_outlier::discover::OutlierEndpoint;
 use tower_outlier::grpc::{Code, GrpcErrors};
-use tower_outlier::{
-    ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, OutlierEndpoint, WindowCounts,
-};
+use tower_outlier::policy::WindowCounts;
+use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 
 type TestBody = StreamBody<BoxStream<'static, Result<http_body::Frame<Bytes>, io::Error>>>;
 

@@ -8,10 +8,8 @@ use std::time::Duration;
 
 use support::Harness;
 use tower_outlier::hosts::{HostOf, HostRegistry};
-use tower_outlier::{
-    BudgetFloor, EjectionBudget, EndpointStatus, ErrorRateConfig, ErrorRatePolicy,
-    OutlierDetectionLayer,
-};
+use tower_outlier::policy::{BudgetFloor, EjectionBudget};
+use tower_outlier::{EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 
 /// Endpoint `n` of every service runs on host `n`.
 fn host_of() -> HostOf {

@@ -10,11 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{Backend, Harness, SeededRng};
+use tower_outlier::policy::{BudgetFloor, EjectionBudget};
 use tower_outlier::probe::{probe_fn, Probe, ProbeFuture};
-use tower_outlier::{
-    BudgetFloor, EjectionBudget, EndpointStatus, ErrorRateConfig, ErrorRatePolicy,
-    OutlierDetectionLayer,
-};
+use tower_outlier::{EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 
 /// How many seeds each test runs: a few in CI, as many as `SOAK_HISTORIES` asks for in a soak
 /// (`SOAK_HISTORIES=20000 cargo test --release --test rules invariants::`: five histories a

@@ -63,7 +63,7 @@ impl Service<()> for Gray {
 type Balancer = Buffer<
     (),
     <Balance<
-        tower_outlier::OutlierDetectionDiscover<
+        tower_outlier::discover::OutlierDetectionDiscover<
             futures::channel::mpsc::UnboundedReceiver<
                 Result<tower::discover::Change<usize, Gray>, Infallible>,
             >,

@@ -11,10 +11,10 @@ use support::{Harness, Seen};
 use tokio::time::Instant;
 use tower::discover::Change;
 use tower::Service;
+use tower_outlier::error_rate::ErrorRateBuilder;
 use tower_outlier::probe::{probe_fn, PassiveTrial, ProbeFuture};
 use tower_outlier::{
-    EndpointStatus, ErrorRateBuilder, ErrorRateConfig, ErrorRatePolicy, NetworkErrors,
-    OutlierDetectionLayer,
+    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, NetworkErrors, OutlierDetectionLayer,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -526,7 +526,7 @@ async fn the_seed_hsf_json_drives_the_layer() {
         "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10 },
         "service:version": { "errorRateThreshold":0.5, "isolationTime":60000, "maxIsolationRate":0.2,
         "maxIsolationTimeMultiple":15, "qosEnabled":true, "requestThreshold":20, "timeWindowInSeconds":10 } }"#;
-    let hsf = tower_outlier::HsfQosConfig::from_json(json).unwrap();
+    let hsf = tower_outlier::error_rate::HsfQosConfig::from_json(json).unwrap();
     let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
         hsf.service("service:version").unwrap(),
     ));
@@ -542,7 +542,8 @@ async fn the_seed_hsf_json_drives_the_layer() {
     );
     // qosEnabled false: nothing is ever ejected.
     let off =
-        tower_outlier::HsfQosConfig::from_json(r#"{"DEFAULT": {"qosEnabled": false}}"#).unwrap();
+        tower_outlier::error_rate::HsfQosConfig::from_json(r#"{"DEFAULT": {"qosEnabled": false}}"#)
+            .unwrap();
     let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(off.application().unwrap()));
     let mut h = Harness::new(&layer, 5);
     h.calls(0, 100, 0).await;

@@ -375,9 +375,9 @@ mod through_the_outlier_layer {
     use tower::balance::p2c::Balance;
     use tower::buffer::Buffer;
     use tower::Layer;
+    use tower_outlier::policy::{BudgetFloor, EjectionBudget};
     use tower_outlier::{
-        BudgetFloor, EjectionBudget, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor,
-        OutlierDetectionLayer,
+        EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor, OutlierDetectionLayer,
     };
 
     fn breaker_layer() -> OutlierDetectionLayer {
@@ -538,7 +538,8 @@ mod through_the_outlier_layer {
 /// one open duration after the ejection.
 #[tokio::test(start_paused = true)]
 async fn a_late_ejection_is_checked_when_the_breaker_s_open_duration_ends() {
-    use tower_outlier::{BudgetFloor, EjectionBudget, EndpointStatus, OutlierDetectionLayer};
+    use tower_outlier::policy::{BudgetFloor, EjectionBudget};
+    use tower_outlier::{EndpointStatus, OutlierDetectionLayer};
 
     let layer = OutlierDetectionLayer::new(SlowCallPolicy::new(
         BreakerConfig::error_ratio(0.5)

@@ -6,9 +6,10 @@ use crate::support;
 use std::time::Duration;
 
 use support::Harness;
+use tower_outlier::policy::{BudgetFloor, EjectionBudget};
 use tower_outlier::probe::PassiveTrial;
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
-use tower_outlier::{BudgetFloor, EjectionBudget, OutlierDetectionLayer};
+use tower_outlier::OutlierDetectionLayer;
 
 /// SOFARPC's documented example: window 20 s, least 30 calls, multiple 6, degrade 0.5, recover 1.2, least
 /// weight 1, at most 2 degraded.

@@ -14,10 +14,9 @@ use futures::channel::mpsc;
 use futures::Stream;
 use tower::discover::Change;
 use tower::{Service, ServiceExt};
+use tower_outlier::discover::{OutlierDetectionDiscover, OutlierEndpoint};
 use tower_outlier::probe::Probe;
-use tower_outlier::{
-    NetworkErrors, OutlierDetectionDiscover, OutlierDetectionLayer, OutlierEndpoint,
-};
+use tower_outlier::{NetworkErrors, OutlierDetectionLayer};
 
 /// A backend that answers its id, or fails with a transport error while `failing` is set; its
 /// `poll_ready` fails while `broken` is set (a dead connection's worker, a reconnect failing).

@@ -1,6 +1,6 @@
 //! The policy trait: how a policy judges endpoints, and how several policies share one layer.
 //!
-//! A [`OutlierPolicy`] is configured once per layer. For every endpoint the layer asks it for an
+//! An [`OutlierPolicy`] is configured once per layer. For every endpoint the layer asks it for an
 //! [`EndpointPolicy`], the policy's per-endpoint state. On every finished call the endpoint's
 //! response future hands the [`Observation`] to each of its endpoint policies
 //! ([`EndpointPolicy::record`]): this is the hot path, so it must not lock or allocate. When a

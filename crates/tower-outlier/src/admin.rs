@@ -65,8 +65,8 @@ use tower_service::Service;
 pub use body::AdminBody;
 use history::{History, Limits};
 
+use crate::monitor::EventCallback;
 use crate::monitor::Monitor;
-use crate::EventCallback;
 
 /// How often a server-sent event stream with nothing to say sends a comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);

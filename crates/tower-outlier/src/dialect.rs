@@ -21,7 +21,7 @@
 //! # Ok::<(), tower::BoxError>(())
 //! ```
 
-pub use crate::reconfigure::Dialect;
+pub use crate::reconfigure::{Dialect, ReconfigureError};
 
 #[cfg(any(
     feature = "hsf",

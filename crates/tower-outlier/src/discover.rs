@@ -1,11 +1,16 @@
-//! The discover adaptor: feeds the detector ([`Engine`]) from the upstream stream, the
-//! endpoints' notifier, one tokio timer and the probe tasks, and yields the detector's changes.
+//! What the layer hands the balancer: the discover adaptor ([`OutlierDetectionDiscover`]) and
+//! the endpoints it yields ([`OutlierEndpoint`], whose load is an [`EndpointCost`]).
+//!
+//! Most code never names these types: [`OutlierDetectionLayer`](crate::OutlierDetectionLayer)
+//! builds the adaptor and tower's `Balance` takes it as it is.
 //!
 //! Upstream changes are authoritative and forwarded first. Ejections are event-driven: a record
-//! that crosses a threshold wakes the adaptor through the notifier, and the adaptor has the
-//! detector judge the flagged endpoints when it is next polled (the balancer polls discovery
-//! before it picks an endpoint, so no request is routed by a stale set). Recovery checks and trial
-//! ends run on one timer set to the detector's earliest deadline.
+//! that crosses a threshold wakes the adaptor, and the adaptor judges the flagged endpoints when it
+//! is next polled (the balancer polls discovery before it picks an endpoint, so no request is
+//! routed by a stale set). Recovery checks and trial ends run on one timer set to the earliest
+//! deadline.
+
+pub use crate::endpoint::{EndpointCost, OutlierEndpoint};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,7 +27,6 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower::discover::{Change, Discover};
 
-use crate::endpoint::OutlierEndpoint;
 use crate::engine::{Engine, ProbeStart, Settings};
 use crate::layer::DiscoverErrors;
 use crate::monitor::Registry;

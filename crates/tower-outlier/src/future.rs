@@ -1,4 +1,4 @@
-//! The response future of an [`OutlierEndpoint`](crate::OutlierEndpoint).
+//! The response future of an [`OutlierEndpoint`](crate::discover::OutlierEndpoint).
 
 use std::fmt;
 use std::future::Future;
@@ -13,7 +13,7 @@ use crate::endpoint::Lane;
 use crate::response::{Recorder, ResponseClassifier};
 
 pin_project! {
-    /// The response future of an [`OutlierEndpoint`](crate::OutlierEndpoint).
+    /// The response future of an [`OutlierEndpoint`](crate::discover::OutlierEndpoint).
     ///
     /// When the inner future completes, its classifier records the outcome with its latency (or
     /// takes the call's [`Recorder`] into the response to record later, at the end of a gRPC

@@ -2,14 +2,15 @@
 //! load-balanced set that fail, take them out of rotation, check them, and bring them back.
 //!
 //! [`OutlierDetectionLayer`] wraps a `tower::discover` stream. Each discovered service becomes an
-//! [`OutlierEndpoint`] whose response futures classify and record every call (lock-free, with its
+//! [`OutlierEndpoint`](discover::OutlierEndpoint) whose response futures classify and record every call (lock-free, with its
 //! latency); the layer's output is a discover stream without the ejected endpoints, ready for
-//! `tower::balance::p2c::Balance`. [`OutlierEndpoint`] implements `tower::load::Load`, so p2c prefers
+//! `tower::balance::p2c::Balance`. [`OutlierEndpoint`](discover::OutlierEndpoint) implements `tower::load::Load`, so p2c prefers
 //! fast, idle endpoints.
 //!
 //! Policies (each its own crate, re-exported behind a feature):
 //! * `error-rate` (default): error-rate ejection with EDAS / HSF semantics —
-//!   `ErrorRatePolicy`, `ErrorRateConfig`, `HsfQosConfig` (feature `hsf`), at the root.
+//!   `ErrorRatePolicy` and `ErrorRateConfig` at the root, `HsfQosConfig` (feature `hsf`) in
+//!   `error_rate`.
 //! * `slow-call` (default): the slow-call ratio breaker with Sentinel semantics, in `slow_call`:
 //!   `SlowCallPolicy` per endpoint (composes with error-rate ejection through
 //!   [`OutlierDetectionLayer::with_policy`], sharing one budget) and the standalone
@@ -77,7 +78,7 @@
 pub mod admin;
 mod deadlines;
 pub mod dialect;
-mod discover;
+pub mod discover;
 mod endpoint;
 mod engine;
 mod envoy_log;
@@ -92,7 +93,7 @@ mod layer;
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub mod metrics;
-mod monitor;
+pub mod monitor;
 pub mod policy;
 pub mod probe;
 mod reconfigure;
@@ -122,16 +123,10 @@ pub mod classify {
 }
 
 pub use classify::{NetworkErrors, ServerErrors};
-pub use discover::OutlierDetectionDiscover;
-pub use endpoint::{EndpointCost, OutlierEndpoint};
 pub use layer::{DiscoverErrors, OutlierDetectionLayer};
-pub use monitor::{
-    EndpointSnapshot, EndpointStatus, EventCallback, Monitor, PolicyWindow, Snapshot,
-};
-pub use reconfigure::{ReconfigureError, RulesHandle};
-pub use tower_outlier_core::{
-    BudgetFloor, Clock, ConfigError, EjectionBudget, Reason, RecoverySchedule, WindowCounts,
-};
+pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, Snapshot};
+pub use reconfigure::RulesHandle;
+pub use tower_outlier_core::ConfigError;
 
 /// Error-rate ejection (EDAS and HSF semantics): everything of the `tower-outlier-error-rate`
 /// crate; the policy, its configuration and the HSF reader are also at this crate's root.
@@ -165,8 +160,4 @@ pub use tower_outlier_detectors::{DetectorConfig, DetectorPolicy};
 
 #[cfg(feature = "error-rate")]
 #[cfg_attr(docsrs, doc(cfg(feature = "error-rate")))]
-pub use tower_outlier_error_rate::{ErrorRateBuilder, ErrorRateConfig, ErrorRatePolicy};
-
-#[cfg(feature = "hsf")]
-#[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
-pub use tower_outlier_error_rate::{HsfConfigError, HsfQosConfig};
+pub use tower_outlier_error_rate::{ErrorRateConfig, ErrorRatePolicy};

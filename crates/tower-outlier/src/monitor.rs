@@ -1,4 +1,5 @@
-//! Reading what the layer decided: per-endpoint status, window counts and next check.
+//! Reading what the layer decided: per-endpoint status, window counts and next check
+//! ([`Monitor`], [`Snapshot`]), and the callbacks that follow its events ([`EventCallback`]).
 
 use std::collections::hash_map::HashMap;
 use std::fmt;

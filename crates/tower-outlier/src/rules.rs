@@ -32,7 +32,7 @@
 //!
 //! * At most `floor(n × max_ejection_ratio)` endpoints are out at once (20 % by default), `n`
 //!   counting every endpoint the upstream holds, whatever the policy that ejects them. When that
-//!   is below one, EDAS ejects none and HSF ejects one ([`BudgetFloor`](crate::BudgetFloor)).
+//!   is below one, EDAS ejects none and HSF ejects one ([`BudgetFloor`](crate::policy::BudgetFloor)).
 //!   Envoy's rule is EDAS's (`(ejected + 1) / n` within the ratio), or HSF's with
 //!   `always_eject_one_host`; gRPC's rounds up (an ejection is allowed while fewer than
 //!   `n × ratio` are out, so the first always is).
@@ -109,7 +109,7 @@
 //! # 7. Load and the balancer
 //!
 //! * Each endpoint's [`Load`](tower::load::Load) is (latency estimate + 1 µs) × (calls in
-//!   flight + 1) ÷ relative weight ([`EndpointCost`](crate::EndpointCost)). The latency estimate is a
+//!   flight + 1) ÷ relative weight ([`EndpointCost`](crate::discover::EndpointCost)). The latency estimate is a
 //!   peak-sensitive moving average that decays toward zero while the endpoint is idle (10 s time
 //!   constant), with three rules of its own:
 //!   * **The first call** after the endpoint joins or is re-admitted, if it succeeds, moves the
@@ -179,7 +179,7 @@
 //!    its calls in flight are counted, once: at its first call or its first clone, or at its
 //!    second call for a clone; that takes one allocation and one lock.)
 //! 6. The upstream is authoritative (rule 8).
-//! 7. Time comes from the layer's [`Clock`](crate::Clock) (tokio's when paused, so tests are
+//! 7. Time comes from the layer's [`Clock`](crate::policy::Clock) (tokio's when paused, so tests are
 //!    deterministic); deadlines from tokio's timer.
 //! 8. Bad configuration is a typed error naming the field, the value and the allowed range; no
 //!    input, configuration or response makes the library panic.

@@ -41,8 +41,8 @@
 use metrics::{counter, describe_counter, Unit};
 
 use crate::events::{Event, Refusal};
+use crate::monitor::EventCallback;
 use crate::monitor::Monitor;
-use crate::EventCallback;
 
 /// A91's counter of ejections made.
 pub const EJECTIONS_ENFORCED: &str = "grpc.lb.outlier_detection.ejections_enforced";

@@ -182,7 +182,7 @@ mod tests {
                 ]);
                 Ok::<_, std::io::Error>(http::Response::new(StreamBody::new(frames)))
             }));
-        let counts = |endpoint: &crate::OutlierEndpoint<_, _>| {
+        let counts = |endpoint: &crate::discover::OutlierEndpoint<_, _>| {
             let record = endpoint.record();
             record.policies()[0].describe(record.clock().now()).counts
         };
