@@ -54,9 +54,9 @@ pub use error::{check_nonzero_duration, check_ratio, ConfigError};
 pub use lock::{Lock, LockGuard};
 pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
-    Admit, AsAny, BudgetFloor, Description, EjectionBudget, EndpointPolicy, FleetEvaluation,
-    FleetMember, FleetPolicy, Judgement, OutlierPolicy, ProbeGate, Reason, RecoverySchedule,
-    Signal, Weighting,
+    Admit, AsAny, BudgetFloor, CallsNeeded, Description, EjectionBudget, EndpointPolicy,
+    FleetEvaluation, FleetMember, FleetPolicy, Judgement, OutlierPolicy, OwnTiming, ProbeGate,
+    Reason, RecoverySchedule, Signal, Weighting,
 };
 pub use record::{
     store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,

@@ -100,43 +100,17 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// happens from now on.
     fn reset(&self);
 
-    /// How many more calls this policy needs before it can judge an endpoint that already looks
-    /// like an outlier (every call so far failed, say) but whose window is short of the minimum.
-    /// 0 (the default) when it does not look like an outlier or has the calls it needs.
-    ///
-    /// A balancer that prefers fast endpoints starves one whose calls time out, so without help
-    /// its window never reaches the minimum and it is never judged. The endpoint's `Load` reports
-    /// itself idle until this many calls are in flight, which sends it exactly the calls needed
-    /// for a judgement and no more. Asked only while the endpoint's last call failed (cold path).
-    fn calls_wanted(&self, now: Nanos) -> u64 {
-        let _ = now;
-        0
-    }
-
-    /// How many calls a passive trial of an endpoint this policy ejected must see before it can
-    /// pass: a re-admitted endpoint that received fewer has shown nothing, so its trial goes on.
-    /// The layer adds up the counts [`describe`](Self::describe) shows at the end of each trial
-    /// period. 0 (the default) for policies that decide recovery in their own way.
-    fn trial_calls(&self) -> u64 {
-        0
-    }
-
-    /// When the endpoint may next be checked, if this state decides it itself: a breaker knows
-    /// when its open duration ends, and the layer's recovery check should come then, not one
-    /// schedule step after the ejection (which may have come later, when the budget allowed).
-    /// Asked exactly once each time this policy ejects the endpoint, at `now`, so a policy that
-    /// counts ejections (a growing ejection time) may count here. `None` (the default): the
-    /// policy's [`RecoverySchedule`] decides.
-    fn check_at(&self, now: Nanos) -> Option<Nanos> {
-        let _ = now;
+    /// The capability to ask for calls, for a policy that needs a number of them to decide
+    /// (see [`CallsNeeded`]). `None`, the default: the policy judges on whatever calls come.
+    fn calls_needed(&self) -> Option<&dyn CallsNeeded> {
         None
     }
 
-    /// The layer judged the endpoint an outlier (by this policy or another) but kept it in
-    /// rotation: the budget was spent, or it is the last endpoint. A state holding calls back
-    /// until the layer acts releases them here. Cold path; the default does nothing.
-    fn ejection_refused(&self, now: Nanos) {
-        let _ = now;
+    /// The capability to time its own ejections, for a policy that holds an endpoint out on a
+    /// clock of its own, as a breaker does (see [`OwnTiming`]). `None`, the default: the
+    /// policy's [`RecoverySchedule`] decides.
+    fn own_timing(&self) -> Option<&dyn OwnTiming> {
+        None
     }
 
     /// A window this state shares with the endpoint's record, so that the record counts a
@@ -155,6 +129,47 @@ pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// default: the policy never holds a call back. Asked once, when the endpoint is created.
     fn gate(&self) -> Option<&dyn ProbeGate> {
         None
+    }
+}
+
+/// What a policy that needs a number of calls to decide adds to [`EndpointPolicy`] (see
+/// [`EndpointPolicy::calls_needed`]).
+pub trait CallsNeeded: Send + Sync {
+    /// How many more calls this policy needs before it can judge an endpoint that already looks
+    /// like an outlier (every call so far failed, say) but whose window is short of the minimum.
+    /// 0 when it does not look like an outlier or has the calls it needs.
+    ///
+    /// A balancer that prefers fast endpoints starves one whose calls time out, so without help
+    /// its window never reaches the minimum and it is never judged. The endpoint's `Load` reports
+    /// itself idle until this many calls are in flight, which sends it exactly the calls needed
+    /// for a judgement and no more. Asked only while the endpoint's last call failed (cold path).
+    fn calls_wanted(&self, now: Nanos) -> u64;
+
+    /// How many calls a passive trial of an endpoint this policy ejected must see before it can
+    /// pass: a re-admitted endpoint that received fewer has shown nothing, so its trial goes on.
+    /// The layer adds up the counts [`EndpointPolicy::describe`] shows at the end of each trial
+    /// period. 0 (the default) for policies that decide recovery in their own way.
+    fn trial_calls(&self) -> u64 {
+        0
+    }
+}
+
+/// What a policy that times its own ejections adds to [`EndpointPolicy`] (see
+/// [`EndpointPolicy::own_timing`]).
+pub trait OwnTiming: Send + Sync {
+    /// When the endpoint may next be checked, if this state decides it itself: a breaker knows
+    /// when its open duration ends, and the layer's recovery check should come then, not one
+    /// schedule step after the ejection (which may have come later, when the budget allowed).
+    /// Asked exactly once each time this policy ejects the endpoint, at `now`, so a policy that
+    /// counts ejections (a growing ejection time) may count here. `None`: the policy's
+    /// [`RecoverySchedule`] decides.
+    fn check_at(&self, now: Nanos) -> Option<Nanos>;
+
+    /// The layer judged the endpoint an outlier (by this policy or another) but kept it in
+    /// rotation: the budget was spent, or it is the last endpoint. A state holding calls back
+    /// until the layer acts releases them here. Cold path; the default does nothing.
+    fn ejection_refused(&self, now: Nanos) {
+        let _ = now;
     }
 }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use futures::task::noop_waker_ref;
 use tower_outlier_core::{
-    Admit, Clock, EndpointPolicy, FailureKind, Judgement, Nanos, Observation, Outcome, Signal,
+    Admit, CallsNeeded, Clock, EndpointPolicy, FailureKind, Judgement, Nanos, Observation, Outcome,
+    OwnTiming, Signal,
 };
 
 use crate::{Detector, DetectorBuilder, DetectorConfig, DetectorEndpoint, DetectorPolicy};

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    Description, EjectionBudget, EndpointPolicy, Judgement, Nanos, Observation, OutlierPolicy,
-    Reason, RecoverySchedule, SharedWindow, Signal, WindowCounts,
+    CallsNeeded, Description, EjectionBudget, EndpointPolicy, Judgement, Nanos, Observation,
+    OutlierPolicy, Reason, RecoverySchedule, SharedWindow, Signal, WindowCounts,
 };
 
 use crate::config::ErrorRateConfig;
@@ -184,6 +184,23 @@ impl EndpointPolicy for ErrorRateEndpoint {
         }
     }
 
+    fn calls_needed(&self) -> Option<&dyn CallsNeeded> {
+        Some(self)
+    }
+
+    fn reset(&self) {
+        self.window().clear();
+        self.shared.set_watching(false);
+    }
+
+    /// The window, while the policy is enabled (a disabled one counts nothing).
+    fn shared_window(&self) -> Option<Arc<SharedWindow>> {
+        self.enabled.then(|| self.shared.clone())
+    }
+}
+
+/// The calls an error-rate judgement needs: the window's minimum.
+impl CallsNeeded for ErrorRateEndpoint {
     fn calls_wanted(&self, now: Nanos) -> u64 {
         if !self.enabled {
             return 0;
@@ -202,16 +219,6 @@ impl EndpointPolicy for ErrorRateEndpoint {
         } else {
             0
         }
-    }
-
-    fn reset(&self) {
-        self.window().clear();
-        self.shared.set_watching(false);
-    }
-
-    /// The window, while the policy is enabled (a disabled one counts nothing).
-    fn shared_window(&self) -> Option<Arc<SharedWindow>> {
-        self.enabled.then(|| self.shared.clone())
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_outlier_core::{
     Admit, Clock, Description, EndpointPolicy, Judgement, Nanos, Observation, OutlierPolicy,
-    ProbeGate, Reason, RecoverySchedule, Signal,
+    OwnTiming, ProbeGate, Reason, RecoverySchedule, Signal,
 };
 
 use crate::breaker::{Admission, Breaker, Observer, State, StateChange};
@@ -189,14 +189,21 @@ impl EndpointPolicy for BreakerEndpoint {
         // The breaker's own state machine decides re-admission through its probe.
     }
 
-    fn check_at(&self, _now: Nanos) -> Option<Nanos> {
-        // The breaker owns its timing: the endpoint is checked (re-admitted for the half-open
-        // probe) exactly when the open duration ends.
-        (self.breaker.state() == State::Open).then(|| self.breaker.open_until())
+    fn own_timing(&self) -> Option<&dyn OwnTiming> {
+        Some(self)
     }
 
     fn gate(&self) -> Option<&dyn ProbeGate> {
         Some(self)
+    }
+}
+
+/// The breaker times its own ejections: its open duration.
+impl OwnTiming for BreakerEndpoint {
+    fn check_at(&self, _now: Nanos) -> Option<Nanos> {
+        // The breaker owns its timing: the endpoint is checked (re-admitted for the half-open
+        // probe) exactly when the open duration ends.
+        (self.breaker.state() == State::Open).then(|| self.breaker.open_until())
     }
 }
 

@@ -236,16 +236,17 @@ impl EndpointRecord {
     /// timeout) of `quiet` ago or more, after which no call has completed: the balancer is
     /// avoiding it on that one failure, which may be a server gone for good or a blip, and only a
     /// call tells them apart — when a policy would judge on it (one wants calls,
-    /// [`EndpointPolicy::calls_wanted`](crate::EndpointPolicy::calls_wanted): a streak under way) and the layer has room to eject.
+    /// [`CallsNeeded::calls_wanted`](crate::CallsNeeded::calls_wanted): a streak under way) and the layer has room to eject.
     /// Otherwise the call would only fail again for nothing.
     pub fn follow_up_wanted(&self, quiet: Nanos, now: Nanos) -> bool {
         self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_FAILED
             && now.saturating_sub(self.latency.last_sample.load(Ordering::Relaxed)) >= quiet
             && self.notifier.room_to_eject()
-            && self
-                .policies
-                .iter()
-                .any(|policy| policy.calls_wanted(now) > 0)
+            && self.policies.iter().any(|policy| {
+                policy
+                    .calls_needed()
+                    .is_some_and(|needs| needs.calls_wanted(now) > 0)
+            })
     }
 
     /// Whether the estimate rests on one slow sample that jumped far above a fresh estimate and
@@ -267,7 +268,7 @@ impl EndpointRecord {
     }
 
     /// How many more calls this endpoint should get before its policies can judge it: the most
-    /// any policy wants ([`EndpointPolicy::calls_wanted`](crate::EndpointPolicy::calls_wanted)). Asked only while the last call failed
+    /// any policy wants ([`CallsNeeded::calls_wanted`](crate::CallsNeeded::calls_wanted)). Asked only while the last call failed
     /// fast (any failure but a timeout: 503 and UNAVAILABLE included, which behind a proxy are what
     /// a dead upstream looks like), the one before it failed too or the endpoint has served
     /// nothing since it joined or was re-admitted (one failure of a serving endpoint may be a gray
@@ -282,7 +283,11 @@ impl EndpointRecord {
         }
         self.policies
             .iter()
-            .map(|policy| policy.calls_wanted(now))
+            .map(|policy| {
+                policy
+                    .calls_needed()
+                    .map_or(0, |needs| needs.calls_wanted(now))
+            })
             .max()
             .unwrap_or(0)
     }

@@ -85,6 +85,12 @@ impl EndpointPolicy for WantsFive {
         Default::default()
     }
     fn reset(&self) {}
+    fn calls_needed(&self) -> Option<&dyn crate::policy::CallsNeeded> {
+        Some(self)
+    }
+}
+
+impl crate::policy::CallsNeeded for WantsFive {
     fn calls_wanted(&self, _: Nanos) -> u64 {
         5
     }

@@ -3,8 +3,8 @@
 use std::sync::atomic::Ordering;
 
 use tower_outlier_core::{
-    Description, EndpointPolicy, FailureKind, Judgement, Nanos, Observation, Outcome, ProbeGate,
-    Reason, Signal, WindowCounts,
+    CallsNeeded, Description, EndpointPolicy, FailureKind, Judgement, Nanos, Observation, Outcome,
+    OwnTiming, ProbeGate, Reason, Signal, WindowCounts,
 };
 
 use crate::enforcement::ejection_end;
@@ -112,6 +112,49 @@ impl EndpointPolicy for DetectorEndpoint {
         }
     }
 
+    fn calls_needed(&self) -> Option<&dyn CallsNeeded> {
+        Some(self)
+    }
+
+    fn own_timing(&self) -> Option<&dyn OwnTiming> {
+        Some(self)
+    }
+
+    fn gate(&self) -> Option<&dyn ProbeGate> {
+        self.gate.as_ref().map(|_| self as &dyn ProbeGate)
+    }
+}
+
+impl DetectorEndpoint {
+    fn counts(&self) -> WindowCounts {
+        let tally = unpack(self.external.load(Ordering::Relaxed));
+        let local = unpack(self.local.load(Ordering::Relaxed));
+        let (calls, failures) = if self.split {
+            // Local-origin failures never reached the external tally.
+            (local.calls, tally.failures + local.failures)
+        } else {
+            (tally.calls, tally.failures)
+        };
+        WindowCounts {
+            calls,
+            failures,
+            slow: 0,
+        }
+    }
+
+    fn state_name(&self) -> Option<&'static str> {
+        // linkerd's breaker: open (counting), shut (ejected or waiting), probation (one probe).
+        let gate = self.gate.as_ref()?;
+        Some(match gate.state.load(Ordering::Acquire) {
+            CLOSED => "OPEN",
+            HALF_OPEN | PROBING => "PROBATION",
+            _ => "SHUT",
+        })
+    }
+}
+
+/// A consecutive-failure streak needs the rest of its calls to be judged.
+impl CallsNeeded for DetectorEndpoint {
     fn calls_wanted(&self, _now: Nanos) -> u64 {
         // A streak needs exactly the rest of its calls to be judged: the record raises the
         // estimate of an endpoint failing fast, so a latency-driven balancer would otherwise stop
@@ -133,7 +176,10 @@ impl EndpointPolicy for DetectorEndpoint {
             .unwrap_or(0)
             .min(MOST_CALLS_WANTED)
     }
+}
 
+/// The detectors time their own ejections (Envoy's and gRPC's ejection time, linkerd's back-off).
+impl OwnTiming for DetectorEndpoint {
     fn check_at(&self, now: Nanos) -> Option<Nanos> {
         let last_tick = match self.last_tick.load(Ordering::Relaxed) {
             NONE => None,
@@ -176,37 +222,5 @@ impl EndpointPolicy for DetectorEndpoint {
                 self.wake_gate(gate, CLOSED);
             }
         }
-    }
-
-    fn gate(&self) -> Option<&dyn ProbeGate> {
-        self.gate.as_ref().map(|_| self as &dyn ProbeGate)
-    }
-}
-
-impl DetectorEndpoint {
-    fn counts(&self) -> WindowCounts {
-        let tally = unpack(self.external.load(Ordering::Relaxed));
-        let local = unpack(self.local.load(Ordering::Relaxed));
-        let (calls, failures) = if self.split {
-            // Local-origin failures never reached the external tally.
-            (local.calls, tally.failures + local.failures)
-        } else {
-            (tally.calls, tally.failures)
-        };
-        WindowCounts {
-            calls,
-            failures,
-            slow: 0,
-        }
-    }
-
-    fn state_name(&self) -> Option<&'static str> {
-        // linkerd's breaker: open (counting), shut (ejected or waiting), probation (one probe).
-        let gate = self.gate.as_ref()?;
-        Some(match gate.state.load(Ordering::Acquire) {
-            CLOSED => "OPEN",
-            HALF_OPEN | PROBING => "PROBATION",
-            _ => "SHUT",
-        })
     }
 }

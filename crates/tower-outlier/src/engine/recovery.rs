@@ -54,7 +54,7 @@ where
 
     /// A passive trial's time is up. It passes only on evidence: no policy judges the endpoint an
     /// outlier, and the window of the policy that ejected it held, added up over the trial's
-    /// periods, at least that policy's [`trial_calls`](tower_outlier_core::EndpointPolicy::trial_calls);
+    /// periods, at least that policy's [`trial_calls`](tower_outlier_core::CallsNeeded::trial_calls);
     /// with fewer calls the trial goes on for another period. An endpoint still judged an outlier
     /// has failed this check (counted once per re-admission, even when the budget or the
     /// last-endpoint rule keeps it in); it stays on trial and is ejected, with the longer
@@ -95,7 +95,7 @@ where
             .map_or((0, 0), |policy| {
                 (
                     policy.describe(recorded_now).counts.calls,
-                    policy.trial_calls(),
+                    policy.calls_needed().map_or(0, |needs| needs.trial_calls()),
                 )
             });
         episode.trial_calls = episode.trial_calls.saturating_add(seen);

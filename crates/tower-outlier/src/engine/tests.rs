@@ -101,6 +101,16 @@ impl EndpointPolicy for SwitchState {
         self.0.calls.store(0, Ordering::Relaxed);
     }
 
+    fn calls_needed(&self) -> Option<&dyn tower_outlier_core::CallsNeeded> {
+        Some(self)
+    }
+}
+
+impl tower_outlier_core::CallsNeeded for SwitchState {
+    fn calls_wanted(&self, _: Nanos) -> u64 {
+        0
+    }
+
     fn trial_calls(&self) -> u64 {
         MIN_TRIAL_CALLS
     }

@@ -154,8 +154,12 @@ where
         };
         let record = entry.record();
         let recorded_now = record.clock().now();
-        for state in record.policies().iter() {
-            state.ejection_refused(recorded_now);
+        for timing in record
+            .policies()
+            .iter()
+            .filter_map(|state| state.own_timing())
+        {
+            timing.ejection_refused(recorded_now);
         }
         let first = !self.refused.contains_key(&id);
         if first {
@@ -232,7 +236,7 @@ where
                 let delay = match record
                     .policies()
                     .get(index)
-                    .and_then(|p| p.check_at(recorded_now))
+                    .and_then(|p| p.own_timing()?.check_at(recorded_now))
                 {
                     Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
                     None => self.settings.policies[index]
