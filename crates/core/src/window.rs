@@ -37,8 +37,8 @@
 //! slice with an older slice's counts in it. It shows each call at most once, in its own slice or one of those
 //! shifts, or not yet; a bucket being claimed at that instant reads as empty; and a call's failure
 //! is never shown without the call (failures and slow calls are clamped to calls). These are
-//! checked under every interleaving of a recycle, two claims, two recorders jumping a ring and a
-//! clear racing recorders and a reader, by the loom models in `tests/loom_window.rs` (at most
+//! checked under every interleaving of a recycle, two claims, two recorders jumping a ring (with
+//! and without a reader) and a clear racing recorders and a reader, by the loom models in `tests/loom_window.rs` (at most
 //! two or three preemptions).
 //!
 //! **Quiet endpoints.** The first call after a pause shorter than the window claims the slices

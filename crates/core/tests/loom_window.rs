@@ -149,6 +149,37 @@ fn recorders_racing_a_jump_far_behind_count_both_calls_and_nothing_old() {
     });
 }
 
+/// A reader racing two recorders that find the ring a window behind (one jumps it, the other is
+/// routed to the jump's slice): the reader sees at most the two new calls and never the old
+/// failure, whose slice is out of its window.
+#[test]
+fn a_reader_racing_a_jump_and_a_routed_recorder_sees_nothing_old() {
+    model(3, || {
+        let w = window_with(0, true);
+        let a = {
+            let w = w.clone();
+            thread::spawn(move || w.record(2 * MS, false, false))
+        };
+        let b = {
+            let w = w.clone();
+            thread::spawn(move || w.record(2 * MS + 1, false, false))
+        };
+        let reader = {
+            let w = w.clone();
+            thread::spawn(move || w.counts(2 * MS + 1))
+        };
+        let seen = reader.join().unwrap();
+        a.join().unwrap();
+        b.join().unwrap();
+        assert!(
+            seen.calls <= 2 && seen.failures == 0,
+            "an old failure, or a call counted twice: {seen:?}"
+        );
+        let after = w.counts(2 * MS + 1);
+        assert_eq!((after.calls, after.failures), (2, 0), "both new calls");
+    });
+}
+
 /// A clear racing a claim: the claim may take old counts out of the emptied bucket (never below
 /// zero) and calls around the clear may be lost, but nothing is invented: after both, at most the
 /// one call recorded in the window's slices.
