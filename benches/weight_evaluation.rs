@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use tower_outlier::classify::{FailureKind, Observation, Outcome};
 use tower_outlier::policy::Clock;
-use tower_outlier::policy::{EndpointPolicy, EndpointRecord, FleetMember, Notifier, OutlierPolicy};
+use tower_outlier::policy::{
+    DynOutlierPolicy, EndpointPolicy, EndpointRecord, FleetMember, Notifier,
+};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
 
 fn main() {
@@ -40,12 +42,13 @@ fn main() {
         "{:>10} {:>8} {:>14} {:>14}",
         "endpoints", "runs", "median (µs)", "per endpoint (ns)"
     );
+    assert!(policy.fleet_interval().is_some(), "regulation is on");
     for size in [10usize, 100, 1_000, 10_000] {
         let records: Vec<EndpointRecord> = (0..size)
             .map(|_| {
                 EndpointRecord::new(
                     clock.clone(),
-                    vec![policy.new_endpoint()].into_boxed_slice(),
+                    vec![DynOutlierPolicy::new_endpoint(&policy)].into_boxed_slice(),
                     notifier.clone(),
                 )
             })
@@ -71,10 +74,7 @@ fn main() {
                     available: true,
                 })
                 .collect();
-            policy
-                .fleet()
-                .expect("regulation is on")
-                .evaluate(black_box(&fleet), 0);
+            policy.evaluate_fleet(black_box(&fleet), 0);
             times.push(start.elapsed());
         }
         times.sort();

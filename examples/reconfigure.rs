@@ -430,12 +430,10 @@ async fn run() -> Result<Vec<String>, DynError> {
         ));
     }
     // The policy in force is still the one read from the update: error-rate at 0.2.
-    let in_force = world.rules.policies().first().and_then(|p| {
-        (**p)
-            .as_any()
-            .downcast_ref::<ErrorRatePolicy>()
-            .map(|p| p.config().error_rate_threshold())
-    });
+    let in_force = world
+        .rules
+        .policy::<ErrorRatePolicy>()
+        .map(|p| p.config().error_rate_threshold());
     println!("rules in force: version {version}, errorRateThreshold {in_force:?}");
     if in_force != Some(0.2) {
         failures.push(format!(

@@ -115,10 +115,8 @@ fn thresholds(fleet: &[(OutlierDetectionLayer, RulesHandle)]) -> Vec<f64> {
     fleet
         .iter()
         .map(|(_, rules)| {
-            let policies = rules.policies();
-            let policy = policies[0]
-                .as_any()
-                .downcast_ref::<ErrorRatePolicy>()
+            let policy = rules
+                .policy::<ErrorRatePolicy>()
                 .expect("the error-rate policy");
             policy.config().error_rate_threshold()
         })

@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 
 use tower::BoxError;
 use tower_outlier::dialect::{watch_file, Dialect, Hsf};
-use tower_outlier::policy::OutlierPolicy;
 use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
 
 /// HSF JSON, counting the documents it is given.
 struct Counting(Hsf, Arc<AtomicUsize>);
 
 impl Dialect for Counting {
+    type Policy = ErrorRatePolicy;
+
     fn name(&self) -> &'static str {
         self.0.name()
     }
@@ -23,10 +24,11 @@ impl Dialect for Counting {
     fn parse(
         &self,
         text: &str,
-        current: &dyn OutlierPolicy,
-    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
+        current: &ErrorRatePolicy,
+        notes: &mut Vec<String>,
+    ) -> Result<ErrorRatePolicy, BoxError> {
         self.1.fetch_add(1, Ordering::SeqCst);
-        self.0.parse(text, current)
+        self.0.parse(text, current, notes)
     }
 }
 
@@ -162,6 +164,8 @@ async fn a_plain_file_and_a_configmap_swap_are_followed() {
 struct Recording(Hsf, Arc<std::sync::Mutex<Vec<String>>>);
 
 impl Dialect for Recording {
+    type Policy = ErrorRatePolicy;
+
     fn name(&self) -> &'static str {
         self.0.name()
     }
@@ -171,10 +175,11 @@ impl Dialect for Recording {
     fn parse(
         &self,
         text: &str,
-        current: &dyn OutlierPolicy,
-    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
+        current: &ErrorRatePolicy,
+        notes: &mut Vec<String>,
+    ) -> Result<ErrorRatePolicy, BoxError> {
         self.1.lock().unwrap().push(text.to_owned());
-        self.0.parse(text, current)
+        self.0.parse(text, current, notes)
     }
 }
 

@@ -34,6 +34,7 @@
 
 pub mod classify;
 mod clock;
+pub mod dialect;
 mod error;
 #[cfg(feature = "json")]
 #[cfg_attr(docsrs, doc(cfg(feature = "json")))]
@@ -54,9 +55,9 @@ pub use error::{check_nonzero_duration, check_ratio, ConfigError};
 pub use lock::{Lock, LockGuard};
 pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
-    Admit, AsAny, BudgetFloor, CallsNeeded, Description, EjectionBudget, EndpointPolicy,
-    FleetEvaluation, FleetMember, FleetPolicy, Judgement, OutlierPolicy, OwnTiming, ProbeGate,
-    Reason, RecoverySchedule, Signal, Weighting,
+    Admit, BudgetFloor, CallsNeeded, Description, DynOutlierPolicy, EjectionBudget, EndpointPolicy,
+    FleetMember, FleetPolicy, Judgement, OutlierPolicy, OwnTiming, ProbeGate, Reason,
+    RecoverySchedule, Signal, Weighting,
 };
 pub use record::{
     store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,

@@ -19,23 +19,26 @@ use crate::outcome::Observation;
 use crate::window::{SharedWindow, WindowCounts};
 
 /// A policy's configuration, shared by all endpoints of a layer.
-pub trait OutlierPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
+///
+/// The layer holds its policies as [`DynOutlierPolicy`], which every `OutlierPolicy` is; a
+/// policy's own code sees only its own types.
+pub trait OutlierPolicy: fmt::Debug + Send + Sync + 'static {
+    /// The policy's state for one endpoint.
+    type Endpoint: EndpointPolicy;
+
     /// A short name for logs and snapshots, such as `"error-rate"`.
     fn name(&self) -> &'static str;
 
     /// Fresh per-endpoint state for a newly discovered endpoint.
-    fn new_endpoint(&self) -> Box<dyn EndpointPolicy>;
+    fn new_endpoint(&self) -> Self::Endpoint;
 
     /// The state of an endpoint that already had `previous` under the configuration this one
     /// replaces (a reconfiguration of a running layer): whatever of its history the new rules can
-    /// use. `previous` came from a policy of the same [`name`](Self::name). The default starts
-    /// afresh. A state that gates readiness must not carry over a probe in flight: its answer
-    /// goes to `previous`.
-    fn new_endpoint_from(
-        &self,
-        previous: &dyn EndpointPolicy,
-        now: Nanos,
-    ) -> Box<dyn EndpointPolicy> {
+    /// use. Asked only when the policy replaced is of the same type; otherwise the endpoint
+    /// starts afresh ([`new_endpoint`](Self::new_endpoint)). The default starts afresh. A state
+    /// that gates readiness must not carry over a probe in flight: its answer goes to
+    /// `previous`.
+    fn new_endpoint_from(&self, previous: &Self::Endpoint, now: Nanos) -> Self::Endpoint {
         let _ = (previous, now);
         self.new_endpoint()
     }
@@ -62,26 +65,13 @@ pub trait OutlierPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
     /// The capability to judge endpoints against each other on a timer (a service average), for
     /// a policy that implements [`FleetPolicy`]: return `Some(self)`. `None` (the default): the
     /// policy judges each endpoint on its own.
-    fn fleet(&self) -> Option<&dyn FleetEvaluation> {
+    fn fleet(&self) -> Option<&dyn FleetPolicy<State = Self::Endpoint>> {
         None
     }
 }
 
-/// Access to a policy state's concrete type, for the layer's fleet glue. Implemented for every
-/// `'static` type.
-pub trait AsAny {
-    /// `self` as `Any`.
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-impl<T: std::any::Any> AsAny for T {
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
 /// A policy's state for one endpoint.
-pub trait EndpointPolicy: fmt::Debug + Send + Sync + AsAny + 'static {
+pub trait EndpointPolicy: std::any::Any + fmt::Debug + Send + Sync {
     /// Records one finished call. Called on the hot path: must not lock, allocate or block.
     ///
     /// Not called for the successes the endpoint's record counts itself in the state's
@@ -294,6 +284,9 @@ pub use budget::*;
 
 mod fleet;
 pub use fleet::*;
+
+mod erased;
+pub use erased::DynOutlierPolicy;
 
 #[cfg(test)]
 mod tests;

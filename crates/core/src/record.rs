@@ -91,9 +91,9 @@ impl EndpointRecord {
 
     /// The record of the same endpoint under `policies`, which replace the ones this record was
     /// made for (same number, same order, same names): each state made by
-    /// [`OutlierPolicy::new_endpoint_from`](crate::OutlierPolicy::new_endpoint_from) from this record's, with
+    /// [`DynOutlierPolicy::new_endpoint_from`](crate::DynOutlierPolicy::new_endpoint_from) from this record's, with
     /// the latency estimate, the weight and the last outcome carried over. Cold path.
-    pub fn successor(&self, policies: &[Arc<dyn crate::OutlierPolicy>]) -> EndpointRecord {
+    pub fn successor(&self, policies: &[Arc<dyn crate::DynOutlierPolicy>]) -> EndpointRecord {
         let now = self.clock.now();
         let states: Box<[Box<dyn EndpointPolicy>]> = policies
             .iter()

@@ -51,6 +51,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+#[cfg(any(feature = "envoy", feature = "grpc"))]
+mod dialect;
 mod endpoint;
 mod enforcement;
 #[cfg(feature = "envoy")]
@@ -66,6 +68,12 @@ pub use config::{
     Consecutive, DetectorBuilder, DetectorConfig, DetectorSemantics, FailurePercentage,
     SuccessRate, SuccessRateRule,
 };
+#[cfg(feature = "envoy")]
+#[cfg_attr(docsrs, doc(cfg(feature = "envoy")))]
+pub use dialect::Envoy;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub use dialect::Grpc;
 pub use endpoint::DetectorEndpoint;
 #[cfg(feature = "envoy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "envoy")))]

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    duration_to_nanos, EjectionBudget, EndpointPolicy, FleetEvaluation, FleetMember, FleetPolicy,
-    Nanos, OutlierPolicy, RecoverySchedule,
+    duration_to_nanos, EjectionBudget, FleetMember, FleetPolicy, Nanos, OutlierPolicy,
+    RecoverySchedule,
 };
 
 use crate::config::{DetectorConfig, DetectorSemantics};
@@ -271,26 +271,22 @@ impl fmt::Debug for DetectorPolicy {
 }
 
 impl OutlierPolicy for DetectorPolicy {
+    type Endpoint = DetectorEndpoint;
+
     fn name(&self) -> &'static str {
         self.shared.name
     }
 
-    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
-        Box::new(self.endpoint())
+    fn new_endpoint(&self) -> DetectorEndpoint {
+        self.endpoint()
     }
 
     /// Keeps each endpoint's streaks, interval counts and ejection multiplier under the new
     /// thresholds.
-    fn new_endpoint_from(
-        &self,
-        previous: &dyn EndpointPolicy,
-        _now: Nanos,
-    ) -> Box<dyn EndpointPolicy> {
+    fn new_endpoint_from(&self, previous: &DetectorEndpoint, _now: Nanos) -> DetectorEndpoint {
         let next = self.endpoint();
-        if let Some(previous) = previous.as_any().downcast_ref::<DetectorEndpoint>() {
-            next.take_over(previous);
-        }
-        Box::new(next)
+        next.take_over(previous);
+        next
     }
 
     fn recovery(&self) -> RecoverySchedule {
@@ -307,10 +303,10 @@ impl OutlierPolicy for DetectorPolicy {
         Some(self.shared.config.budget())
     }
 
-    fn fleet(&self) -> Option<&dyn FleetEvaluation> {
+    fn fleet(&self) -> Option<&dyn FleetPolicy<State = DetectorEndpoint>> {
         // linkerd has no interval: nothing to count, decay or align to.
         (self.shared.config.semantics != DetectorSemantics::Linkerd)
-            .then_some(self as &dyn FleetEvaluation)
+            .then_some(self as &dyn FleetPolicy<State = DetectorEndpoint>)
     }
 }
 

@@ -43,10 +43,15 @@
 
 mod config;
 #[cfg(feature = "hsf")]
+mod dialect;
+#[cfg(feature = "hsf")]
 mod hsf;
 mod policy;
 
 pub use config::{ErrorRateBuilder, ErrorRateConfig};
+#[cfg(feature = "hsf")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
+pub use dialect::Hsf;
 #[cfg(feature = "hsf")]
 #[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
 pub use hsf::{HsfConfigError, HsfQosConfig};

@@ -54,35 +54,29 @@ impl ErrorRatePolicy {
 }
 
 impl OutlierPolicy for ErrorRatePolicy {
+    type Endpoint = ErrorRateEndpoint;
+
     fn name(&self) -> &'static str {
         Self::NAME
     }
 
-    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
-        Box::new(self.endpoint())
+    fn new_endpoint(&self) -> ErrorRateEndpoint {
+        self.endpoint()
     }
 
     /// Keeps the endpoint's window: its calls count under the new threshold and minimum at once
     /// (a new window size takes them over as they are; see
     /// [`Window::absorb`](tower_outlier_core::Window::absorb)).
-    fn new_endpoint_from(
-        &self,
-        previous: &dyn EndpointPolicy,
-        now: Nanos,
-    ) -> Box<dyn EndpointPolicy> {
+    fn new_endpoint_from(&self, previous: &ErrorRateEndpoint, now: Nanos) -> ErrorRateEndpoint {
         let next = self.endpoint();
-        if let Some(previous) = previous.as_any().downcast_ref::<ErrorRateEndpoint>() {
-            next.window().absorb(previous.window(), now);
-            // Above the new threshold but short of the new minimum, the next success may complete
-            // the minimum: it must come to `record` to be checked.
-            let counts = next.window().counts(now);
-            next.shared.set_watching(
-                next.enabled
-                    && counts.calls < next.min_calls
-                    && counts.failure_rate() > next.threshold,
-            );
-        }
-        Box::new(next)
+        next.window().absorb(previous.window(), now);
+        // Above the new threshold but short of the new minimum, the next success may complete
+        // the minimum: it must come to `record` to be checked.
+        let counts = next.window().counts(now);
+        next.shared.set_watching(
+            next.enabled && counts.calls < next.min_calls && counts.failure_rate() > next.threshold,
+        );
+        next
     }
 
     fn enabled(&self) -> bool {
@@ -246,17 +240,17 @@ mod tests {
         let state = strict.new_endpoint();
         let now = 1_000_000_000;
         for _ in 0..4 {
-            call(&*state, Outcome::Failure(FailureKind::Timeout), now);
+            call(&state, Outcome::Failure(FailureKind::Timeout), now);
         }
-        call(&*state, Outcome::Success, now);
+        call(&state, Outcome::Success, now);
         // 4 of 5 failed: above 0.5 but short of 20. The new rules ask for 6.
         let lenient = ErrorRatePolicy::new(ErrorRateConfig::hsf().min_calls(6).build().unwrap());
-        let next = lenient.new_endpoint_from(&*state, now);
+        let next = lenient.new_endpoint_from(&state, now);
         let shared = next
             .shared_window()
             .expect("an enabled error-rate state shares its window");
         assert!(shared.watching(), "the next success must reach `record`");
-        assert_eq!(call(&*next, Outcome::Success, now), Signal::Evaluate);
+        assert_eq!(call(&next, Outcome::Success, now), Signal::Evaluate);
         // Under rules the window already satisfies or cannot breach, nothing is watched.
         let calm = ErrorRatePolicy::new(
             ErrorRateConfig::hsf()
@@ -264,7 +258,7 @@ mod tests {
                 .build()
                 .unwrap(),
         );
-        let next = calm.new_endpoint_from(&*state, now);
+        let next = calm.new_endpoint_from(&state, now);
         assert!(!next.shared_window().unwrap().watching());
     }
 }

@@ -41,6 +41,8 @@
 mod breaker;
 mod classify;
 mod config;
+#[cfg(feature = "sentinel")]
+mod dialect;
 mod error;
 mod future;
 mod layer;
@@ -53,11 +55,14 @@ mod service;
 pub use breaker::{Admission, Breaker, Observer, State, StateChange};
 pub use classify::{BreakerClassifier, PendingCall};
 pub use config::{BreakerBuilder, BreakerConfig, Strategy};
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+pub use dialect::Sentinel;
 pub use error::BrokenCircuit;
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
 pub use observe::{state_observers_told, wait_for_state_observers};
-pub use policy::SlowCallPolicy;
+pub use policy::{SlowCallEndpoint, SlowCallPolicy};
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use sentinel::{parse_degrade_rules, DegradeRule, RuleError};

@@ -95,32 +95,26 @@ impl std::fmt::Debug for SlowCallPolicy {
 }
 
 impl OutlierPolicy for SlowCallPolicy {
+    type Endpoint = SlowCallEndpoint;
+
     fn name(&self) -> &'static str {
         Self::NAME
     }
 
-    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
-        Box::new(BreakerEndpoint {
+    fn new_endpoint(&self) -> SlowCallEndpoint {
+        SlowCallEndpoint {
             breaker: Breaker::with_observers(self.config.clone(), self.observers.clone().into()),
-        })
+        }
     }
 
     /// Sentinel's reload: an endpoint whose breaker follows the same rule keeps it, state and
     /// counts; a changed rule starts a fresh breaker, closed.
-    fn new_endpoint_from(
-        &self,
-        previous: &dyn EndpointPolicy,
-        now: Nanos,
-    ) -> Box<dyn EndpointPolicy> {
-        let next = BreakerEndpoint {
-            breaker: Breaker::with_observers(self.config.clone(), self.observers.clone().into()),
-        };
-        if let Some(previous) = previous.as_any().downcast_ref::<BreakerEndpoint>() {
-            if previous.breaker.follows(&self.config) {
-                next.breaker.take_over(&previous.breaker, now);
-            }
+    fn new_endpoint_from(&self, previous: &SlowCallEndpoint, now: Nanos) -> SlowCallEndpoint {
+        let next = OutlierPolicy::new_endpoint(self);
+        if previous.breaker.follows(&self.config) {
+            next.breaker.take_over(&previous.breaker, now);
         }
-        Box::new(next)
+        next
     }
 
     fn recovery(&self) -> RecoverySchedule {
@@ -133,9 +127,9 @@ impl OutlierPolicy for SlowCallPolicy {
     }
 }
 
-/// One endpoint's breaker.
+/// One endpoint's breaker: [`SlowCallPolicy`]'s state for an endpoint.
 #[derive(Debug)]
-struct BreakerEndpoint {
+pub struct SlowCallEndpoint {
     breaker: Breaker,
 }
 
@@ -147,7 +141,7 @@ fn signal(open: bool) -> Signal {
     }
 }
 
-impl EndpointPolicy for BreakerEndpoint {
+impl EndpointPolicy for SlowCallEndpoint {
     #[inline]
     fn record(&self, observation: &Observation, now: Nanos) -> Signal {
         signal(self.breaker.complete(Admission::Call, observation, now))
@@ -199,7 +193,7 @@ impl EndpointPolicy for BreakerEndpoint {
 }
 
 /// The breaker times its own ejections: its open duration.
-impl OwnTiming for BreakerEndpoint {
+impl OwnTiming for SlowCallEndpoint {
     fn check_at(&self, _now: Nanos) -> Option<Nanos> {
         // The breaker owns its timing: the endpoint is checked (re-admitted for the half-open
         // probe) exactly when the open duration ends.
@@ -209,7 +203,7 @@ impl OwnTiming for BreakerEndpoint {
 
 /// A half-open breaker admits exactly one call, the probe, and holds the others back until it
 /// decides.
-impl ProbeGate for BreakerEndpoint {
+impl ProbeGate for SlowCallEndpoint {
     #[inline]
     fn poll_admit(&self, armed: bool, clock: &Clock, cx: &mut Context<'_>) -> Poll<Admit> {
         if armed {

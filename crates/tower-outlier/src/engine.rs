@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::discover::Change;
-use tower_outlier_core::{EndpointRecord, Notifier, OutlierPolicy};
+use tower_outlier_core::{DynOutlierPolicy, EndpointRecord, Notifier};
 
 use crate::deadlines::Deadlines;
 use crate::endpoint::OutlierEndpoint;
@@ -205,7 +205,7 @@ impl<K, S, C> Engine<K, S, C> {
     }
 
     /// The layer's policies.
-    pub(crate) fn policies(&self) -> &Arc<[Arc<dyn OutlierPolicy>]> {
+    pub(crate) fn policies(&self) -> &Arc<[Arc<dyn DynOutlierPolicy>]> {
         &self.settings.policies
     }
 

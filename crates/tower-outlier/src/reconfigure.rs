@@ -6,14 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use futures::{Stream, StreamExt};
-use tower_outlier_core::{BoxError, Lock, Notifier, OutlierPolicy};
+use tower_outlier_core::dialect::Dialect;
+use tower_outlier_core::{DynOutlierPolicy, Lock, Notifier, OutlierPolicy};
 
 use crate::monitor::Registry;
 
 /// The policies a layer runs, in its order, and the version they were published as.
 pub(crate) struct Rules {
     pub(crate) version: u64,
-    pub(crate) policies: Arc<[Arc<dyn OutlierPolicy>]>,
+    pub(crate) policies: Arc<[Arc<dyn DynOutlierPolicy>]>,
 }
 
 /// What a layer, its [`RulesHandle`]s and its adaptors share.
@@ -31,7 +32,10 @@ struct CellState {
 }
 
 impl RulesCell {
-    pub(crate) fn new(policies: Vec<Arc<dyn OutlierPolicy>>, registry: Arc<Registry>) -> Arc<Self> {
+    pub(crate) fn new(
+        policies: Vec<Arc<dyn DynOutlierPolicy>>,
+        registry: Arc<Registry>,
+    ) -> Arc<Self> {
         Arc::new(RulesCell {
             version: AtomicU64::new(0),
             state: Lock::new(CellState {
@@ -66,7 +70,7 @@ impl RulesCell {
     fn publish(
         &self,
         slot: usize,
-        policy: Arc<dyn OutlierPolicy>,
+        policy: Arc<dyn DynOutlierPolicy>,
     ) -> Result<u64, ReconfigureError> {
         let mut state = self.state.lock();
         let current = &state.rules.policies;
@@ -176,8 +180,26 @@ impl RulesHandle {
     }
 
     /// The policies in force, in the layer's order.
-    pub fn policies(&self) -> Vec<Arc<dyn OutlierPolicy>> {
+    pub fn policies(&self) -> Vec<Arc<dyn DynOutlierPolicy>> {
         self.cell.current().policies.to_vec()
+    }
+
+    /// The first policy in force of type `P`, as its own type.
+    ///
+    /// ```
+    /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+    ///
+    /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
+    /// let in_force = layer.rules().policy::<ErrorRatePolicy>().expect("the layer's policy");
+    /// assert_eq!(in_force.config().error_rate_threshold(), 0.5);
+    /// # Ok::<(), tower::BoxError>(())
+    /// ```
+    pub fn policy<P: OutlierPolicy>(&self) -> Option<Arc<P>> {
+        self.cell
+            .current()
+            .policies
+            .iter()
+            .find_map(|policy| policy.clone().downcast_arc::<P>())
     }
 
     /// Replaces the policy in `slot` (its position in the layer: the first policy is 0) by
@@ -195,7 +217,7 @@ impl RulesHandle {
     pub fn replace_arc(
         &self,
         slot: usize,
-        policy: Arc<dyn OutlierPolicy>,
+        policy: Arc<dyn DynOutlierPolicy>,
     ) -> Result<u64, ReconfigureError> {
         let result = self.cell.publish(slot, policy.clone());
         self.log(&result, policy.name(), "typed configuration");
@@ -203,8 +225,12 @@ impl RulesHandle {
     }
 
     /// Reads `text` in `dialect` and replaces the layer's policy of the kind the dialect
-    /// configures (the first slot whose policy has that name). Returns the new version; on any
-    /// error the rules in force stay.
+    /// configures (the first slot whose policy has that name, which must be of the dialect's
+    /// policy type). Returns the new version; on any error the rules in force stay.
+    ///
+    /// What an operator should know of an accepted document (keys that were ignored, detection
+    /// switched off by it) is logged at WARN and shown in
+    /// [`Snapshot::rules_notes`](crate::Snapshot).
     pub fn apply<D: Dialect + ?Sized>(
         &self,
         dialect: &D,
@@ -215,12 +241,18 @@ impl RulesHandle {
         let mut notes = Vec::new();
         let result = match rules.policies.iter().position(|p| p.name() == kind) {
             None => Err(ReconfigureError::new(Kind::NoPolicy { policy: kind })),
-            Some(slot) => match dialect.parse_noting(text, &*rules.policies[slot], &mut notes) {
-                Ok(policy) => self.cell.publish(slot, policy),
-                Err(source) => Err(ReconfigureError::new(Kind::Document {
+            Some(slot) => match rules.policies[slot].downcast_ref::<D::Policy>() {
+                None => Err(ReconfigureError::new(Kind::OtherType {
+                    policy: kind,
                     dialect: dialect.name(),
-                    source,
                 })),
+                Some(current) => match dialect.parse(text, current, &mut notes) {
+                    Ok(policy) => self.cell.publish(slot, Arc::new(policy)),
+                    Err(source) => Err(ReconfigureError::new(Kind::Document {
+                        dialect: dialect.name(),
+                        source,
+                    })),
+                },
             },
         };
         self.log(&result, kind, dialect.name());
@@ -301,40 +333,6 @@ impl fmt::Debug for RulesHandle {
         f.debug_struct("RulesHandle")
             .field("version", &self.version())
             .finish()
-    }
-}
-
-/// A configuration document's language: how its text becomes a policy of the layer.
-///
-/// Implemented in this module for HSF, Sentinel, SOFARPC, Envoy and gRPC;
-/// implement it for your own format.
-pub trait Dialect: Send + Sync {
-    /// The dialect's name, for errors and logs (`"HSF JSON"`).
-    fn name(&self) -> &'static str;
-
-    /// The [`OutlierPolicy::name`] of the policies it configures: the slot it replaces.
-    fn policy_name(&self) -> &'static str;
-
-    /// Reads `text` into the policy that replaces `current` (the policy in force in that slot,
-    /// whose callbacks or counters the new one may keep).
-    fn parse(
-        &self,
-        text: &str,
-        current: &dyn OutlierPolicy,
-    ) -> Result<Arc<dyn OutlierPolicy>, BoxError>;
-
-    /// As [`parse`](Self::parse), adding to `notes` what an operator should know of a document
-    /// that is accepted: keys that were ignored (a misspelling, with the key it likely meant),
-    /// detection switched off by it. [`RulesHandle::apply`] logs each at WARN and shows them in
-    /// [`Snapshot::rules_notes`](crate::Snapshot). By default, no notes.
-    fn parse_noting(
-        &self,
-        text: &str,
-        current: &dyn OutlierPolicy,
-        notes: &mut Vec<String>,
-    ) -> Result<Arc<dyn OutlierPolicy>, BoxError> {
-        let _ = notes;
-        self.parse(text, current)
     }
 }
 

@@ -11,11 +11,16 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+#[cfg(feature = "sofa")]
+mod dialect;
 mod policy;
 #[cfg(feature = "sofa")]
 mod sofa;
 
 pub use config::{ExceptionKinds, WeightBuilder, WeightConfig};
+#[cfg(feature = "sofa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sofa")))]
+pub use dialect::Sofa;
 pub use policy::{WeightEndpoint, WeightPolicy};
 #[cfg(feature = "sofa")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sofa")))]

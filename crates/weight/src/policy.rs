@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    Description, EndpointPolicy, FleetEvaluation, FleetMember, FleetPolicy, Judgement, Nanos,
-    Observation, OutlierPolicy, RecoverySchedule, Signal, Weighting, WindowCounts,
+    Description, EndpointPolicy, FleetMember, FleetPolicy, Judgement, Nanos, Observation,
+    OutlierPolicy, RecoverySchedule, Signal, Weighting, WindowCounts,
 };
 
 use crate::config::{ExceptionKinds, WeightConfig};
@@ -178,34 +178,30 @@ impl EndpointPolicy for WeightEndpoint {
 }
 
 impl OutlierPolicy for WeightPolicy {
+    type Endpoint = WeightEndpoint;
+
     fn name(&self) -> &'static str {
         Self::NAME
     }
 
-    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
-        Box::new(self.endpoint())
+    fn new_endpoint(&self) -> WeightEndpoint {
+        self.endpoint()
     }
 
     /// Keeps the endpoint's counts since the last evaluation, its weight and whether it is
     /// degraded: the next evaluation judges them under the new rules.
-    fn new_endpoint_from(
-        &self,
-        previous: &dyn EndpointPolicy,
-        _now: Nanos,
-    ) -> Box<dyn EndpointPolicy> {
+    fn new_endpoint_from(&self, previous: &WeightEndpoint, _now: Nanos) -> WeightEndpoint {
         let next = self.endpoint();
-        if let Some(previous) = previous.as_any().downcast_ref::<WeightEndpoint>() {
-            for (to, from) in [
-                (&next.calls, &previous.calls),
-                (&next.exceptions, &previous.exceptions),
-                (&next.weight, &previous.weight),
-            ] {
-                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
-            }
-            next.degraded
-                .store(previous.degraded.load(Ordering::Relaxed), Ordering::Relaxed);
+        for (to, from) in [
+            (&next.calls, &previous.calls),
+            (&next.exceptions, &previous.exceptions),
+            (&next.weight, &previous.weight),
+        ] {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
-        Box::new(next)
+        next.degraded
+            .store(previous.degraded.load(Ordering::Relaxed), Ordering::Relaxed);
+        next
     }
 
     fn recovery(&self) -> RecoverySchedule {
@@ -217,10 +213,10 @@ impl OutlierPolicy for WeightPolicy {
         self.config.interval
     }
 
-    fn fleet(&self) -> Option<&dyn FleetEvaluation> {
+    fn fleet(&self) -> Option<&dyn FleetPolicy<State = WeightEndpoint>> {
         self.config
             .regulation_effective
-            .then_some(self as &dyn FleetEvaluation)
+            .then_some(self as &dyn FleetPolicy<State = WeightEndpoint>)
     }
 }
 

@@ -12,7 +12,7 @@ use super::*;
 /// state type: the layer calls [`evaluate`](Self::evaluate) every [`interval`](Self::interval)
 /// with every endpoint the upstream holds.
 pub trait FleetPolicy: Send + Sync {
-    /// The policy's per-endpoint state (what its [`OutlierPolicy::new_endpoint`] boxes).
+    /// The policy's per-endpoint state: its [`OutlierPolicy::Endpoint`].
     type State: EndpointPolicy;
 
     /// How often to evaluate.
@@ -43,37 +43,3 @@ impl<S: ?Sized> Clone for FleetMember<'_, S> {
 }
 
 impl<S: ?Sized> Copy for FleetMember<'_, S> {}
-
-/// A [`FleetPolicy`] as the layer holds it, whatever its state type. Implemented for every
-/// `FleetPolicy`; policies do not implement it themselves.
-pub trait FleetEvaluation: Send + Sync {
-    /// [`FleetPolicy::interval`].
-    fn interval(&self) -> Duration;
-
-    /// [`FleetPolicy::evaluate`] over the members whose state is this policy's (all of them, in a
-    /// layer: each endpoint holds one state per policy).
-    fn evaluate(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos);
-}
-
-impl<F: FleetPolicy> FleetEvaluation for F {
-    fn interval(&self) -> Duration {
-        FleetPolicy::interval(self)
-    }
-
-    fn evaluate(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos) {
-        // The one place state types are recovered: each state came from this policy's
-        // `new_endpoint`, so every member matches.
-        let typed: Vec<FleetMember<'_, F::State>> = fleet
-            .iter()
-            .filter_map(|member| {
-                Some(FleetMember {
-                    key: member.key,
-                    state: member.state.as_any().downcast_ref::<F::State>()?,
-                    record: member.record,
-                    available: member.available,
-                })
-            })
-            .collect();
-        FleetPolicy::evaluate(self, &typed, now);
-    }
-}

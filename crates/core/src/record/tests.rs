@@ -283,8 +283,7 @@ fn successes_not_watched_are_counted_once_without_the_policy() {
     );
     let now = record.clock().now();
     let recorded = |record: &EndpointRecord| {
-        record.policies()[1]
-            .as_any()
+        (&*record.policies()[1] as &dyn std::any::Any)
             .downcast_ref::<Sharing>()
             .unwrap()
             .recorded

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, EventType, WatchOptions};
 
-use crate::reconfigure::{Dialect, RulesHandle};
+use crate::reconfigure::RulesHandle;
+use tower_outlier_core::dialect::Dialect;
 
 /// The first wait before connecting again after etcd could not be reached or a watch ended.
 const FIRST_RETRY: Duration = Duration::from_millis(100);

@@ -7,7 +7,8 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use crate::reconfigure::{Dialect, RulesHandle};
+use crate::reconfigure::RulesHandle;
+use tower_outlier_core::dialect::Dialect;
 
 /// How long the file must stay quiet before it is read: an editor's save or a ConfigMap update
 /// is several events in a few milliseconds.

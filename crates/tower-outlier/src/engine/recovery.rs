@@ -134,9 +134,7 @@ where
             if self.entries.is_empty() {
                 continue;
             }
-            let Some(fleet) = self.settings.policies[schedule.policy].fleet() else {
-                continue;
-            };
+            let fleet = &self.settings.policies[schedule.policy];
             // In discovery order, so a policy that draws random numbers per member (enforcement)
             // draws them the same way on every run.
             let mut in_order: Vec<_> = self.entries.iter().collect();
@@ -153,7 +151,7 @@ where
                     }
                 })
                 .collect();
-            fleet.evaluate(&members, self.settings.clock.now());
+            fleet.evaluate_fleet(&members, self.settings.clock.now());
             evaluated = true;
         }
         if evaluated {

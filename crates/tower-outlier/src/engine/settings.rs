@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_outlier_core::{Clock, EjectionBudget, OutlierPolicy};
+use tower_outlier_core::{Clock, DynOutlierPolicy, EjectionBudget};
 
 use super::later;
 use crate::hosts::{HostOf, HostRegistry};
@@ -13,7 +13,7 @@ use crate::layer::DEFAULT_BUDGET;
 use crate::reconfigure::RulesCell;
 
 pub(crate) struct Settings {
-    pub(crate) policies: Arc<[Arc<dyn OutlierPolicy>]>,
+    pub(crate) policies: Arc<[Arc<dyn DynOutlierPolicy>]>,
     pub(crate) budget: EjectionBudget,
     // The budget the layer was given, if any: otherwise each version of the rules brings its own.
     pub(crate) explicit_budget: Option<EjectionBudget>,
@@ -55,7 +55,7 @@ impl Settings {
 
 /// The longest trial period of `policies`, at least a millisecond: a zero trial would extend
 /// itself without end in one poll.
-pub(super) fn trial_period(policies: &[Arc<dyn OutlierPolicy>]) -> Duration {
+pub(super) fn trial_period(policies: &[Arc<dyn DynOutlierPolicy>]) -> Duration {
     policies
         .iter()
         .map(|p| p.trial_period())
@@ -67,7 +67,7 @@ pub(super) fn trial_period(policies: &[Arc<dyn OutlierPolicy>]) -> Duration {
 /// The fleet evaluations of `policies`: a policy whose interval is unchanged from `previous`
 /// keeps its next evaluation, any other starts a full interval after `now`.
 pub(super) fn fleet_schedules(
-    policies: &[Arc<dyn OutlierPolicy>],
+    policies: &[Arc<dyn DynOutlierPolicy>],
     now: Instant,
     previous: &[FleetSchedule],
 ) -> Vec<FleetSchedule> {
@@ -75,7 +75,7 @@ pub(super) fn fleet_schedules(
         .iter()
         .enumerate()
         .filter_map(|(policy, p)| {
-            let every = p.fleet()?.interval();
+            let every = p.fleet_interval()?;
             if every.is_zero() {
                 return None;
             }

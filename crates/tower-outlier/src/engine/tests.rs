@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{
-    BudgetFloor, Clock, Description, EjectionBudget, EndpointPolicy, Judgement, Lock, Nanos,
-    NetworkErrors, Observation, Outcome, OutlierPolicy, Reason, RecoverySchedule, Signal,
-    WindowCounts,
+    BudgetFloor, Clock, Description, DynOutlierPolicy, EjectionBudget, EndpointPolicy, Judgement,
+    Lock, Nanos, NetworkErrors, Observation, Outcome, OutlierPolicy, Reason, RecoverySchedule,
+    Signal, WindowCounts,
 };
 
 use super::{Engine, Settings, Status};
@@ -42,14 +42,16 @@ struct SwitchState(Arc<Switch>);
 struct SwitchPolicy(Arc<Switches>);
 
 impl OutlierPolicy for SwitchPolicy {
+    type Endpoint = SwitchState;
+
     fn name(&self) -> &'static str {
         "switch"
     }
 
-    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
+    fn new_endpoint(&self) -> SwitchState {
         let switch = Arc::new(Switch::default());
         self.0.created.lock().push(switch.clone());
-        Box::new(SwitchState(switch))
+        SwitchState(switch)
     }
 
     fn recovery(&self) -> RecoverySchedule {
@@ -123,7 +125,7 @@ type TestEngine = Engine<u32, Svc, NetworkErrors>;
 
 /// Settings running `policy` alone with `budget`, on tokio's clock.
 fn settings(
-    policy: Arc<dyn OutlierPolicy>,
+    policy: Arc<dyn DynOutlierPolicy>,
     budget: EjectionBudget,
     registry: &Arc<crate::monitor::Registry>,
 ) -> Settings {
@@ -511,12 +513,14 @@ impl EndpointPolicy for CensusState {
 }
 
 impl OutlierPolicy for CensusPolicy {
+    type Endpoint = CensusState;
+
     fn name(&self) -> &'static str {
         "census"
     }
 
-    fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
-        Box::new(CensusState)
+    fn new_endpoint(&self) -> CensusState {
+        CensusState
     }
 
     fn recovery(&self) -> RecoverySchedule {
@@ -527,7 +531,7 @@ impl OutlierPolicy for CensusPolicy {
         TRIAL
     }
 
-    fn fleet(&self) -> Option<&dyn tower_outlier_core::FleetEvaluation> {
+    fn fleet(&self) -> Option<&dyn tower_outlier_core::FleetPolicy<State = CensusState>> {
         Some(self)
     }
 }

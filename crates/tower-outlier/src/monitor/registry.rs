@@ -129,7 +129,7 @@ impl Registry {
         }
     }
 
-    /// The notes of the last accepted document ([`Dialect::parse_noting`](crate::dialect::Dialect)).
+    /// The notes of the last accepted document ([`Dialect::parse`](crate::dialect::Dialect::parse)).
     pub(crate) fn rules_notes(&self, notes: Vec<String>) {
         *self.rules_notes.lock() = notes;
     }

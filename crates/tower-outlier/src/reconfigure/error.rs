@@ -25,6 +25,10 @@ pub(super) enum Kind {
     NoPolicy {
         policy: &'static str,
     },
+    OtherType {
+        policy: &'static str,
+        dialect: &'static str,
+    },
     Document {
         dialect: &'static str,
         source: BoxError,
@@ -58,6 +62,10 @@ impl fmt::Display for ReconfigureError {
                 "policy {slot} is a {expected} policy; a {given} policy cannot replace it"
             ),
             Kind::NoPolicy { policy } => write!(f, "the layer has no {policy} policy"),
+            Kind::OtherType { policy, dialect } => write!(
+                f,
+                "the layer's {policy} policy is not of the type {dialect} documents configure"
+            ),
             Kind::Document { dialect, source } => write!(f, "invalid {dialect} document: {source}"),
         }
     }

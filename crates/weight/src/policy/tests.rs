@@ -1,5 +1,5 @@
 use super::*;
-use tower_outlier_core::{Clock, EndpointRecord, FailureKind, Notifier, Outcome};
+use tower_outlier_core::{Clock, DynOutlierPolicy, EndpointRecord, FailureKind, Notifier, Outcome};
 
 /// One record per endpoint, each holding this policy's state.
 fn fleet(policy: &WeightPolicy, endpoints: usize) -> Vec<EndpointRecord> {
@@ -7,7 +7,7 @@ fn fleet(policy: &WeightPolicy, endpoints: usize) -> Vec<EndpointRecord> {
         .map(|_| {
             EndpointRecord::new(
                 Clock::tsc(),
-                vec![policy.new_endpoint()].into_boxed_slice(),
+                vec![DynOutlierPolicy::new_endpoint(policy)].into_boxed_slice(),
                 Arc::new(Notifier::new()),
             )
         })
@@ -41,9 +41,7 @@ fn window(policy: &WeightPolicy, records: &[EndpointRecord], counts: &[(u64, u64
             available: true,
         })
         .collect();
-    if let Some(fleet) = policy.fleet() {
-        fleet.evaluate(&members, 0);
-    }
+    policy.evaluate_fleet(&members, 0);
 }
 
 /// Absolute weights (original 100), to six decimals.
