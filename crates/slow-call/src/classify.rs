@@ -48,7 +48,7 @@ impl<C> PendingCall<C> {
     /// The breaker's classifier.
     #[inline]
     pub fn classifier(&self) -> &C {
-        &self.lane.shared.classifier
+        &self.lane.owner().classifier
     }
 
     /// Whether this call is the half-open breaker's probe: the breaker rejects every other call
@@ -61,7 +61,7 @@ impl<C> PendingCall<C> {
     /// Now, on the breaker's clock.
     #[inline]
     pub fn now(&self) -> Nanos {
-        self.lane.shared.clock.now()
+        self.lane.owner().clock.now()
     }
 
     /// Fixes the call's latency at now (the time to the response headers), for an outcome that
@@ -75,7 +75,7 @@ impl<C> PendingCall<C> {
     pub fn record(mut self, outcome: Outcome) {
         // Disarmed first: this call reports itself, whatever the breaker's observers do.
         let admission = std::mem::replace(&mut self.admission, Admission::Rejected);
-        let shared = &self.lane.shared;
+        let shared = self.lane.owner();
         let now = shared.clock.now();
         if outcome == Outcome::Cancelled {
             if admission == Admission::Probe {
@@ -97,7 +97,7 @@ impl<C> PendingCall<C> {
 impl<C> Drop for PendingCall<C> {
     fn drop(&mut self) {
         if self.admission == Admission::Probe {
-            let shared = &self.lane.shared;
+            let shared = self.lane.owner();
             shared.breaker.probe_cancelled(shared.clock.now());
         }
     }

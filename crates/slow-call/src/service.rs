@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use tower_outlier_core::lanes::{HasLanes, Lanes};
 use tower_outlier_core::Clock;
 
 use crate::classify::BreakerClassifier;
@@ -18,28 +19,23 @@ pub(crate) struct Shared<C> {
     pub(crate) breaker: Breaker,
     pub(crate) classifier: C,
     pub(crate) clock: Clock,
+    lanes: Lanes<Shared<C>>,
 }
 
-/// What response futures hold to reach the shared state. A future holds a reference to its
-/// handle's lane, so the reference counts written per call are the lane's, on a cache line only
-/// that handle's calls write: once each has its own lane, cores calling through clones of one
-/// breaker share no written memory on the closed path (the breaker's state is only read, and its
-/// window gives each core a ring of its own once they contend). A lane counts nothing else:
-/// unlike the outlier endpoint's, a breaker needs no calls in flight.
-///
-/// Aligned to 128 bytes (a pair of lines, which adjacent-line prefetch moves together) so that no
-/// other allocation shares the line its counts are on: an `Arc<Lane>` is 256 bytes, the counts
-/// alone in the first half. Only handles that call more than once make one.
-#[repr(align(128))]
-pub(crate) struct Lane<C> {
-    pub(crate) shared: Arc<Shared<C>>,
-}
-
-impl<C> Lane<C> {
-    fn new(shared: Arc<Shared<C>>) -> Arc<Self> {
-        Arc::new(Lane { shared })
+impl<C> HasLanes for Shared<C> {
+    fn lanes(&self) -> &Lanes<Self> {
+        &self.lanes
     }
 }
+
+/// What response futures hold to reach the shared state: the outlier endpoint's lanes
+/// (`tower_outlier_core::lanes`). A future holds a reference to its handle's lane, so the
+/// reference counts written per call are the lane's, which only that handle's calls write: once
+/// each has its own lane, cores calling through clones of one breaker share no written memory on
+/// the closed path (the breaker's state is only read, and its window gives each core a ring of
+/// its own once they contend). A breaker never asks for its calls in flight, so its handles do
+/// not count themselves as a lane's holders. Only handles that call more than once make one.
+pub(crate) type Lane<C> = tower_outlier_core::lanes::Lane<Shared<C>>;
 
 /// Whose lane a handle's futures hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +71,7 @@ impl<S, C> CircuitBreaker<S, C> {
                 breaker,
                 classifier,
                 clock,
+                lanes: Lanes::new(),
             })),
             lane_use: LaneUse::Inherited,
         }
@@ -82,7 +79,7 @@ impl<S, C> CircuitBreaker<S, C> {
 
     #[inline]
     fn shared(&self) -> &Shared<C> {
-        &self.lane.shared
+        self.lane.owner()
     }
 
     /// The lane this admitted call's response future holds: the inherited one on the handle's
@@ -102,7 +99,7 @@ impl<S, C> CircuitBreaker<S, C> {
         if self.lane_use == LaneUse::Inherited {
             self.lane_use = LaneUse::InheritedCalled;
         } else {
-            self.lane = Lane::new(self.lane.shared.clone());
+            self.lane = Lane::new(self.lane.owner().clone());
             self.lane_use = LaneUse::Own;
         }
         self.lane.clone()
@@ -206,7 +203,7 @@ where
                 // The probe slot is taken: should the inner service panic in `call`, the slot
                 // goes back, or the breaker would stay HALF_OPEN with no probe to decide it.
                 let slot = ProbeSlot {
-                    shared: (admission == Admission::Probe).then(|| self.lane.shared.clone()),
+                    shared: (admission == Admission::Probe).then(|| self.lane.owner().clone()),
                 };
                 let future = self.inner.call(request);
                 slot.disarm();
@@ -254,7 +251,7 @@ mod tests {
     async fn futures_hold_their_handle_s_own_lane_from_its_second_call() {
         let mut service = layer().layer(service_fn(answer));
         let inherited = service.lane.clone();
-        let shared = service.lane.shared.clone();
+        let shared = service.lane.owner().clone();
         let lanes = || Arc::strong_count(&shared) - 1;
         let mut clone = service.clone();
         assert_eq!(Arc::strong_count(&inherited), 3, "handles share a lane");
@@ -277,6 +274,7 @@ mod tests {
             "the clone, the test, the first call"
         );
         assert_eq!(lanes(), 2, "futures hold lanes, not the shared state");
+        assert_eq!(shared.lanes.live(), 2);
         let theirs: Vec<_> = (0..2).map(|_| clone.call(Reply::Hang)).collect();
         assert_eq!(lanes(), 3, "a clone makes a lane of its own");
         drop((first, more, theirs, service, clone));
