@@ -35,6 +35,7 @@
 pub mod classify;
 mod clock;
 pub mod dialect;
+mod document;
 mod error;
 #[cfg(feature = "json")]
 #[cfg_attr(docsrs, doc(cfg(feature = "json")))]
@@ -51,6 +52,7 @@ mod window;
 
 pub use classify::{Classify, NetworkErrors, ServerErrors};
 pub use clock::{duration_to_nanos, Clock, Nanos};
+pub use document::DocumentError;
 pub use error::{check_nonzero_duration, check_ratio, ConfigError};
 pub use lock::{Lock, LockGuard};
 pub use outcome::{FailureKind, Observation, Outcome};

@@ -6,12 +6,12 @@
 //! is in `fields`, the error type in `error`; what is shared with the gRPC reader (the duration
 //! grammar, paths, the error detail) is in `json_reader`.
 
-mod error;
 mod fields;
+
+use tower_outlier_core::DocumentError;
 
 use crate::config::{DetectorBuilder, DetectorConfig};
 
-pub use self::error::EnvoyConfigError;
 use self::fields::{Kind, Spec, BASE_EJECTION_TIME, FIELDS, MAX_EJECTION_TIME};
 
 /// An Envoy cluster's `outlier_detection`, read from proto3 JSON into a validated
@@ -107,7 +107,7 @@ impl EnvoyOutlierDetection {
     ///
     /// # Errors
     ///
-    /// An [`EnvoyConfigError`] for malformed JSON (serde_json's message, with line and column),
+    /// A [`DocumentError`] for malformed JSON (serde_json's message, with line and column),
     /// a key given twice anywhere in the text or a field given under both spellings, an unknown
     /// field, a value of the wrong JSON type or out of range, or a `max_ejection_time` below the
     /// base. It names the field as written, with its path (`outlierDetection.baseEjectionTime`),
@@ -116,6 +116,33 @@ impl EnvoyOutlierDetection {
     /// Malformed JSON is reported first, then a repeated key (the first in reading order), then
     /// unknown fields and fields given twice (in the order of their names), then values in the
     /// proto's field order, then `max_ejection_time` against the base.
+    ///
+    /// The error's accessors:
+    ///
+    /// ```
+    /// use tower_outlier_detectors::EnvoyOutlierDetection;
+    ///
+    /// let error = EnvoyOutlierDetection::from_json(r#"{"baseEjectionTime": "-1s"}"#).unwrap_err();
+    /// assert_eq!(error.field(), Some("baseEjectionTime"));
+    /// assert_eq!(error.config_error().unwrap().value(), r#""-1s""#);
+    ///
+    /// let error = EnvoyOutlierDetection::from_json(r#"{"outlier_detection": {"interval": 5}}"#)
+    ///     .unwrap_err();
+    /// assert_eq!(error.field(), Some("outlier_detection.interval"));
+    ///
+    /// let error = EnvoyOutlierDetection::from_json(r#"{"consecutive_5xx": 3, "consecutive5xx": 4}"#)
+    ///     .unwrap_err();
+    /// assert!(error.is_duplicate());
+    /// assert_eq!(error.field(), Some("consecutive_5xx"));
+    ///
+    /// let error = EnvoyOutlierDetection::from_json(r#"{"consecutive_5xxx": 3}"#).unwrap_err();
+    /// assert!(error.is_unknown_field());
+    /// assert_eq!(error.field(), Some("consecutive_5xxx"));
+    ///
+    /// let error = EnvoyOutlierDetection::from_json("{\n \"interval\" \"10s\" }").unwrap_err();
+    /// assert_eq!(error.field(), None);
+    /// assert_eq!(error.location(), Some((2, 13)));
+    /// ```
     ///
     /// # Example
     ///
@@ -154,8 +181,8 @@ impl EnvoyOutlierDetection {
     /// );
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn from_json(text: &str) -> Result<Self, EnvoyConfigError> {
-        read(text).map_err(EnvoyConfigError::new)
+    pub fn from_json(text: &str) -> Result<Self, DocumentError> {
+        read(text).map_err(|problem| problem.into_error(DOCUMENT))
     }
 
     /// The validated configuration.
@@ -175,6 +202,9 @@ impl EnvoyOutlierDetection {
         self.builder.clone()
     }
 }
+
+/// The document's name in error messages.
+const DOCUMENT: &str = "Envoy outlier_detection";
 
 mod read;
 use read::*;

@@ -6,11 +6,9 @@
 //! [`GrpcOutlierDetection`]. The error type is in `error`; what is shared with the Envoy reader
 //! (the duration grammar, paths, the error detail) is in `json_reader`.
 
-mod error;
+use tower_outlier_core::DocumentError;
 
 use crate::config::{DetectorBuilder, DetectorConfig};
-
-pub use self::error::GrpcConfigError;
 
 /// gRPC's `outlier_detection_experimental` load-balancing policy config (proposal A50), read from
 /// JSON into a validated [`DetectorConfig`] of the [`Grpc`](crate::DetectorSemantics::Grpc) semantics.
@@ -104,7 +102,7 @@ impl GrpcOutlierDetection {
     ///
     /// # Errors
     ///
-    /// A [`GrpcConfigError`] for malformed JSON (serde_json's message, with line and column), a
+    /// A [`DocumentError`] for malformed JSON (serde_json's message, with line and column), a
     /// key given twice anywhere in the text, a misspelt field, a service config without an
     /// `outlier_detection_experimental` entry, or a value of the wrong JSON type or out of
     /// range. It names the field's path as written (`successRateEjection.enforcementPercentage`),
@@ -114,6 +112,32 @@ impl GrpcOutlierDetection {
     /// the top-level fields' names and values (`interval`, `baseEjectionTime`,
     /// `maxEjectionTime`, `maxEjectionPercent`), then `successRateEjection`,
     /// `failurePercentageEjection` and `childPolicy`, each with its names before its values.
+    ///
+    /// The error's accessors:
+    ///
+    /// ```
+    /// use tower_outlier_detectors::GrpcOutlierDetection;
+    ///
+    /// let error = GrpcOutlierDetection::from_json(
+    ///     r#"{"successRateEjection": {"enforcementPercentage": 150}}"#,
+    /// )
+    /// .unwrap_err();
+    /// assert_eq!(error.field(), Some("successRateEjection.enforcementPercentage"));
+    /// assert_eq!(error.config_error().unwrap().value(), "150");
+    ///
+    /// let error = GrpcOutlierDetection::from_json(r#"{"base_ejection_time": "10s"}"#).unwrap_err();
+    /// assert!(error.is_unknown_field());
+    /// assert_eq!(error.field(), Some("base_ejection_time"));
+    ///
+    /// let error = GrpcOutlierDetection::from_json(r#"{"interval": "1s", "interval": "2s"}"#)
+    ///     .unwrap_err();
+    /// assert!(error.is_duplicate());
+    /// assert_eq!(error.field(), Some("interval"));
+    ///
+    /// let error = GrpcOutlierDetection::from_json("{\n \"interval\": }").unwrap_err();
+    /// assert_eq!(error.field(), None);
+    /// assert_eq!(error.location(), Some((2, 14)));
+    /// ```
     ///
     /// # Example
     ///
@@ -165,10 +189,10 @@ impl GrpcOutlierDetection {
     ///     "invalid gRPC outlier_detection_experimental config: \
     ///      `failurePercentageEjection.threshold` = 101 (allowed: a JSON integer from 0 to 100)"
     /// );
-    /// # Ok::<(), tower_outlier_detectors::GrpcConfigError>(())
+    /// # Ok::<(), tower_outlier_core::DocumentError>(())
     /// ```
-    pub fn from_json(text: &str) -> Result<Self, GrpcConfigError> {
-        read(text).map_err(GrpcConfigError::new)
+    pub fn from_json(text: &str) -> Result<Self, DocumentError> {
+        read(text).map_err(|problem| problem.into_error(DOCUMENT))
     }
 
     /// The validated configuration.
@@ -201,12 +225,15 @@ impl GrpcOutlierDetection {
     ///     r#"{"interval": "10s", "successRateEjection": {"requestVolumes": 5}}"#,
     /// )?;
     /// assert_eq!(grpc.ignored_fields(), ["successRateEjection.requestVolumes"]);
-    /// # Ok::<(), tower_outlier_detectors::GrpcConfigError>(())
+    /// # Ok::<(), tower_outlier_core::DocumentError>(())
     /// ```
     pub fn ignored_fields(&self) -> &[String] {
         &self.ignored_fields
     }
 }
+
+/// The document's name in error messages.
+const DOCUMENT: &str = "gRPC outlier_detection_experimental config";
 
 mod read;
 use read::*;

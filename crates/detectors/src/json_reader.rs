@@ -1,14 +1,13 @@
 //! What the Envoy and gRPC readers share: protobuf's JSON grammar for `google.protobuf.Duration`,
-//! paths as written in the document, and the error detail behind `EnvoyConfigError` and
-//! `GrpcConfigError` (each reader is behind its own feature, so neither is linked here).
+//! paths as written in the document, and what went wrong, before it becomes the readers'
+//! [`DocumentError`].
 
-use std::fmt;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 use tower_outlier_core::json::{self, show_path, ParseError, PathSegment};
-use tower_outlier_core::text::{clip, name};
-use tower_outlier_core::ConfigError;
+use tower_outlier_core::text::clip;
+use tower_outlier_core::{ConfigError, DocumentError};
 
 /// The largest number of seconds a `google.protobuf.Duration` may hold, either sign: 10 000
 /// years, as protobuf's JSON parsers and grpc-go's enforce.
@@ -113,7 +112,7 @@ pub(crate) fn written(path: &[PathSegment]) -> String {
     text
 }
 
-/// What went wrong, shared by both readers' error types, which add the subject to the message.
+/// What went wrong, as the readers find it: paths kept as segments until the error is made.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Problem {
     /// Not JSON at all; serde_json's message, which ends with the line and column.
@@ -198,67 +197,30 @@ impl Problem {
         }
     }
 
-    pub(crate) fn field(&self) -> Option<&str> {
+    /// The error a reader returns, about `document` (`"Envoy outlier_detection"`).
+    pub(crate) fn into_error(self, document: &'static str) -> DocumentError {
         match self {
-            Problem::Duplicate { field, .. } | Problem::Unknown { field, .. } => Some(field),
-            Problem::Invalid { error, .. } => Some(error.field()),
-            Problem::Syntax { .. } | Problem::TopLevel { .. } => None,
-        }
-    }
-
-    pub(crate) fn config_error(&self) -> Option<&ConfigError> {
-        match self {
-            Problem::Invalid { error, .. } => Some(error),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn is_duplicate(&self) -> bool {
-        matches!(self, Problem::Duplicate { .. })
-    }
-
-    pub(crate) fn is_unknown(&self) -> bool {
-        matches!(self, Problem::Unknown { .. })
-    }
-
-    pub(crate) fn location(&self) -> Option<(usize, usize)> {
-        match self {
-            Problem::Syntax { line, column, .. } => Some((*line, *column)),
-            _ => None,
-        }
-    }
-
-    /// The message, about `subject` (`"Envoy outlier_detection"`).
-    pub(crate) fn describe(&self, f: &mut fmt::Formatter<'_>, subject: &str) -> fmt::Result {
-        match self {
-            Problem::Syntax { message, .. } => write!(f, "{subject} is not valid JSON: {message}"),
-            Problem::TopLevel { shown, allowed } => write!(
-                f,
-                "invalid {subject}: the top level is {shown} (allowed: {allowed})"
-            ),
-            Problem::Duplicate { path, alias, .. } => {
-                write!(
-                    f,
-                    "invalid {subject}: `{}` is given more than once",
-                    show_path(path)
-                )?;
+            Problem::Syntax {
+                message,
+                line,
+                column,
+            } => DocumentError::syntax(document, message, line, column),
+            Problem::TopLevel { shown, allowed } => {
+                DocumentError::top_level(document, shown, allowed)
+            }
+            Problem::Duplicate { path, field, alias } => {
+                let error = DocumentError::duplicate(document, field, show_path(&path));
                 match alias {
-                    Some(alias) => write!(f, " (also as `{}`)", name(alias)),
-                    None => Ok(()),
+                    Some(alias) => error.also_as(&alias),
+                    None => error,
                 }
             }
-            Problem::Unknown { path, hint, .. } => write!(
-                f,
-                "invalid {subject}: unknown field `{}` ({hint})",
-                show_path(path)
-            ),
-            Problem::Invalid { path, error } => write!(
-                f,
-                "invalid {subject}: `{}` = {} (allowed: {})",
-                show_path(path),
-                error.value(),
-                error.allowed()
-            ),
+            Problem::Unknown { path, field, hint } => {
+                DocumentError::unknown(document, field, show_path(&path), hint)
+            }
+            Problem::Invalid { path, error } => {
+                DocumentError::invalid(document, error, show_path(&path))
+            }
         }
     }
 }

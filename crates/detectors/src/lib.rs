@@ -77,11 +77,15 @@ pub use dialect::Grpc;
 pub use endpoint::DetectorEndpoint;
 #[cfg(feature = "envoy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "envoy")))]
-pub use envoy::{EnvoyConfigError, EnvoyOutlierDetection};
+pub use envoy::EnvoyOutlierDetection;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-pub use grpc::{GrpcConfigError, GrpcOutlierDetection};
+pub use grpc::GrpcOutlierDetection;
 pub use policy::{Detector, DetectorPolicy, DetectorStats};
+/// The readers' error type.
+#[cfg(any(feature = "envoy", feature = "grpc"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "envoy", feature = "grpc"))))]
+pub use tower_outlier_core::DocumentError;
 
 #[cfg(test)]
 mod tests;

@@ -19,7 +19,7 @@ fn config_of(json: &str) -> DetectorConfig {
     }
 }
 
-fn error_of(json: &str) -> EnvoyConfigError {
+fn error_of(json: &str) -> tower_outlier_core::DocumentError {
     match EnvoyOutlierDetection::from_json(json) {
         Ok(envoy) => panic!("{json} was accepted as {:?}", envoy.config()),
         Err(error) => error,

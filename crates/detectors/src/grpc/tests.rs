@@ -87,7 +87,7 @@ fn config_of(json: &str) -> DetectorConfig {
     read(json).into_config()
 }
 
-fn error_of(json: &str) -> GrpcConfigError {
+fn error_of(json: &str) -> tower_outlier_core::DocumentError {
     match GrpcOutlierDetection::from_json(json) {
         Ok(grpc) => panic!("{json} was accepted as {:?}", grpc.config()),
         Err(error) => error,
