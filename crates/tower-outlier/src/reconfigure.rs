@@ -186,7 +186,8 @@ impl RulesHandle {
 
     /// The first policy in force of type `P`, as its own type.
     ///
-    /// ```
+    #[cfg_attr(feature = "error-rate", doc = "```")]
+    #[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
     /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
     ///
     /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?));
