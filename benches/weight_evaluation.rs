@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tower_outlier::classify::{FailureKind, Observation, Outcome};
 use tower_outlier::policy::Clock;
 use tower_outlier::policy::{
-    DynOutlierPolicy, EndpointPolicy, EndpointRecord, FleetMember, Notifier,
+    DynOutlierPolicy, EndpointPolicy, EndpointRecord, FleetMember, Notifier, OutlierPolicy,
 };
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
 
@@ -42,13 +42,15 @@ fn main() {
         "{:>10} {:>8} {:>14} {:>14}",
         "endpoints", "runs", "median (µs)", "per endpoint (ns)"
     );
-    assert!(policy.fleet_interval().is_some(), "regulation is on");
+    let held = <dyn DynOutlierPolicy>::from_policy(policy.clone());
+    assert!(held.fleet_interval().is_some(), "regulation is on");
     for size in [10usize, 100, 1_000, 10_000] {
         let records: Vec<EndpointRecord> = (0..size)
             .map(|_| {
                 EndpointRecord::new(
                     clock.clone(),
-                    vec![DynOutlierPolicy::new_endpoint(&policy)].into_boxed_slice(),
+                    vec![Box::new(policy.new_endpoint()) as Box<dyn EndpointPolicy>]
+                        .into_boxed_slice(),
                     notifier.clone(),
                 )
             })
@@ -74,7 +76,7 @@ fn main() {
                     available: true,
                 })
                 .collect();
-            policy.evaluate_fleet(black_box(&fleet), 0);
+            held.evaluate_fleet(black_box(&fleet), 0);
             times.push(start.elapsed());
         }
         times.sort();

@@ -438,3 +438,68 @@ fn hsf_and_sentinel_typos_are_noted_or_refused() {
         ["unknown field `slowRatioThreshhold` of the rule for `orders` ignored (did you mean `slowRatioThreshold`?)"]
     );
 }
+
+/// A policy named like the error-rate policy but of another type: a document of a dialect that
+/// configures error-rate policies finds none of its type and is refused, the rules in force
+/// staying; with the right type in a later slot of the same name, that slot is the one replaced.
+#[test]
+fn a_dialect_replaces_only_a_policy_of_its_own_type() {
+    use tower_outlier::policy::{
+        Description, EndpointPolicy, Judgement, Nanos, Observation, OutlierPolicy,
+        RecoverySchedule, Signal,
+    };
+
+    #[derive(Debug)]
+    struct Impostor;
+    #[derive(Debug)]
+    struct Calm;
+    impl EndpointPolicy for Calm {
+        fn record(&self, _: &Observation, _: Nanos) -> Signal {
+            Signal::None
+        }
+        fn judge(&self, _: Nanos) -> Judgement {
+            Judgement::Healthy
+        }
+        fn describe(&self, _: Nanos) -> Description {
+            Description::default()
+        }
+        fn reset(&self) {}
+    }
+    impl OutlierPolicy for Impostor {
+        type Endpoint = Calm;
+        fn name(&self) -> &'static str {
+            ErrorRatePolicy::NAME
+        }
+        fn new_endpoint(&self) -> Calm {
+            Calm
+        }
+        fn recovery(&self) -> RecoverySchedule {
+            RecoverySchedule::fixed(Duration::from_secs(30))
+        }
+        fn trial_period(&self) -> Duration {
+            Duration::from_secs(10)
+        }
+    }
+
+    let document = r#"{"DEFAULT": {"qosEnabled": true, "errorRateThreshold": 0.2}}"#;
+    let alone = OutlierDetectionLayer::new(Impostor);
+    let error = alone
+        .rules()
+        .apply(&Hsf::service("Orders:1.0"), document)
+        .unwrap_err();
+    assert!(!error.is_document());
+    assert!(error.to_string().contains("is not of the type"), "{error}");
+    assert_eq!(alone.rules().version(), 0);
+
+    let both = OutlierDetectionLayer::new(Impostor).with_policy(threshold(0.5));
+    assert_eq!(
+        both.rules()
+            .apply(&Hsf::service("Orders:1.0"), document)
+            .unwrap(),
+        1
+    );
+    let policies = both.rules().policies();
+    assert!(policies[0].downcast_ref::<Impostor>().is_some());
+    let replaced = policies[1].downcast_ref::<ErrorRatePolicy>().unwrap();
+    assert_eq!(replaced.config().error_rate_threshold(), 0.2);
+}

@@ -7,8 +7,8 @@ use crate::BoxError;
 /// A configuration document's language: how its text becomes a policy of a layer.
 ///
 /// The policy crates implement it for HSF, Sentinel, SOFARPC, Envoy and gRPC; implement it for
-/// your own format. A layer's rules handle finds the policy in force of the dialect's
-/// [`Policy`](Self::Policy) type and [`policy_name`](Self::policy_name), and
+/// your own format. A layer's rules handle finds the first policy in force with the dialect's
+/// [`policy_name`](Self::policy_name) and of its [`Policy`](Self::Policy) type, and
 /// [`parse`](Self::parse) reads the document into its successor.
 ///
 /// ```

@@ -34,8 +34,9 @@ pub trait OutlierPolicy: fmt::Debug + Send + Sync + 'static {
 
     /// The state of an endpoint that already had `previous` under the configuration this one
     /// replaces (a reconfiguration of a running layer): whatever of its history the new rules can
-    /// use. Asked only when the policy replaced is of the same type; otherwise the endpoint
-    /// starts afresh ([`new_endpoint`](Self::new_endpoint)). The default starts afresh. A state
+    /// use. Asked when the previous state is of this policy's [`Endpoint`](Self::Endpoint) type
+    /// (the policy replaced was of this type, or of another with the same state type); otherwise
+    /// the endpoint starts afresh ([`new_endpoint`](Self::new_endpoint)). The default starts afresh. A state
     /// that gates readiness must not carry over a probe in flight: its answer goes to
     /// `previous`.
     fn new_endpoint_from(&self, previous: &Self::Endpoint, now: Nanos) -> Self::Endpoint {

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 use tower_outlier_core::{
-    BudgetFloor, Clock, EjectionBudget, EndpointRecord, NetworkErrors, Notifier, OutlierPolicy,
+    BudgetFloor, Clock, DynOutlierPolicy, EjectionBudget, EndpointRecord, NetworkErrors, Notifier,
+    OutlierPolicy,
 };
 
 use crate::discover::OutlierDetectionDiscover;
@@ -66,7 +67,10 @@ impl OutlierDetectionLayer {
     /// trial. The ejection budget is the policy's.
     pub fn new(policy: impl OutlierPolicy) -> Self {
         let monitor = Monitor::new();
-        let rules = RulesCell::new(vec![Arc::new(policy)], monitor.registry().clone());
+        let rules = RulesCell::new(
+            vec![<dyn DynOutlierPolicy>::from_policy(policy)],
+            monitor.registry().clone(),
+        );
         OutlierDetectionLayer {
             discover_errors: DiscoverErrors::PassThrough,
             monitor,
@@ -90,7 +94,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         // A new set of rules of its own: a clone of this layer, or a handle taken before, keeps
         // the policies it had.
         let mut policies = self.rules.current().policies.to_vec();
-        policies.push(Arc::new(policy));
+        policies.push(<dyn DynOutlierPolicy>::from_policy(policy));
         self.rules = RulesCell::new(policies, self.monitor.registry().clone());
         self
     }

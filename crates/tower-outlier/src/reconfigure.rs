@@ -200,7 +200,7 @@ impl RulesHandle {
             .current()
             .policies
             .iter()
-            .find_map(|policy| policy.clone().downcast_arc::<P>())
+            .find_map(|policy| policy.downcast_arc::<P>())
     }
 
     /// Replaces the policy in `slot` (its position in the layer: the first policy is 0) by
@@ -211,10 +211,11 @@ impl RulesHandle {
         slot: usize,
         policy: impl OutlierPolicy,
     ) -> Result<u64, ReconfigureError> {
-        self.replace_arc(slot, Arc::new(policy))
+        self.replace_arc(slot, <dyn DynOutlierPolicy>::from_policy(policy))
     }
 
-    /// [`replace`](Self::replace) with a policy already shared.
+    /// [`replace`](Self::replace) with a policy already shared: one of [`policies`](Self::policies),
+    /// or any policy through [`DynOutlierPolicy::from_shared`](tower_outlier_core::DynOutlierPolicy).
     pub fn replace_arc(
         &self,
         slot: usize,
@@ -226,8 +227,9 @@ impl RulesHandle {
     }
 
     /// Reads `text` in `dialect` and replaces the layer's policy of the kind the dialect
-    /// configures (the first slot whose policy has that name, which must be of the dialect's
-    /// policy type). Returns the new version; on any error the rules in force stay.
+    /// configures: the first slot whose policy has the dialect's policy name and type. Returns
+    /// the new version; on any error the rules in force stay, and a layer with policies of that
+    /// name but none of that type refuses the document.
     ///
     /// What an operator should know of an accepted document (keys that were ignored, detection
     /// switched off by it) is logged at WARN and shown in
@@ -240,20 +242,27 @@ impl RulesHandle {
         let rules = self.cell.current();
         let kind = dialect.policy_name();
         let mut notes = Vec::new();
-        let result = match rules.policies.iter().position(|p| p.name() == kind) {
-            None => Err(ReconfigureError::new(Kind::NoPolicy { policy: kind })),
-            Some(slot) => match rules.policies[slot].downcast_ref::<D::Policy>() {
-                None => Err(ReconfigureError::new(Kind::OtherType {
+        let named = |p: &Arc<dyn DynOutlierPolicy>| p.name() == kind;
+        let typed = rules.policies.iter().enumerate().find_map(|(slot, p)| {
+            let current = p.downcast_ref::<D::Policy>().filter(|_| named(p))?;
+            Some((slot, current))
+        });
+        let result = match typed {
+            None if rules.policies.iter().any(named) => {
+                Err(ReconfigureError::new(Kind::OtherType {
                     policy: kind,
                     dialect: dialect.name(),
+                }))
+            }
+            None => Err(ReconfigureError::new(Kind::NoPolicy { policy: kind })),
+            Some((slot, current)) => match dialect.parse(text, current, &mut notes) {
+                Ok(policy) => self
+                    .cell
+                    .publish(slot, <dyn DynOutlierPolicy>::from_policy(policy)),
+                Err(source) => Err(ReconfigureError::new(Kind::Document {
+                    dialect: dialect.name(),
+                    source,
                 })),
-                Some(current) => match dialect.parse(text, current, &mut notes) {
-                    Ok(policy) => self.cell.publish(slot, Arc::new(policy)),
-                    Err(source) => Err(ReconfigureError::new(Kind::Document {
-                        dialect: dialect.name(),
-                        source,
-                    })),
-                },
             },
         };
         self.log(&result, kind, dialect.name());

@@ -11,8 +11,11 @@ use super::*;
 
 /// An [`OutlierPolicy`] as a layer holds it, whatever its endpoint state's type.
 ///
-/// Implemented for every `OutlierPolicy` and for nothing else: a layer, its rules and its
-/// monitor hold policies as `Arc<dyn DynOutlierPolicy>`. This module is the one place where
+/// Made from any `OutlierPolicy` with [`from_policy`](#method.from_policy) or
+/// [`from_shared`](#method.from_shared), and implemented by nothing else: a layer, its rules and
+/// its monitor hold policies as `Arc<dyn DynOutlierPolicy>`. The policy is wrapped rather than
+/// given a second trait, so a policy's own type has only [`OutlierPolicy`]'s methods, whatever
+/// is imported. This module is the one place where
 /// the types a policy declares are recovered from the values a layer holds: a state goes back
 /// to the policy type that made it ([`new_endpoint_from`](Self::new_endpoint_from), a fleet
 /// evaluation), and a user can ask for the policy in force as its own type
@@ -39,9 +42,11 @@ use super::*;
 /// #     fn trial_period(&self) -> Duration { Duration::from_secs(1) }
 /// # }
 ///
-/// let held: Arc<dyn DynOutlierPolicy> = Arc::new(Never);
+/// let held: Arc<dyn DynOutlierPolicy> = <dyn DynOutlierPolicy>::from_policy(Never);
 /// assert_eq!(held.name(), "never");
 /// assert!(held.downcast_ref::<Never>().is_some());
+/// // The policy's own type keeps only its own trait's methods, with both traits in scope.
+/// assert_eq!(Never.name(), "never");
 /// ```
 pub trait DynOutlierPolicy: fmt::Debug + Send + Sync + Any + sealed::Sealed {
     /// [`OutlierPolicy::name`].
@@ -50,8 +55,8 @@ pub trait DynOutlierPolicy: fmt::Debug + Send + Sync + Any + sealed::Sealed {
     /// [`OutlierPolicy::new_endpoint`], boxed.
     fn new_endpoint(&self) -> Box<dyn EndpointPolicy>;
 
-    /// [`OutlierPolicy::new_endpoint_from`] when `previous` is a state of this policy's type
-    /// (the policy replaced was of the same type); a fresh state otherwise.
+    /// [`OutlierPolicy::new_endpoint_from`] when `previous` is of this policy's
+    /// [`Endpoint`](OutlierPolicy::Endpoint) type; a fresh state otherwise.
     fn new_endpoint_from(
         &self,
         previous: &dyn EndpointPolicy,
@@ -75,30 +80,54 @@ pub trait DynOutlierPolicy: fmt::Debug + Send + Sync + Any + sealed::Sealed {
     fn fleet_interval(&self) -> Option<Duration>;
 
     /// [`FleetPolicy::evaluate`] over the members whose state is this policy's (all of them, in a
-    /// layer: each endpoint holds one state per policy); nothing for a policy without the
-    /// capability.
-    fn evaluate_fleet(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos);
+    /// layer: each endpoint holds one state per policy). Whether it evaluated: `false`, doing
+    /// nothing, for a policy without the capability now.
+    fn evaluate_fleet(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos) -> bool;
 }
 
 impl dyn DynOutlierPolicy {
+    /// `policy`, as a layer holds it.
+    pub fn from_policy<P: OutlierPolicy>(policy: P) -> Arc<Self> {
+        Self::from_shared(Arc::new(policy))
+    }
+
+    /// A policy already shared, as a layer holds it.
+    pub fn from_shared<P: OutlierPolicy>(policy: Arc<P>) -> Arc<Self> {
+        Arc::new(Held(policy))
+    }
+
     /// The policy as its own type, if it is a `P`.
     pub fn downcast_ref<P: OutlierPolicy>(&self) -> Option<&P> {
-        (self as &dyn Any).downcast_ref()
+        (self as &dyn Any)
+            .downcast_ref::<Held<P>>()
+            .map(|held| &*held.0)
     }
 
     /// The shared policy as its own type, if it is a `P`.
-    pub fn downcast_arc<P: OutlierPolicy>(self: Arc<Self>) -> Option<Arc<P>> {
-        (self as Arc<dyn Any + Send + Sync>).downcast().ok()
+    pub fn downcast_arc<P: OutlierPolicy>(&self) -> Option<Arc<P>> {
+        (self as &dyn Any)
+            .downcast_ref::<Held<P>>()
+            .map(|held| held.0.clone())
     }
 }
 
-impl<P: OutlierPolicy> DynOutlierPolicy for P {
+/// A policy as a layer holds it.
+struct Held<P>(Arc<P>);
+
+impl<P: fmt::Debug> fmt::Debug for Held<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The policy's own, as if it were not wrapped.
+        self.0.fmt(f)
+    }
+}
+
+impl<P: OutlierPolicy> DynOutlierPolicy for Held<P> {
     fn name(&self) -> &'static str {
-        OutlierPolicy::name(self)
+        self.0.name()
     }
 
     fn new_endpoint(&self) -> Box<dyn EndpointPolicy> {
-        Box::new(OutlierPolicy::new_endpoint(self))
+        Box::new(self.0.new_endpoint())
     }
 
     fn new_endpoint_from(
@@ -107,34 +136,34 @@ impl<P: OutlierPolicy> DynOutlierPolicy for P {
         now: Nanos,
     ) -> Box<dyn EndpointPolicy> {
         match (previous as &dyn Any).downcast_ref::<P::Endpoint>() {
-            Some(previous) => Box::new(OutlierPolicy::new_endpoint_from(self, previous, now)),
-            None => Box::new(OutlierPolicy::new_endpoint(self)),
+            Some(previous) => Box::new(self.0.new_endpoint_from(previous, now)),
+            None => Box::new(self.0.new_endpoint()),
         }
     }
 
     fn enabled(&self) -> bool {
-        OutlierPolicy::enabled(self)
+        self.0.enabled()
     }
 
     fn recovery(&self) -> RecoverySchedule {
-        OutlierPolicy::recovery(self)
+        self.0.recovery()
     }
 
     fn trial_period(&self) -> Duration {
-        OutlierPolicy::trial_period(self)
+        self.0.trial_period()
     }
 
     fn budget(&self) -> Option<EjectionBudget> {
-        OutlierPolicy::budget(self)
+        self.0.budget()
     }
 
     fn fleet_interval(&self) -> Option<Duration> {
-        self.fleet().map(|fleet| fleet.interval())
+        self.0.fleet().map(|fleet| fleet.interval())
     }
 
-    fn evaluate_fleet(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos) {
-        let Some(policy) = self.fleet() else {
-            return;
+    fn evaluate_fleet(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos) -> bool {
+        let Some(policy) = self.0.fleet() else {
+            return false;
         };
         let typed: Vec<FleetMember<'_, P::Endpoint>> = fleet
             .iter()
@@ -148,12 +177,13 @@ impl<P: OutlierPolicy> DynOutlierPolicy for P {
             })
             .collect();
         policy.evaluate(&typed, now);
+        true
     }
 }
 
 mod sealed {
-    /// Keeps [`DynOutlierPolicy`](super::DynOutlierPolicy) to the blanket implementation.
+    /// Keeps [`DynOutlierPolicy`](super::DynOutlierPolicy) to the layer's wrapper.
     pub trait Sealed {}
 
-    impl<P: super::OutlierPolicy> Sealed for P {}
+    impl<P> Sealed for super::Held<P> {}
 }

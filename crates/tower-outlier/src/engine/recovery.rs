@@ -151,8 +151,9 @@ where
                     }
                 })
                 .collect();
-            fleet.evaluate_fleet(&members, self.settings.clock.now());
-            evaluated = true;
+            if fleet.evaluate_fleet(&members, self.settings.clock.now()) {
+                evaluated = true;
+            }
         }
         if evaluated {
             self.report_weights();

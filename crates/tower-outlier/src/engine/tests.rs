@@ -147,7 +147,7 @@ impl Bench {
         let switches = Arc::new(Switches::default());
         let registry = Monitor::new().registry().clone();
         let settings = settings(
-            Arc::new(SwitchPolicy(switches.clone())),
+            <dyn DynOutlierPolicy>::from_policy(SwitchPolicy(switches.clone())),
             EjectionBudget::new(max_ratio, BudgetFloor::One).unwrap(),
             &registry,
         );
@@ -557,7 +557,7 @@ fn fleet_evaluations_run_on_their_interval_from_when_they_ran() {
     let start = Instant::now();
     let registry = Monitor::new().registry().clone();
     let settings = settings(
-        Arc::new(CensusPolicy(census.clone())),
+        <dyn DynOutlierPolicy>::from_policy(CensusPolicy(census.clone())),
         EjectionBudget::new(0.5, BudgetFloor::One).unwrap(),
         &registry,
     );

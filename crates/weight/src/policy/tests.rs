@@ -7,7 +7,7 @@ fn fleet(policy: &WeightPolicy, endpoints: usize) -> Vec<EndpointRecord> {
         .map(|_| {
             EndpointRecord::new(
                 Clock::tsc(),
-                vec![DynOutlierPolicy::new_endpoint(policy)].into_boxed_slice(),
+                vec![Box::new(policy.new_endpoint()) as Box<dyn EndpointPolicy>].into_boxed_slice(),
                 Arc::new(Notifier::new()),
             )
         })
@@ -41,7 +41,7 @@ fn window(policy: &WeightPolicy, records: &[EndpointRecord], counts: &[(u64, u64
             available: true,
         })
         .collect();
-    policy.evaluate_fleet(&members, 0);
+    assert!(<dyn DynOutlierPolicy>::from_policy(policy.clone()).evaluate_fleet(&members, 0));
 }
 
 /// Absolute weights (original 100), to six decimals.
