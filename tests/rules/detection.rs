@@ -166,6 +166,42 @@ async fn one_slow_call_does_not_starve_a_healthy_endpoint() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn one_slow_call_then_a_few_slower_ones_do_not_starve_a_healthy_endpoint() {
+    let backends: Vec<Sleepy> = (0..10).map(|id| Sleepy::new(id, 1)).collect();
+    let layer = edas();
+    let mut balancer = Balance::from_rng(
+        layer.layer(ServiceList::new(backends.clone())),
+        SeededRng(11),
+    );
+    open_loop(&mut balancer, 1000.0, Duration::from_secs(1)).await;
+    // One call to #0 takes a second, its next three 10 ms (ten times the usual, as a loaded
+    // machine's calls may be, but a hundredth of the estimate the slow call left); then 1 ms.
+    for (latency, calls) in [(1000, 1), (10, 3)] {
+        backends[0].set_latency(latency);
+        let before = backends[0].calls();
+        while backends[0].calls() < before + calls {
+            open_loop(&mut balancer, 1000.0, Duration::from_millis(10)).await;
+        }
+    }
+    backends[0].set_latency(1);
+    let start: Vec<usize> = backends.iter().map(Sleepy::calls).collect();
+    open_loop(&mut balancer, 1000.0, Duration::from_secs(20)).await;
+    let got: Vec<usize> = backends
+        .iter()
+        .zip(&start)
+        .map(|(b, s)| b.calls() - s)
+        .collect();
+    let fair = got.iter().sum::<usize>() as f64 / 10.0;
+    // Before, the first 10 ms call confirmed the peak: no more exploration, and #0 waited for
+    // the estimate to decay from about 900 ms (a minute).
+    assert!(
+        got[0] as f64 >= fair / 2.0,
+        "#0 got {} of a fair {fair:.0} ({got:?})",
+        got[0]
+    );
+}
+
 /// Runs five 10 ms endpoints behind a 1 s timeout at 5 requests a second through `balancer`
 /// for 10 s, then makes #0 a black hole for a minute; returns the failed requests and the calls
 /// the black hole received.

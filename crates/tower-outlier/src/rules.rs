@@ -143,6 +143,7 @@
 //!   row, until its estimate is back within a quarter of where it was: p2c never picks the
 //!   costliest of three endpoints, so a healthy endpoint's one noisy or slow call would otherwise
 //!   shut it out for the estimate's decay time. A genuinely slow endpoint's next slow call
+//!   (more than twice the estimate before the jump, and at least half the estimate now)
 //!   confirms it: it gets one call more each time p2c tries it again, no more.
 //! * **Following up a fast failure.** An endpoint with no call in flight whose last call failed
 //!   fast a second ago or more, with none completed since, wins a draw after losing 16 in a row

@@ -46,7 +46,8 @@ pub(super) const SERVED: u8 = 0b1_0000;
 pub(super) const REPEATED: u8 = 0b10_0000;
 
 // A sample more than this many times a fresh estimate is a jump to confirm; a later sample more
-// than this many times the estimate before the jump confirms it (the endpoint is slow).
+// than this many times the estimate before the jump, and at least this fraction of the estimate
+// it left, confirms it (the endpoint is slow).
 pub(super) const PEAK_JUMP: u64 = 2;
 // A failed call raises the estimate to at least this multiple of what it was ...
 pub(super) const FAILURE_STEP: u64 = 2;
@@ -123,15 +124,19 @@ impl EndpointRecord {
 
     /// `PEAK_UNCONFIRMED` after a success of latency `rtt` moved the estimate from `old` to `next`.
     /// Set by a jump above the estimate, remembering the estimate before it; cleared by a sample
-    /// that jumps as far above that (the endpoint is slow: a genuinely slow endpoint that p2c
-    /// tries again as its estimate decays gets one explored call more, no more), or once the
-    /// estimate is back within a quarter of it. An endpoint starved by p2c is sampled rarely, so
-    /// one noisy sample must not be enough to keep it out.
+    /// that jumps as far above that and is at least half the estimate (the endpoint is as slow as
+    /// the estimate says: a genuinely slow endpoint that p2c tries again as its estimate decays
+    /// gets one explored call more, no more), or once the estimate is back within a quarter of
+    /// it. An endpoint starved by p2c is sampled rarely, so one noisy sample must not be enough to
+    /// keep it out: on a loaded machine a healthy endpoint's calls often take twice their usual
+    /// time, and such a call used to confirm a peak ten times higher, starving the endpoint for
+    /// the estimate's decay time (twenty seconds and more).
     #[inline]
     fn peak_flags(&self, flags: u8, old: u64, next: u64, rtt: u64) -> u8 {
         if flags & PEAK_UNCONFIRMED != 0 {
             let anchor = self.latency.anchor.load(Ordering::Relaxed);
-            let confirmed = rtt > anchor.saturating_mul(PEAK_JUMP);
+            let confirmed =
+                rtt > anchor.saturating_mul(PEAK_JUMP) && rtt.saturating_mul(PEAK_JUMP) >= next;
             let settled = next.saturating_mul(4) <= anchor.saturating_mul(5);
             if confirmed || settled {
                 return flags & !PEAK_UNCONFIRMED;

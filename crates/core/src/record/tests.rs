@@ -220,6 +220,31 @@ fn one_slow_call_is_a_peak_to_confirm() {
 }
 
 #[test]
+fn a_call_of_twice_the_usual_time_does_not_confirm_a_far_higher_peak() {
+    let record = warm_record();
+    let now = record.clock().now();
+    // A call twice the usual time (a loaded machine's) does not confirm a peak ten times the
+    // usual: the endpoint stays explored, and its calls bring the estimate down.
+    record.seed_rtt(MS as f64, now);
+    call(&record, Outcome::Success, 1, now);
+    call(&record, Outcome::Success, 20, now);
+    assert!(record.peak_unconfirmed());
+    call(&record, Outcome::Success, 3, now);
+    assert!(
+        record.peak_unconfirmed(),
+        "a call of 3 ms does not confirm an estimate of 17.9 ms"
+    );
+    for _ in 0..12 {
+        call(&record, Outcome::Success, 3, now);
+    }
+    assert!(
+        !record.peak_unconfirmed(),
+        "confirmed once the estimate is within twice the calls"
+    );
+    assert!(estimate_ms(&record, now) <= 6.0);
+}
+
+#[test]
 fn evidence_is_wanted_only_after_a_failure_other_than_overload() {
     let record = record();
     let now = record.clock().now();
