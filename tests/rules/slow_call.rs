@@ -616,7 +616,7 @@ mod against_a_real_server {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_seed_walk_through_against_a_hyper_server() {
-        let delay_ms = Arc::new(AtomicU64::new(60));
+        let delay_ms = Arc::new(AtomicU64::new(200));
         let requests = Arc::new(AtomicUsize::new(0));
         let addr = server(delay_ms.clone(), requests.clone()).await;
         let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
@@ -639,7 +639,10 @@ mod against_a_real_server {
                 .unwrap()
         };
 
-        // Ten 60 ms calls, started 10 ms apart: at least five land in one interval, all slow.
+        // Ten 200 ms calls, started 10 ms apart: at least five land in one interval, all slow.
+        // Every call starts before the first completes, with room for a loaded machine's late
+        // timers (with 60 ms calls, a run beside other tests opened the breaker before the last
+        // caller started).
         let mut callers = Vec::new();
         for _ in 0..10 {
             callers.push(tokio::spawn(service.clone().oneshot(request())));

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
-use tower_outlier_core::ConfigError;
+use tower_outlier_core::{ConfigError, DocumentError};
 
 use crate::config::ErrorRateConfig;
 
@@ -17,7 +17,6 @@ mod keys;
 mod read;
 
 use document::Node;
-pub use error::HsfConfigError;
 use error::{qualified, show_json};
 use keys::{Block, Key, Raw};
 
@@ -81,7 +80,7 @@ const PROPERTY_PREFIX: &str = "hsf.qos.";
 /// re-serialised, so `1e30` shows as `1e+30`) and the allowed range. In the message, names and
 /// values longer than 80 characters are clipped, and names holding control characters (a newline,
 /// a terminal escape) are quoted and escaped, so that no input can flood or forge a log line;
-/// [`HsfConfigError::key`] still returns the key as written. Nothing is silently coerced or
+/// [`DocumentError::field`] still returns the key as written. Nothing is silently coerced or
 /// defaulted:
 ///
 /// * Numbers must be JSON numbers. A quoted number such as `"0.5"` is rejected with a type error,
@@ -160,7 +159,7 @@ impl HsfQosConfig {
     /// assert_eq!(config.min_calls(), 20);
     /// assert!(config.enabled());
     /// assert_eq!(hsf.service("com.bar.Other:1.0.0")?, hsf.application()?);
-    /// # Ok::<(), tower_outlier_error_rate::HsfConfigError>(())
+    /// # Ok::<(), tower_outlier_error_rate::DocumentError>(())
     /// ```
     pub fn service(&self, service_and_version: &str) -> Result<ErrorRateConfig, ConfigError> {
         self.resolve(self.services.get(service_and_version))
@@ -191,7 +190,7 @@ impl HsfQosConfig {
     ///     hsf.ignored_key_notes(),
     ///     ["unknown key `DEFAULT.errorRateThreshhold` ignored (did you mean `errorRateThreshold`?)"]
     /// );
-    /// # Ok::<(), tower_outlier_error_rate::HsfConfigError>(())
+    /// # Ok::<(), tower_outlier_error_rate::DocumentError>(())
     /// ```
     pub fn ignored_key_notes(&self) -> Vec<String> {
         self.ignored
@@ -276,7 +275,7 @@ impl HsfQosConfig {
 }
 
 impl FromStr for HsfQosConfig {
-    type Err = HsfConfigError;
+    type Err = DocumentError;
 
     /// The same as [`HsfQosConfig::from_json`].
     fn from_str(text: &str) -> Result<Self, Self::Err> {

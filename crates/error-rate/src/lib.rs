@@ -33,8 +33,8 @@
 //!
 //! # Cargo features
 //!
-//! * `hsf` (on by default): the HSF configuration reader, `HsfQosConfig`, and its error,
-//!   `HsfConfigError`. It is what brings in `serde` and `serde_json`, directly and through the
+//! * `hsf` (on by default): the HSF configuration reader, `HsfQosConfig`, whose errors are
+//!   `DocumentError`s (re-exported from `tower-outlier-core`). It is what brings in `serde` and `serde_json`, directly and through the
 //!   `json` feature of `tower-outlier-core` (JSON with repeated keys detected), which it turns
 //!   on: with `default-features = false`, configure ejection in code with [`ErrorRateConfig`] and
 //!   neither is compiled.
@@ -54,5 +54,8 @@ pub use config::{ErrorRateBuilder, ErrorRateConfig};
 pub use dialect::Hsf;
 #[cfg(feature = "hsf")]
 #[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
-pub use hsf::{HsfConfigError, HsfQosConfig};
+pub use hsf::HsfQosConfig;
 pub use policy::{ErrorRateEndpoint, ErrorRatePolicy};
+#[cfg(feature = "hsf")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
+pub use tower_outlier_core::DocumentError;

@@ -31,7 +31,8 @@
 //! # Cargo features
 //!
 //! * `sentinel` (on by default): the Sentinel `DegradeRule` JSON reader, `parse_degrade_rules`,
-//!   with its `DegradeRule` and `RuleError`. It is what brings in `serde` and `serde_json`,
+//!   with its `DegradeRule`; its errors are `DocumentError`s (re-exported from
+//!   `tower-outlier-core`). It is what brings in `serde` and `serde_json`,
 //!   directly and through the `json` feature of `tower-outlier-core` (JSON with repeated keys
 //!   detected), which it turns on: with `default-features = false`, configure breakers in code
 //!   with [`BreakerConfig`] and neither is compiled.
@@ -65,5 +66,8 @@ pub use observe::{state_observers_told, wait_for_state_observers};
 pub use policy::{SlowCallEndpoint, SlowCallPolicy};
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
-pub use sentinel::{parse_degrade_rules, DegradeRule, RuleError};
+pub use sentinel::{parse_degrade_rules, DegradeRule};
 pub use service::CircuitBreaker;
+#[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+pub use tower_outlier_core::DocumentError;

@@ -2,16 +2,14 @@
 //!
 //! The module is private; its public items are re-exported from the crate root, so the user-facing
 //! description (fields, defaults, validation) lives on [`parse_degrade_rules`], where rustdoc shows
-//! it. [`RuleError`], the error type and its message, is in `error`.
+//! it. `error` builds its errors, [`DocumentError`]s.
 
 mod error;
 
 use serde_json::Value;
-use tower_outlier_core::json;
+use tower_outlier_core::{json, DocumentError};
 
 use crate::config::BreakerConfig;
-
-pub use self::error::RuleError;
 
 /// One Sentinel circuit-breaking rule: the resource it protects and the validated breaker
 /// configuration it describes. Read with [`parse_degrade_rules`].
@@ -59,7 +57,7 @@ impl DegradeRule {
     ///     rules[0].ignored_field_notes(),
     ///     ["unknown field `slowRatioThreshhold` of the rule for `orders` ignored (did you mean `slowRatioThreshold`?)"]
     /// );
-    /// # Ok::<(), tower_outlier_slow_call::RuleError>(())
+    /// # Ok::<(), tower_outlier_slow_call::DocumentError>(())
     /// ```
     pub fn ignored_field_notes(&self) -> Vec<String> {
         let resource = tower_outlier_core::text::name(&self.resource);
@@ -139,11 +137,11 @@ impl DegradeRule {
 ///
 /// # Errors
 ///
-/// A [`RuleError`] for malformed JSON (with serde_json's message, line and column), a key given
-/// twice in an object ([`RuleError::is_duplicate`]), a top level that is not an array, an element
+/// A [`DocumentError`] for malformed JSON (with serde_json's message, line and column), a key given
+/// twice in an object ([`DocumentError::is_duplicate`]), a top level that is not an array, an element
 /// that is not an object, or a field that is missing, of the wrong JSON type or out of range. The
-/// last names the rule's position in the array (from 0, as in `jq '.[2]'`), its resource when that
-/// was valid, the field as Sentinel spells it, the value as written (JSON re-serialised, clipped at
+/// last names the rule's position in the array ([`DocumentError::entry`], from 0, as in
+/// `jq '.[2]'`), its resource when that was valid ([`DocumentError::entry_name`]), the field as Sentinel spells it, the value as written (JSON re-serialised, clipped at
 /// 80 characters; `(missing)` when absent) and the allowed range. A repeated key is named with the
 /// rule it is in (clipped, and escaped when it holds control characters).
 ///
@@ -184,8 +182,8 @@ impl DegradeRule {
 ///         { "resource": "GET:/orders", "grade": 1, "count": 0.5, "timeWindow": 0 }]"#,
 /// )
 /// .unwrap_err();
-/// assert_eq!(error.index(), Some(2));
-/// assert_eq!(error.resource(), Some("GET:/orders"));
+/// assert_eq!(error.entry(), Some(2));
+/// assert_eq!(error.entry_name(), Some("GET:/orders"));
 /// assert_eq!(error.field(), Some("timeWindow"));
 /// assert_eq!(
 ///     error.to_string(),
@@ -199,22 +197,22 @@ impl DegradeRule {
 /// )
 /// .unwrap_err();
 /// assert!(error.is_duplicate());
-/// assert_eq!(error.index(), Some(0));
+/// assert_eq!(error.entry(), Some(0));
 /// assert_eq!(error.field(), Some("count"));
 /// assert_eq!(
 ///     error.to_string(),
 ///     "invalid Sentinel degrade rule #0: field `count` is given more than once"
 /// );
-/// # Ok::<(), tower_outlier_slow_call::RuleError>(())
+/// # Ok::<(), tower_outlier_slow_call::DocumentError>(())
 /// ```
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
-pub fn parse_degrade_rules(json: &str) -> Result<Vec<DegradeRule>, RuleError> {
+pub fn parse_degrade_rules(json: &str) -> Result<Vec<DegradeRule>, DocumentError> {
     // Config centers and editors on Windows sometimes prepend a BOM, which serde_json rejects.
     let json = json.strip_prefix('\u{feff}').unwrap_or(json);
-    let document = json::parse(json).map_err(RuleError::from_parse)?;
+    let document = json::parse(json).map_err(error::from_parse)?;
     let elements = match &document {
         Value::Array(elements) => elements,
-        other => return Err(RuleError::top_level(other)),
+        other => return Err(error::top_level(other)),
     };
     elements
         .iter()

@@ -2,9 +2,9 @@
 //!
 //! # Cargo features
 //!
-//! * `sofa` (on by default): the SOFARPC properties reader, `SofaProperties`, and its error,
-//!   `PropertiesError`, which read SOFARPC's fault-tolerance properties
-//!   (`com.alipay.sofa.rpc.aft.*`, as in a SOFABoot `application.properties`). With
+//! * `sofa` (on by default): `SofaProperties`, the reader of SOFARPC's fault-tolerance
+//!   properties (`com.alipay.sofa.rpc.aft.*`, as in a SOFABoot `application.properties`), whose
+//!   errors are `DocumentError`s (re-exported from `tower-outlier-core`). With
 //!   `default-features = false`, configure weight degradation in code with
 //!   [`WeightConfig::builder`].
 
@@ -24,4 +24,7 @@ pub use dialect::Sofa;
 pub use policy::{WeightEndpoint, WeightPolicy};
 #[cfg(feature = "sofa")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sofa")))]
-pub use sofa::{PropertiesError, SofaProperties};
+pub use sofa::SofaProperties;
+#[cfg(feature = "sofa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sofa")))]
+pub use tower_outlier_core::DocumentError;

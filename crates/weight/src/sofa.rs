@@ -6,7 +6,7 @@
 //!
 //! * [`keys`]: the fault-tolerance keys and how their values are parsed and checked;
 //! * [`syntax`]: the `.properties` syntax, from text to `(key, value)` pairs;
-//! * [`error`]: [`PropertiesError`] and its message.
+//! * [`error`]: the reader's errors, [`DocumentError`]s.
 
 mod error;
 mod keys;
@@ -14,9 +14,10 @@ mod syntax;
 
 use std::str::FromStr;
 
+use tower_outlier_core::DocumentError;
+
 use crate::config::{WeightBuilder, WeightConfig};
 
-pub use self::error::PropertiesError;
 use self::keys::{classify, Class, KEY_COUNT, SOFARPC_EXCEPTIONS};
 use self::syntax::{logical_lines, pairs};
 
@@ -89,7 +90,7 @@ use tower_outlier_core::ConfigError;
 ///   (`com.alipay.sofa.rpc.aft-time-window`, `com.alipay.sofa.rpc.aftTimeWindow`) and SOFABoot 4's
 ///   `sofa.boot.rpc.*` keys: only the dotted keys above are read.
 /// * A key inside the prefix that is not one of the nine above is an **error** naming it
-///   ([`PropertiesError::is_unknown_key`]): under this prefix an unknown key is almost always a
+///   ([`DocumentError::is_unknown_field`]): under this prefix an unknown key is almost always a
 ///   typo (`time.windows`), and ignoring it would silently keep a default.
 /// * Keys are matched without regard to ASCII letter case. SOFARPC's documentation writes its
 ///   example with a capital `Com.alipay…`; the intent is unambiguous, so such a key is read, and
@@ -99,7 +100,7 @@ use tower_outlier_core::ConfigError;
 /// # Values
 ///
 /// Every value is validated while the text is read, and the first invalid one is an error
-/// ([`PropertiesError`]) naming the key as written, the value as written, its line and the
+/// (a [`DocumentError`]) naming the key as written, the value as written, its line and the
 /// allowed range. Nothing is silently coerced or defaulted:
 ///
 /// * The switches accept exactly `true` or `false`, in any letter case. Anything else — the
@@ -196,18 +197,18 @@ impl SofaProperties {
     ///      Com.alipay.sofa.rpc.aft.regulation.effective=true",
     /// )
     /// .unwrap_err();
-    /// assert_eq!(error.key(), "Com.alipay.sofa.rpc.aft.degrade.effective");
-    /// assert_eq!(error.value(), "ture");
+    /// assert_eq!(error.field(), Some("Com.alipay.sofa.rpc.aft.degrade.effective"));
+    /// assert_eq!(error.config_error().unwrap().value(), "ture");
     /// assert_eq!(error.line(), Some(1));
     /// assert_eq!(
     ///     error.to_string(),
-    ///     "invalid SOFARPC fault-tolerance property on line 1: \
+    ///     "invalid SOFARPC fault-tolerance properties on line 1: \
     ///      `Com.alipay.sofa.rpc.aft.degrade.effective` = \"ture\" \
     ///      (allowed: true or false, in any letter case)"
     /// );
-    /// # Ok::<(), tower_outlier_weight::PropertiesError>(())
+    /// # Ok::<(), tower_outlier_weight::DocumentError>(())
     /// ```
-    pub fn from_properties(text: &str) -> Result<Self, PropertiesError> {
+    pub fn from_properties(text: &str) -> Result<Self, DocumentError> {
         // Editors on Windows sometimes prepend a byte-order mark.
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         // SOFARPC's semantics for what the properties do not say: only timeouts and "server busy"
@@ -224,13 +225,13 @@ impl SofaProperties {
                         continue;
                     }
                     Class::Unknown => {
-                        return Err(PropertiesError::unknown_key(key_name, value, line));
+                        return Err(error::unknown_key(key_name, value, line));
                     }
                     Class::Known(key) => key,
                 };
-                builder = key.apply(builder, value).ok_or_else(|| {
-                    PropertiesError::invalid(key_name, value, key.allowed(), Some(line))
-                })?;
+                builder = key
+                    .apply(builder, value)
+                    .ok_or_else(|| error::invalid(key_name, value, key.allowed(), Some(line)))?;
                 if key_name != key.name() {
                     normalised.push((key_name.to_owned(), key.name()));
                 }
@@ -246,7 +247,7 @@ impl SofaProperties {
         let config = builder
             .clone()
             .build()
-            .map_err(|error| PropertiesError::from_build(&error, &written))?;
+            .map_err(|error| error::from_build(&error, &written))?;
         Ok(SofaProperties {
             builder,
             config,
@@ -287,7 +288,7 @@ impl SofaProperties {
 }
 
 impl FromStr for SofaProperties {
-    type Err = PropertiesError;
+    type Err = DocumentError;
 
     /// The same as [`SofaProperties::from_properties`].
     fn from_str(text: &str) -> Result<Self, Self::Err> {

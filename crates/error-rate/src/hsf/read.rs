@@ -44,7 +44,7 @@ impl HsfQosConfig {
     /// // Invalid values are errors that name the key, the value and the allowed range.
     /// let error = HsfQosConfig::from_json(r#"{ "DEFAULT": { "errorRateThreshold": 1.5 } }"#)
     ///     .unwrap_err();
-    /// assert_eq!(error.key(), Some("DEFAULT.errorRateThreshold"));
+    /// assert_eq!(error.field(), Some("DEFAULT.errorRateThreshold"));
     /// assert_eq!(
     ///     error.to_string(),
     ///     "invalid HSF QoS configuration: `DEFAULT.errorRateThreshold` = 1.5 \
@@ -56,24 +56,24 @@ impl HsfQosConfig {
     ///     r#"{ "DEFAULT": { "qosEnabled": true }, "DEFAULT": { "timeWindowInSeconds": 5 } }"#,
     /// )
     /// .unwrap_err();
-    /// assert_eq!(error.key(), Some("DEFAULT"));
+    /// assert_eq!(error.field(), Some("DEFAULT"));
     /// assert_eq!(
     ///     error.to_string(),
     ///     "invalid HSF QoS configuration: block `DEFAULT` is given more than once"
     /// );
-    /// # Ok::<(), tower_outlier_error_rate::HsfConfigError>(())
+    /// # Ok::<(), tower_outlier_error_rate::DocumentError>(())
     /// ```
-    pub fn from_json(text: &str) -> Result<Self, HsfConfigError> {
+    pub fn from_json(text: &str) -> Result<Self, DocumentError> {
         // Config centers and editors on Windows sometimes prepend a BOM, which serde_json rejects.
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let document = document::parse(text).map_err(HsfConfigError::syntax)?;
+        let document = document::parse(text).map_err(error::syntax)?;
         let blocks = match document {
             Node::Object {
                 duplicate: Some(block_name),
                 ..
-            } => return Err(HsfConfigError::duplicate(&block_name, None)),
+            } => return Err(error::duplicate(&block_name, None)),
             Node::Object { entries, .. } => entries,
-            Node::Other(other) => return Err(HsfConfigError::top_level(&other)),
+            Node::Other(other) => return Err(error::top_level(&other)),
         };
         let mut config = HsfQosConfig::default();
         for (block_name, block) in &blocks {
@@ -81,10 +81,10 @@ impl HsfQosConfig {
                 Node::Object {
                     duplicate: Some(key_name),
                     ..
-                } => return Err(HsfConfigError::duplicate(block_name, Some(key_name))),
+                } => return Err(error::duplicate(block_name, Some(key_name))),
                 Node::Object { entries, .. } => entries,
                 Node::Other(other) => {
-                    return Err(HsfConfigError::invalid(
+                    return Err(error::invalid(
                         ConfigError::new(
                             block_name.as_str(),
                             show_json(other),
@@ -104,7 +104,7 @@ impl HsfQosConfig {
                 match Key::from_json(key_name) {
                     Some(key) => {
                         if !target.apply(key, raw) {
-                            return Err(HsfConfigError::invalid(
+                            return Err(error::invalid(
                                 ConfigError::new(key_name.as_str(), raw.show(), key.allowed(raw))
                                     .within(block_name),
                                 qualified(block_name, key_name),
@@ -161,13 +161,13 @@ impl HsfQosConfig {
     /// let error = HsfQosConfig::default()
     ///     .with_process_properties([("hsf.qos.isolation.time", "0")])
     ///     .unwrap_err();
-    /// assert_eq!(error.key(), Some("-Dhsf.qos.isolation.time"));
-    /// # Ok::<(), tower_outlier_error_rate::HsfConfigError>(())
+    /// assert_eq!(error.field(), Some("-Dhsf.qos.isolation.time"));
+    /// # Ok::<(), tower_outlier_error_rate::DocumentError>(())
     /// ```
     pub fn with_process_properties<'a>(
         mut self,
         properties: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Result<Self, HsfConfigError> {
+    ) -> Result<Self, DocumentError> {
         for (name, value) in properties {
             let name = name.trim();
             let name = name.strip_prefix("-D").unwrap_or(name);
@@ -179,9 +179,11 @@ impl HsfQosConfig {
             match Key::from_property(name) {
                 Some(key) => {
                     if !self.process.apply(key, raw) {
-                        return Err(
-                            ConfigError::new(shown_name, raw.show(), key.allowed(raw)).into()
-                        );
+                        let shown = tower_outlier_core::text::name(&shown_name);
+                        return Err(error::invalid(
+                            ConfigError::new(shown_name, raw.show(), key.allowed(raw)),
+                            shown,
+                        ));
                     }
                 }
                 None => {

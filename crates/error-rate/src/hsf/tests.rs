@@ -19,7 +19,7 @@ fn assert_documented_values(config: &ErrorRateConfig) {
     assert_eq!(config.window(), Duration::from_secs(10));
 }
 
-fn error_of(json: &str) -> HsfConfigError {
+fn error_of(json: &str) -> DocumentError {
     match HsfQosConfig::from_json(json) {
         Ok(config) => panic!("{json} was accepted as {config:?}"),
         Err(error) => error,
@@ -30,7 +30,7 @@ fn error_of(json: &str) -> HsfConfigError {
 /// accessors.
 fn assert_invalid(json: &str, key: &str, value: &str) {
     let error = error_of(json);
-    assert_eq!(error.key(), Some(key), "{json}: {error}");
+    assert_eq!(error.field(), Some(key), "{json}: {error}");
     let detail = error.config_error().expect("a value error");
     assert_eq!(detail.value(), value, "{json}: {error}");
     let message = error.to_string();
@@ -209,7 +209,7 @@ fn invalid_process_properties_name_the_parameter() {
             .with_process_properties([(name, value)])
             .unwrap_err();
         let key = format!("-D{name}");
-        assert_eq!(error.key(), Some(key.as_str()), "{error}");
+        assert_eq!(error.field(), Some(key.as_str()), "{error}");
         let detail = error.config_error().unwrap();
         assert_eq!(detail.value(), shown);
         let message = error.to_string();
@@ -354,7 +354,7 @@ fn top_level_must_be_an_object() {
         (r#""DEFAULT""#, r#""DEFAULT""#),
     ] {
         let error = error_of(json);
-        assert_eq!(error.key(), None);
+        assert_eq!(error.field(), None);
         assert_eq!(error.config_error(), None);
         assert_eq!(error.location(), None);
         let message = error.to_string();
@@ -368,7 +368,7 @@ fn top_level_must_be_an_object() {
 #[test]
 fn malformed_json_reports_serde_json_position() {
     let error = error_of("{ \"DEFAULT\": {\n  \"qosEnabled\": tru } }");
-    assert_eq!(error.key(), None);
+    assert_eq!(error.field(), None);
     let (line, _) = error.location().unwrap();
     assert_eq!(line, 2);
     let message = error.to_string();
@@ -453,7 +453,7 @@ fn extreme_in_range_values_resolve() {
 #[test]
 fn errors_are_send_sync_and_box_into_dyn_error() {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
-    assert_send_sync::<HsfConfigError>();
+    assert_send_sync::<DocumentError>();
     assert_send_sync::<HsfQosConfig>();
 
     fn read(json: &str) -> Result<ErrorRateConfig, Box<dyn std::error::Error + Send + Sync>> {
@@ -463,8 +463,8 @@ fn errors_are_send_sync_and_box_into_dyn_error() {
     let error = read(r#"{"DEFAULT":{"requestThreshold":0}}"#).unwrap_err();
     assert!(error.to_string().contains("`DEFAULT.requestThreshold` = 0"));
 
-    let wrapped = HsfConfigError::from(ConfigError::new("min_calls", 0, "at least 1"));
-    assert_eq!(wrapped.key(), Some("min_calls"));
+    let wrapped = DocumentError::from(ConfigError::new("min_calls", 0, "at least 1"));
+    assert_eq!(wrapped.field(), Some("min_calls"));
 }
 
 #[test]
@@ -564,7 +564,7 @@ fn a_block_given_twice_is_an_error_naming_it() {
     ] {
         let error = error_of(json);
         assert!(error.is_duplicate(), "{json}: {error}");
-        assert_eq!(error.key(), Some(block), "{json}: {error}");
+        assert_eq!(error.field(), Some(block), "{json}: {error}");
         assert_eq!(error.config_error(), None);
         assert_eq!(error.location(), None);
         assert_eq!(
@@ -597,7 +597,7 @@ fn a_key_given_twice_in_a_block_is_an_error_naming_it() {
     ] {
         let error = error_of(json);
         assert!(error.is_duplicate(), "{json}: {error}");
-        assert_eq!(error.key(), Some(key), "{json}: {error}");
+        assert_eq!(error.field(), Some(key), "{json}: {error}");
         assert_eq!(error.config_error(), None);
         assert_eq!(
             error.to_string(),
@@ -636,7 +636,7 @@ fn long_names_are_clipped_in_errors() {
         );
         assert!(message.contains('…'), "{message}");
         // The accessor keeps the name as written.
-        assert!(error.key().unwrap().len() >= 130_000);
+        assert!(error.field().unwrap().len() >= 130_000);
     }
 }
 
@@ -669,7 +669,7 @@ fn control_characters_in_names_are_escaped_in_errors() {
     ];
     for (json, raw, shown) in &cases {
         let error = error_of(json);
-        assert_eq!(error.key(), Some(*raw));
+        assert_eq!(error.field(), Some(*raw));
         let message = error.to_string();
         assert!(!message.contains('\n'), "{message:?}");
         assert!(!message.contains('\u{1b}'), "{message:?}");

@@ -81,14 +81,15 @@ pub(super) enum Grade {
     ErrorCount,
 }
 
-pub(super) fn read_rule(index: usize, element: &Value) -> Result<DegradeRule, RuleError> {
+pub(super) fn read_rule(index: usize, element: &Value) -> Result<DegradeRule, DocumentError> {
     let fields = match element {
         Value::Object(fields) => fields,
-        other => return Err(RuleError::not_an_object(index, other)),
+        other => return Err(super::error::not_an_object(index, other)),
     };
-    let resource = read_resource(fields).map_err(|error| RuleError::invalid(index, None, error))?;
+    let resource =
+        read_resource(fields).map_err(|error| super::error::invalid(index, None, error))?;
     let config = read_config(fields)
-        .map_err(|error| RuleError::invalid(index, Some(resource.clone()), error))?;
+        .map_err(|error| super::error::invalid(index, Some(&resource), error))?;
     let mut ignored_fields: Vec<String> = fields
         .keys()
         .filter(|name| {

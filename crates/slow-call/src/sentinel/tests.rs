@@ -25,7 +25,7 @@ fn parse_one(json: &str) -> DegradeRule {
     rules.remove(0)
 }
 
-fn error_of(json: &str) -> RuleError {
+fn error_of(json: &str) -> DocumentError {
     match parse_degrade_rules(json) {
         Ok(rules) => panic!("{json} was accepted as {rules:?}"),
         Err(error) => error,
@@ -47,10 +47,10 @@ fn assert_invalid(
     resource: Option<&str>,
     field: &str,
     value: &str,
-) -> RuleError {
+) -> DocumentError {
     let error = error_of(json);
-    assert_eq!(error.index(), Some(index), "{json}: {error}");
-    assert_eq!(error.resource(), resource, "{json}: {error}");
+    assert_eq!(error.entry(), Some(index), "{json}: {error}");
+    assert_eq!(error.entry_name(), resource, "{json}: {error}");
     assert_eq!(error.field(), Some(field), "{json}: {error}");
     assert_eq!(error.location(), None, "{json}: {error}");
     let detail = error.config_error().expect("a field error");
@@ -397,7 +397,7 @@ fn error_message_matches_the_house_format() {
         "invalid Sentinel degrade rule #2 (resource \"GET:/orders\"): `timeWindow` = 0 \
          (allowed: a JSON integer from 1 to 2147483647, in seconds (required))"
     );
-    assert_eq!(error.index(), Some(2));
+    assert_eq!(error.entry(), Some(2));
 
     // The first invalid field in the documented order is reported.
     let error = error_of(&rule_with(r#""grade":1,"count":2,"timeWindow":0"#));
@@ -426,7 +426,7 @@ fn resources_are_escaped_and_clipped_in_messages() {
     let error = error_of(&format!(
         r#"[{{"resource":"{long}","count":1,"timeWindow":0}}]"#
     ));
-    assert_eq!(error.resource(), Some(long.as_str()));
+    assert_eq!(error.entry_name(), Some(long.as_str()));
     let message = error.to_string();
     assert!(
         message.contains(&format!("\"{}…", "x".repeat(79))),
@@ -435,7 +435,7 @@ fn resources_are_escaped_and_clipped_in_messages() {
     assert!(message.len() < 300, "{message}");
 
     let error = error_of(r#"[{"resource":"a\nb","count":1,"timeWindow":0}]"#);
-    assert_eq!(error.resource(), Some("a\nb"));
+    assert_eq!(error.entry_name(), Some("a\nb"));
     assert!(!error.to_string().contains('\n'));
     assert!(error.to_string().contains(r#"(resource "a\nb")"#));
 
@@ -566,9 +566,9 @@ fn a_field_given_twice_is_an_error_naming_it() {
     ] {
         let error = error_of(json);
         assert!(error.is_duplicate(), "{json}: {error}");
-        assert_eq!(error.index(), Some(0), "{json}: {error}");
+        assert_eq!(error.entry(), Some(0), "{json}: {error}");
         assert_eq!(error.field(), Some(field), "{json}: {error}");
-        assert_eq!(error.resource(), None, "{json}: {error}");
+        assert_eq!(error.entry_name(), None, "{json}: {error}");
         assert_eq!(error.config_error(), None, "{json}: {error}");
         assert_eq!(error.location(), None, "{json}: {error}");
         assert_eq!(
@@ -583,31 +583,34 @@ fn a_field_given_twice_is_an_error_naming_it() {
             {"resource":"b","count":1,"timeWindow":1},
             {"resource":"c","grade":2,"grade":2,"count":3,"timeWindow":1}]"#,
     );
-    assert_eq!((error.index(), error.field()), (Some(2), Some("grade")));
+    assert_eq!((error.entry(), error.field()), (Some(2), Some("grade")));
 
     // Repeats elsewhere are errors too, named with where their object is.
-    for (json, index, message) in [
+    for (json, index, key, message) in [
         (
             rule_with(r#""count":1,"timeWindow":1,"extra":{"a":[{"x":1,"x":2}]}"#),
             Some(0),
+            "x",
             "invalid Sentinel degrade rule #0: key `x` is given more than once in `extra.a[0]`",
         ),
         (
             r#"{"resource":"a","count":1,"count":2}"#.to_owned(),
             None,
-            "invalid Sentinel degrade rules: key `count` is given more than once in the \
+            "count",
+            "invalid Sentinel degrade rule list: key `count` is given more than once in the \
              top-level object",
         ),
         (
             r#"{"rules":[{"count":1,"count":2}]}"#.to_owned(),
             None,
-            "invalid Sentinel degrade rules: key `count` is given more than once in `rules[0]`",
+            "count",
+            "invalid Sentinel degrade rule list: key `count` is given more than once in `rules[0]`",
         ),
     ] {
         let error = error_of(&json);
         assert!(error.is_duplicate(), "{json}: {error}");
-        assert_eq!(error.index(), index, "{json}: {error}");
-        assert_eq!(error.field(), None, "{json}: {error}");
+        assert_eq!(error.entry(), index, "{json}: {error}");
+        assert_eq!(error.field(), Some(key), "{json}: {error}");
         assert_eq!(error.to_string(), message);
     }
 
@@ -659,15 +662,15 @@ fn document_shape_errors() {
         ("\"[]\"", "\"[]\""),
     ] {
         let error = error_of(json);
-        assert_eq!(error.index(), None, "{json}");
+        assert_eq!(error.entry(), None, "{json}");
         assert_eq!(error.field(), None);
-        assert_eq!(error.resource(), None);
+        assert_eq!(error.entry_name(), None);
         assert_eq!(error.config_error(), None);
         assert_eq!(error.location(), None);
         let message = error.to_string();
         assert!(
             message.starts_with(&format!(
-                "invalid Sentinel degrade rules: the top level is {shown}"
+                "invalid Sentinel degrade rule list: the top level is {shown}"
             )),
             "{message}"
         );
@@ -675,9 +678,9 @@ fn document_shape_errors() {
     }
 
     let error = error_of(r#"[{"resource":"/r","count":1,"timeWindow":1}, 5]"#);
-    assert_eq!(error.index(), Some(1));
+    assert_eq!(error.entry(), Some(1));
     assert_eq!(error.field(), None);
-    assert_eq!(error.resource(), None);
+    assert_eq!(error.entry_name(), None);
     assert_eq!(error.config_error(), None);
     assert_eq!(
         error.to_string(),
@@ -686,7 +689,7 @@ fn document_shape_errors() {
     );
     for element in ["null", "[]", "\"/r\"", "true"] {
         let error = error_of(&format!("[{element}]"));
-        assert_eq!(error.index(), Some(0), "{element}");
+        assert_eq!(error.entry(), Some(0), "{element}");
         assert!(error
             .to_string()
             .contains(&format!("the rule is {element} ")));
@@ -697,12 +700,12 @@ fn document_shape_errors() {
 fn malformed_json_reports_line_and_column() {
     let error = error_of("[\n  {\"resource\": \"/r\", \"count\" 1}\n]");
     assert_eq!(error.location(), Some((2, 30)));
-    assert_eq!(error.index(), None);
+    assert_eq!(error.entry(), None);
     assert_eq!(error.field(), None);
     assert_eq!(error.config_error(), None);
     let message = error.to_string();
     assert!(
-        message.starts_with("Sentinel degrade rules are not valid JSON: "),
+        message.starts_with("Sentinel degrade rule list is not valid JSON: "),
         "{message}"
     );
     assert!(message.contains("line 2 column 30"), "{message}");
@@ -751,7 +754,7 @@ fn builder_errors_are_renamed_to_sentinel_fields() {
 #[test]
 fn errors_are_send_sync_and_box_into_dyn_error() {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
-    assert_send_sync::<RuleError>();
+    assert_send_sync::<DocumentError>();
     assert_send_sync::<DegradeRule>();
 
     fn read(json: &str) -> Result<usize, Box<dyn std::error::Error + Send + Sync>> {

@@ -25,7 +25,7 @@ fn read(text: &str) -> SofaProperties {
     }
 }
 
-fn error_of(text: &str) -> PropertiesError {
+fn error_of(text: &str) -> DocumentError {
     match SofaProperties::from_properties(text) {
         Ok(properties) => panic!("{text:?} was accepted as {properties:?}"),
         Err(error) => error,
@@ -33,17 +33,21 @@ fn error_of(text: &str) -> PropertiesError {
 }
 
 /// The error names `key` and `value` (as written), in the accessors and in the message.
-fn assert_invalid(text: &str, key: &str, value: &str) -> PropertiesError {
+fn assert_invalid(text: &str, key: &str, value: &str) -> DocumentError {
     let error = error_of(text);
-    assert_eq!(error.key(), key, "{text:?}: {error}");
-    assert_eq!(error.value(), value, "{text:?}: {error}");
-    assert!(!error.is_unknown_key(), "{text:?}: {error}");
-    assert!(!error.allowed().is_empty());
+    assert_eq!(error.field().unwrap(), key, "{text:?}: {error}");
+    assert_eq!(
+        error.config_error().unwrap().value(),
+        value,
+        "{text:?}: {error}"
+    );
+    assert!(!error.is_unknown_field(), "{text:?}: {error}");
+    assert!(!error.config_error().unwrap().allowed().is_empty());
     let message = error.to_string();
     assert!(
         message.contains(&format!(
             "`{key}` = {value:?} (allowed: {})",
-            error.allowed()
+            error.config_error().unwrap().allowed()
         )),
         "{message}"
     );
@@ -109,10 +113,13 @@ fn seed_as_written_rejects_ture() {
         "ture",
     );
     assert_eq!(error.line(), Some(1));
-    assert_eq!(error.allowed(), "true or false, in any letter case");
+    assert_eq!(
+        error.config_error().unwrap().allowed(),
+        "true or false, in any letter case"
+    );
     assert_eq!(
         error.to_string(),
-        "invalid SOFARPC fault-tolerance property on line 1: \
+        "invalid SOFARPC fault-tolerance properties on line 1: \
          `Com.alipay.sofa.rpc.aft.degrade.effective` = \"ture\" \
          (allowed: true or false, in any letter case)"
     );
@@ -140,9 +147,20 @@ fn true_running_into_prose_is_rejected() {
     // The seed's paragraph as a whole: the prose words are not `key=value` pairs, so the line
     // is one pair, as Java reads it, and its value is not a number.
     let error = error_of(SEED_WITH_PROSE);
-    assert_eq!(error.key(), "Com.alipay.sofa.rpc.aft.time.window");
-    assert!(error.value().starts_with("20 Com.alipay"));
-    assert!(error.value().ends_with("will be restored."));
+    assert_eq!(
+        error.field().unwrap(),
+        "Com.alipay.sofa.rpc.aft.time.window"
+    );
+    assert!(error
+        .config_error()
+        .unwrap()
+        .value()
+        .starts_with("20 Com.alipay"));
+    assert!(error
+        .config_error()
+        .unwrap()
+        .value()
+        .ends_with("will be restored."));
     let message = error.to_string();
     assert!(message.contains("…"), "{message}");
     assert!(message.len() < 400, "{message}");
@@ -308,16 +326,19 @@ fn invalid_numbers_name_the_key_the_value_and_the_range() {
 
     let error = error_of("com.alipay.sofa.rpc.aft.time.window=0");
     assert_eq!(
-        error.allowed(),
+        error.config_error().unwrap().allowed(),
         "an integer from 1 to 18446744073709551615, in seconds"
     );
     let error = error_of("com.alipay.sofa.rpc.aft.degrade.least.weight=101");
     assert_eq!(
-        error.allowed(),
+        error.config_error().unwrap().allowed(),
         "a number in (0, 100] (the original weight)"
     );
     let error = error_of("com.alipay.sofa.rpc.aft.weight.recover.rate=1");
-    assert_eq!(error.allowed(), "a finite number greater than 1");
+    assert_eq!(
+        error.config_error().unwrap().allowed(),
+        "a finite number greater than 1"
+    );
 }
 
 #[test]
@@ -364,16 +385,30 @@ fn unknown_keys_under_the_prefix_are_errors() {
     ] {
         let text = format!("com.alipay.sofa.rpc.aft.regulation.effective=true\n\n{key}=20\n");
         let error = error_of(&text);
-        assert!(error.is_unknown_key(), "{key}: {error}");
-        assert_eq!(error.key(), key);
-        assert_eq!(error.value(), "20");
+        assert!(error.is_unknown_field(), "{key}: {error}");
+        assert_eq!(error.field().unwrap(), key);
+        assert_eq!(error.config_error().unwrap().value(), "20");
         assert_eq!(error.line(), Some(3));
-        assert!(error.allowed().contains("time.window"), "{error}");
-        assert!(error.allowed().contains("degrade.max.ip.count"), "{error}");
+        assert!(
+            error
+                .config_error()
+                .unwrap()
+                .allowed()
+                .contains("time.window"),
+            "{error}"
+        );
+        assert!(
+            error
+                .config_error()
+                .unwrap()
+                .allowed()
+                .contains("degrade.max.ip.count"),
+            "{error}"
+        );
         assert_eq!(
             error.to_string(),
             format!(
-                "unknown SOFARPC fault-tolerance key on line 3: `{key}` (allowed: \
+                "invalid SOFARPC fault-tolerance properties on line 3: unknown key `{key}` (allowed: \
                  com.alipay.sofa.rpc.aft. followed by one of regulation.effective, \
                  degrade.effective, time.window, least.window.count, \
                  least.window.exception.rate.multiple, weight.degrade.rate, \
@@ -446,7 +481,7 @@ fn comments_blank_lines_and_continuations() {
     assert_eq!(properties.ignored_keys(), ["other.key"]);
     // An even number of backslashes does not continue: the value keeps them.
     let error = error_of("com.alipay.sofa.rpc.aft.weight.degrade.rate=0.25\\\\\n");
-    assert_eq!(error.value(), "0.25\\\\");
+    assert_eq!(error.config_error().unwrap().value(), "0.25\\\\");
     assert!(error.to_string().contains(r#"= "0.25\\\\" "#), "{error}");
 
     // Line numbers count comments, blank lines and continuations; an error on a continued
@@ -454,8 +489,11 @@ fn comments_blank_lines_and_continuations() {
     let error = error_of(
         "# comment\n\ncom.alipay.sofa.rpc.aft.time.window=2\\\n  0\ncom.alipay.sofa.rpc.aft.least.window.count=\\\n  x",
     );
-    assert_eq!(error.key(), "com.alipay.sofa.rpc.aft.least.window.count");
-    assert_eq!(error.value(), "x");
+    assert_eq!(
+        error.field().unwrap(),
+        "com.alipay.sofa.rpc.aft.least.window.count"
+    );
+    assert_eq!(error.config_error().unwrap().value(), "x");
     assert_eq!(error.line(), Some(5));
 }
 
@@ -513,8 +551,11 @@ fn several_pairs_on_a_line() {
     let error = error_of(
         "# one\ncom.alipay.sofa.rpc.aft.time.window=20 com.alipay.sofa.rpc.aft.least.window.count=3.5",
     );
-    assert_eq!(error.key(), "com.alipay.sofa.rpc.aft.least.window.count");
-    assert_eq!(error.value(), "3.5");
+    assert_eq!(
+        error.field().unwrap(),
+        "com.alipay.sofa.rpc.aft.least.window.count"
+    );
+    assert_eq!(error.config_error().unwrap().value(), "3.5");
     assert_eq!(error.line(), Some(2));
     // A word that starts with `=` is not a pair, so the line is one pair.
     assert_invalid(
@@ -581,7 +622,7 @@ fn keys_are_matched_without_regard_to_case_and_reported() {
     );
     // Only ASCII letter case is folded.
     let error = error_of("com.alipay.sofa.rpc.aft.tıme.window=20");
-    assert!(error.is_unknown_key());
+    assert!(error.is_unknown_field());
     assert_eq!(
         read("cöm.alipay.sofa.rpc.aft.time.window=20")
             .ignored_keys()
@@ -647,27 +688,36 @@ fn build_errors_are_named_by_the_property_key() {
         line: 4,
     });
     let build = ConfigError::new("least_weight", 150.0, "a number in (0, 100]");
-    let error = PropertiesError::from_build(&build, &written);
-    assert_eq!(error.key(), "Com.alipay.sofa.rpc.aft.degrade.least.weight");
-    assert_eq!(error.value(), "150.0");
+    let error = error::from_build(&build, &written);
+    assert_eq!(
+        error.field().unwrap(),
+        "Com.alipay.sofa.rpc.aft.degrade.least.weight"
+    );
+    assert_eq!(error.config_error().unwrap().value(), "150.0");
     assert_eq!(error.line(), Some(4));
-    assert_eq!(error.allowed(), "a number in (0, 100]");
+    assert_eq!(
+        error.config_error().unwrap().allowed(),
+        "a number in (0, 100]"
+    );
 
     // A field no key set: the canonical key, the builder's value, no line.
     let build = ConfigError::new("degrade_rate", 0.05, "a number in (0, 0.01]");
-    let error = PropertiesError::from_build(&build, &written);
-    assert_eq!(error.key(), "com.alipay.sofa.rpc.aft.weight.degrade.rate");
-    assert_eq!(error.value(), "0.05");
+    let error = error::from_build(&build, &written);
+    assert_eq!(
+        error.field().unwrap(),
+        "com.alipay.sofa.rpc.aft.weight.degrade.rate"
+    );
+    assert_eq!(error.config_error().unwrap().value(), "0.05");
     assert_eq!(error.line(), None);
     assert_eq!(
         error.to_string(),
-        "invalid SOFARPC fault-tolerance property: \
+        "invalid SOFARPC fault-tolerance properties: \
          `com.alipay.sofa.rpc.aft.weight.degrade.rate` = \"0.05\" (allowed: a number in (0, 0.01])"
     );
     // A field without a key at all keeps the builder's name.
     let build = ConfigError::new("original_weight", 0, "a finite number greater than 0");
     assert_eq!(
-        PropertiesError::from_build(&build, &written).key(),
+        error::from_build(&build, &written).field().unwrap(),
         "original_weight"
     );
 
@@ -703,7 +753,7 @@ fn build_errors_are_named_by_the_property_key() {
 fn long_and_odd_values_are_shown_safely() {
     let long = "x".repeat(500);
     let error = error_of(&format!("com.alipay.sofa.rpc.aft.time.window={long}"));
-    assert_eq!(error.value(), long);
+    assert_eq!(error.config_error().unwrap().value(), long);
     let message = error.to_string();
     // The quoted value is clipped to `MAX_SHOWN_CHARS` characters, its opening quote included.
     assert!(
@@ -730,11 +780,16 @@ fn long_keys_are_clipped_in_messages() {
     let key = format!("{PREFIX}{}", "k".repeat(130_000 - PREFIX.len()));
     assert_eq!(key.chars().count(), 130_000);
     let error = error_of(&format!("{key}=20"));
-    assert!(error.is_unknown_key());
-    assert_eq!(error.key(), key, "the accessor returns the key whole");
+    assert!(error.is_unknown_field());
+    assert_eq!(
+        error.field().unwrap(),
+        key,
+        "the accessor returns the key whole"
+    );
+    // The key clipped to 80 characters, the nine known keys and the words around them.
     let message = error.to_string();
     assert!(
-        message.chars().count() < 400,
+        message.chars().count() < 450,
         "{} chars",
         message.chars().count()
     );
@@ -753,7 +808,7 @@ fn keys_with_control_characters_are_escaped_in_messages() {
     ] {
         // A newline or carriage return would end the key's line in a text, so the errors are
         // made directly.
-        let error = PropertiesError::unknown_key(&key, "20", 1);
+        let error = error::unknown_key(&key, "20", 1);
         let message = error.to_string();
         assert!(
             !message.contains('\n') && !message.contains('\r') && !message.contains('\u{1b}'),
@@ -761,7 +816,7 @@ fn keys_with_control_characters_are_escaped_in_messages() {
         );
         assert!(!message.chars().any(char::is_control), "{message:?}");
         assert!(message.contains(&format!("`{key:?}`")), "{message}");
-        assert_eq!(error.key(), key);
+        assert_eq!(error.field().unwrap(), key);
     }
     // Through the reader.
     let text = format!("{PREFIX}time.window\u{1b}[2J=20");
@@ -772,7 +827,7 @@ fn keys_with_control_characters_are_escaped_in_messages() {
         "{message}"
     );
     // The key of an invalid value is shown the same way.
-    let error = PropertiesError::invalid(
+    let error = error::invalid(
         &format!("{PREFIX}time.window\n"),
         "0",
         "at least 1".to_owned(),
@@ -780,14 +835,14 @@ fn keys_with_control_characters_are_escaped_in_messages() {
     );
     assert_eq!(
         error.to_string(),
-        r#"invalid SOFARPC fault-tolerance property on line 1: `"com.alipay.sofa.rpc.aft.time.window\n"` = "0" (allowed: at least 1)"#
+        r#"invalid SOFARPC fault-tolerance properties on line 1: `"com.alipay.sofa.rpc.aft.time.window\n"` = "0" (allowed: at least 1)"#
     );
 }
 
 #[test]
 fn errors_are_send_sync_and_box_into_dyn_error() {
     fn assert_send_sync<T: Send + Sync + 'static>() {}
-    assert_send_sync::<PropertiesError>();
+    assert_send_sync::<DocumentError>();
     assert_send_sync::<SofaProperties>();
 
     fn load(text: &str) -> Result<WeightConfig, Box<dyn std::error::Error + Send + Sync>> {
