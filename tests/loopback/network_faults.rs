@@ -173,6 +173,9 @@ async fn a_server_killed_and_restarted_on_its_port_is_ejected_and_comes_back() {
     let listener = TcpListener::bind(addrs[0]).await.unwrap();
     tasks[0] = serve(listener, counts[0].clone());
     let restarted = Instant::now();
+    // Each second's calls per server and the restarted server's latency estimate after it, for
+    // the failure message.
+    let mut history = Vec::new();
     loop {
         let before: Vec<usize> = counts.iter().map(|c| c.load(Ordering::SeqCst)).collect();
         let second = Instant::now() + Duration::from_secs(1);
@@ -191,9 +194,14 @@ async fn a_server_killed_and_restarted_on_its_port_is_ejected_and_comes_back() {
         if got[0] * 3 * 2 >= all {
             break;
         }
+        let estimate = monitor
+            .snapshot()
+            .get_key(&addrs[0])
+            .map(|e| e.latency_estimate);
+        history.push((got, estimate));
         assert!(
             restarted.elapsed() < Duration::from_secs(10),
-            "no half share within 10 s of the restart ({got:?}): {:#?}",
+            "no half share within 10 s of the restart ({history:?}): {:#?}",
             monitor.snapshot()
         );
     }

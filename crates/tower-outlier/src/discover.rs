@@ -57,7 +57,8 @@ pin_project! {
         #[pin]
         discover: D,
         upstream_done: bool,
-        engine: Engine<D::Key, D::Service, C>,
+        engine: Engine<D::Key, D::Service>,
+        classifier: C,
         probe: P,
         timer: Option<Pin<Box<Sleep>>>,
         timer_at: Option<Instant>,
@@ -93,7 +94,8 @@ where
         OutlierDetectionDiscover {
             discover,
             upstream_done: false,
-            engine: Engine::new(settings, classifier, registry.clone(), Instant::now()),
+            engine: Engine::new(settings, registry.clone(), Instant::now()),
+            classifier,
             probe,
             timer: None,
             timer_at: None,
@@ -141,6 +143,12 @@ where
         let mut this = self.project();
         loop {
             if let Some(change) = this.engine.pop_change() {
+                let change = match change {
+                    Change::Insert(key, parts) => {
+                        Change::Insert(key, parts.classified(this.classifier.clone()))
+                    }
+                    Change::Remove(key) => Change::Remove(key),
+                };
                 return Poll::Ready(Some(Ok(change)));
             }
             if let Some(sleep) = this.error_backoff.as_mut() {
@@ -213,8 +221,8 @@ where
 /// Drives the engine from everything but the upstream until nothing more is ready: the
 /// notifier's signals, the timer, and finished probes; starts the probes the engine asks for and
 /// aborts the ones it gave up.
-fn poll_events<K, S, C, P>(
-    engine: &mut Engine<K, S, C>,
+fn poll_events<K, S, P>(
+    engine: &mut Engine<K, S>,
     probe: &mut P,
     timer: &mut Option<Pin<Box<Sleep>>>,
     timer_at: &mut Option<Instant>,
@@ -224,7 +232,6 @@ fn poll_events<K, S, C, P>(
 ) where
     K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
     S: Clone,
-    C: Clone + Send + Sync + 'static,
     P: Probe<K, S>,
 {
     loop {

@@ -12,19 +12,19 @@ use tower_service::Service;
 use crate::future::ResponseFuture;
 use crate::response::ResponseClassifier;
 
-/// What the endpoint, its clones and its response futures share.
-pub(crate) struct Shared<C> {
+/// What the endpoint, its clones and its response futures share. The classifier is not here:
+/// each handle holds one, and each call's response future a copy, as tower-http makes a
+/// classifier per request (most are zero-sized, and a copy costs nothing).
+pub(crate) struct Shared {
     pub(crate) record: EndpointRecord,
-    pub(crate) classifier: C,
     // Every lane made for a handle of this endpoint, to sum the calls in flight.
-    lanes: Lanes<Shared<C>>,
+    lanes: Lanes<Shared>,
 }
 
-impl<C> Shared<C> {
-    pub(crate) fn new(record: EndpointRecord, classifier: C) -> Arc<Self> {
+impl Shared {
+    pub(crate) fn new(record: EndpointRecord) -> Arc<Self> {
         Arc::new(Shared {
             record,
-            classifier,
             lanes: Lanes::new(),
         })
     }
@@ -35,7 +35,7 @@ impl<C> Shared<C> {
     }
 }
 
-impl<C> HasLanes for Shared<C> {
+impl HasLanes for Shared {
     fn lanes(&self) -> &Lanes<Self> {
         &self.lanes
     }
@@ -47,15 +47,15 @@ impl<C> HasLanes for Shared<C> {
 /// padded to a cache line, though two lanes may then share one: padding cost every called
 /// endpoint 32 bytes, and p2c_throughput with `Buffer` on two workers (one thread makes every
 /// endpoint's lane, responses complete on both) measured no slower without it.
-pub(crate) type Lane<C> = tower_outlier_core::lanes::Lane<Shared<C>>;
+pub(crate) type Lane = tower_outlier_core::lanes::Lane<Shared>;
 
-/// Lets the monitor read records without knowing the classifier type.
+/// Lets the monitor read records without knowing the endpoint's type.
 pub(crate) trait HasRecord: Send + Sync {
     fn record(&self) -> &EndpointRecord;
     fn in_flight(&self) -> usize;
 }
 
-impl<C: Send + Sync> HasRecord for Shared<C> {
+impl HasRecord for Shared {
     fn record(&self) -> &EndpointRecord {
         &self.record
     }
@@ -68,14 +68,14 @@ impl<C: Send + Sync> HasRecord for Shared<C> {
 /// One handle's hold on the record; it also carries the probe permits this handle was granted
 /// by `poll_ready` for its next call, and gives them back if it is dropped first (a balancer
 /// evicting a ready endpoint).
-struct Holder<C> {
-    shared: Arc<Shared<C>>,
+struct Holder {
+    shared: Arc<Shared>,
     // Set while the inner service's `poll_ready` failed and this handle holds the endpoint out
     // of its balancer's picks, retrying after a back-off.
     unready: Option<Box<Unready>>,
     // Set through `&self` too: cloning a handle that has no lane yet gives it one, for the clone
     // to inherit.
-    lane: OnceLock<Arc<Lane<C>>>,
+    lane: OnceLock<Arc<Lane>>,
     lane_use: LaneUse,
     permits: ProbePermits,
     draws: Draws,
@@ -97,8 +97,8 @@ enum LaneUse {
     Own,
 }
 
-impl<C> Holder<C> {
-    fn new(shared: Arc<Shared<C>>) -> Self {
+impl Holder {
+    fn new(shared: Arc<Shared>) -> Self {
         Holder {
             shared,
             unready: None,
@@ -111,7 +111,7 @@ impl<C> Holder<C> {
 
     /// The lane this call's response future holds.
     #[inline]
-    fn lane(&mut self) -> Arc<Lane<C>> {
+    fn lane(&mut self) -> Arc<Lane> {
         match (self.lane.get(), self.lane_use) {
             (Some(lane), LaneUse::Own) => lane.clone(),
             _ => self.early_lane(),
@@ -119,13 +119,13 @@ impl<C> Holder<C> {
     }
 
     /// This handle's lane, made now if it has none.
-    fn lane_or_new(&self) -> &Arc<Lane<C>> {
+    fn lane_or_new(&self) -> &Arc<Lane> {
         self.lane.get_or_init(|| Lane::new(self.shared.clone()))
     }
 
     // Cold: a handle comes here on its first two calls only.
     #[cold]
-    fn early_lane(&mut self) -> Arc<Lane<C>> {
+    fn early_lane(&mut self) -> Arc<Lane> {
         match self.lane_use {
             LaneUse::Fresh | LaneUse::Own => {
                 self.lane_use = LaneUse::Own;
@@ -174,7 +174,7 @@ impl<C> Holder<C> {
     }
 }
 
-impl<C> Clone for Holder<C> {
+impl Clone for Holder {
     fn clone(&self) -> Self {
         let lane = self.lane_or_new();
         lane.hold();
@@ -185,7 +185,7 @@ impl<C> Clone for Holder<C> {
     }
 }
 
-impl<C> Drop for Holder<C> {
+impl Drop for Holder {
     fn drop(&mut self) {
         self.shared.record.cancel_probes(self.permits);
         if self.unready.is_some() {
@@ -229,14 +229,34 @@ impl<C> Drop for Holder<C> {
 /// ```
 pub struct OutlierEndpoint<S, C> {
     inner: S,
-    holder: Holder<C>,
+    holder: Holder,
+    classifier: C,
+}
+
+/// What a handle for the balancer is made of, as the engine hands it out: the layer adds its
+/// classifier ([`EndpointParts::classified`]), so the engine does not depend on its type.
+pub(crate) struct EndpointParts<S> {
+    service: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> EndpointParts<S> {
+    pub(crate) fn new(service: S, shared: Arc<Shared>) -> Self {
+        EndpointParts { service, shared }
+    }
+
+    /// The handle, classifying with `classifier`.
+    pub(crate) fn classified<C>(self, classifier: C) -> OutlierEndpoint<S, C> {
+        OutlierEndpoint::new(self.service, self.shared, classifier)
+    }
 }
 
 impl<S, C> OutlierEndpoint<S, C> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<C>>) -> Self {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>, classifier: C) -> Self {
         OutlierEndpoint {
             inner,
             holder: Holder::new(shared),
+            classifier,
         }
     }
 
@@ -266,11 +286,12 @@ impl<S, C> OutlierEndpoint<S, C> {
     }
 }
 
-impl<S: Clone, C> Clone for OutlierEndpoint<S, C> {
+impl<S: Clone, C: Clone> Clone for OutlierEndpoint<S, C> {
     fn clone(&self) -> Self {
         OutlierEndpoint {
             inner: self.inner.clone(),
             holder: self.holder.clone(),
+            classifier: self.classifier.clone(),
         }
     }
 }
@@ -287,7 +308,7 @@ impl<S: fmt::Debug, C> fmt::Debug for OutlierEndpoint<S, C> {
 impl<S, C, Req> Service<Req> for OutlierEndpoint<S, C>
 where
     S: Service<Req>,
-    C: ResponseClassifier<S::Response, S::Error>,
+    C: ResponseClassifier<S::Response, S::Error> + Clone,
 {
     type Response = C::Response;
     type Error = S::Error;
@@ -328,7 +349,13 @@ where
             // The first call in flight on this lane: it is waited for from now.
             lane.set_busy_since(start);
         }
-        ResponseFuture::new(self.inner.call(request), lane, start, probes)
+        ResponseFuture::new(
+            self.inner.call(request),
+            lane,
+            self.classifier.clone(),
+            start,
+            probes,
+        )
     }
 }
 

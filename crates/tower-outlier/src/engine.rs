@@ -20,7 +20,7 @@ use tower::discover::Change;
 use tower_outlier_core::{DynOutlierPolicy, EndpointRecord, Notifier};
 
 use crate::deadlines::Deadlines;
-use crate::endpoint::OutlierEndpoint;
+use crate::endpoint::EndpointParts;
 use crate::events::Event;
 use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Registry;
@@ -39,12 +39,6 @@ pub(crate) trait DiscoverKey:
 
 impl<K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static> DiscoverKey for K {}
 
-/// What the engine needs of a classifier: one copy per endpoint, shared by its handles and
-/// response futures across threads.
-pub(crate) trait SharedClassifier: Clone + Send + Sync + 'static {}
-
-impl<C: Clone + Send + Sync + 'static> SharedClassifier for C {}
-
 /// A probe the adaptor is to run: `probe` against the ejected endpoint, failed if it takes longer
 /// than `timeout`; its result goes back to [`Engine::probe_done`] with `key` and `id`.
 pub(crate) struct ProbeStart<K> {
@@ -54,17 +48,16 @@ pub(crate) struct ProbeStart<K> {
     pub(crate) timeout: Duration,
 }
 
-pub(crate) struct Engine<K, S, C> {
+pub(crate) struct Engine<K, S> {
     settings: Arc<Settings>,
     // The policies' names, for events and this adaptor's roster in the monitor.
     names: Arc<[&'static str]>,
     trial: Duration,
-    classifier: C,
     notifier: Arc<Notifier>,
     registry: Arc<Registry>,
     // This adaptor's endpoints in the monitor.
     roster: u64,
-    entries: HashMap<K, Entry<S, C>>,
+    entries: HashMap<K, Entry<S>>,
     deadlines: Deadlines<K>,
     ejected: usize,
     // The endpoints kept in for want of room after a policy judged them outliers, by id, so they
@@ -77,7 +70,7 @@ pub(crate) struct Engine<K, S, C> {
     // How the newest endpoint started (weight 1, its policies' states: a slow-call breaker's
     // CLOSED), as most endpoints stay: every entry whose last report is just that shares this.
     usual_report: Arc<Reported>,
-    queue: VecDeque<Change<K, OutlierEndpoint<S, C>>>,
+    queue: VecDeque<Change<K, EndpointParts<S>>>,
     probes: VecDeque<ProbeStart<K>>,
     cancelled: Vec<u64>,
     fleet: Vec<FleetSchedule>,
@@ -147,14 +140,9 @@ fn later(at: Instant, delay: Duration) -> Instant {
         .unwrap_or(at)
 }
 
-impl<K, S, C> Engine<K, S, C> {
+impl<K, S> Engine<K, S> {
     /// An engine with no endpoint, whose fleet evaluations start one interval after `start`.
-    pub(crate) fn new(
-        settings: Arc<Settings>,
-        classifier: C,
-        registry: Arc<Registry>,
-        start: Instant,
-    ) -> Self {
+    pub(crate) fn new(settings: Arc<Settings>, registry: Arc<Registry>, start: Instant) -> Self {
         let notifier = Arc::new(Notifier::new());
         settings.rules.subscribe(&notifier);
         let sharing = settings.hosts.clone().map(|(registry, host_of)| Sharing {
@@ -176,7 +164,6 @@ impl<K, S, C> Engine<K, S, C> {
             trial: trial_period(&settings.policies),
             fleet: fleet_schedules(&settings.policies, start, &[]),
             settings,
-            classifier,
             notifier,
             registry,
             entries: HashMap::new(),
@@ -220,7 +207,7 @@ impl<K, S, C> Engine<K, S, C> {
     }
 
     /// The next change for the balancer.
-    pub(crate) fn pop_change(&mut self) -> Option<Change<K, OutlierEndpoint<S, C>>> {
+    pub(crate) fn pop_change(&mut self) -> Option<Change<K, EndpointParts<S>>> {
         self.queue.pop_front()
     }
 
@@ -241,11 +228,10 @@ impl<K, S, C> Engine<K, S, C> {
     }
 }
 
-impl<K, S, C> Engine<K, S, C>
+impl<K, S> Engine<K, S>
 where
     K: DiscoverKey,
     S: Clone,
-    C: SharedClassifier,
 {
     /// When [`advance`](Self::advance) next has something to do: the earliest trial end,
     /// recovery check or fleet evaluation.
@@ -283,7 +269,7 @@ where
     /// The keys of the entries that match, in discovery order: when several endpoints compete
     /// for one budget slot the first discovered wins, whatever the hash map's order, so a run is
     /// reproducible from its inputs.
-    fn keys_where(&self, mut matches: impl FnMut(&Entry<S, C>) -> bool) -> Vec<K> {
+    fn keys_where(&self, mut matches: impl FnMut(&Entry<S>) -> bool) -> Vec<K> {
         let mut keys: Vec<(u64, K)> = self
             .entries
             .iter()
@@ -330,7 +316,7 @@ where
     }
 }
 
-impl<K, S, C> Drop for Engine<K, S, C> {
+impl<K, S> Drop for Engine<K, S> {
     fn drop(&mut self) {
         // The monitor outlives the adaptor; it must not keep listing endpoints nobody tracks.
         let mut tracked = self.registry.leave(self.roster);
@@ -341,7 +327,7 @@ impl<K, S, C> Drop for Engine<K, S, C> {
         if std::thread::panicking() {
             return;
         }
-        let mut gone: Vec<&Entry<S, C>> = self.entries.values().collect();
+        let mut gone: Vec<&Entry<S>> = self.entries.values().collect();
         gone.sort_unstable_by_key(|entry| entry.id);
         for entry in gone {
             if let Some(tracked) = tracked.remove(&entry.id) {

@@ -26,27 +26,33 @@ pin_project! {
     }
 }
 
-/// The record to report to, taken when the future completes; dropped before, it gives back the
-/// call's probe permits.
+/// The record to report to and the classifier, taken when the future completes; dropped before,
+/// it gives back the call's probe permits.
 struct Completion<C> {
-    lane: Option<Arc<Lane<C>>>,
+    parts: Option<(Arc<Lane>, C)>,
     probes: ProbePermits,
 }
 
 impl<C> Drop for Completion<C> {
     fn drop(&mut self) {
-        if let Some(lane) = self.lane.take() {
+        if let Some((lane, _)) = self.parts.take() {
             lane.owner().record.cancel_probes(self.probes);
         }
     }
 }
 
 impl<F, C> ResponseFuture<F, C> {
-    pub(crate) fn new(inner: F, lane: Arc<Lane<C>>, start: Nanos, probes: ProbePermits) -> Self {
+    pub(crate) fn new(
+        inner: F,
+        lane: Arc<Lane>,
+        classifier: C,
+        start: Nanos,
+        probes: ProbePermits,
+    ) -> Self {
         ResponseFuture {
             inner,
             completion: Completion {
-                lane: Some(lane),
+                parts: Some((lane, classifier)),
                 probes,
             },
             start,
@@ -64,16 +70,16 @@ where
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        if this.completion.lane.is_none() {
+        if this.completion.parts.is_none() {
             // Polled after it completed. `Future` allows anything here but a panic is the
             // caller's to have, not ours: stay pending, as the trait permits.
             return Poll::Pending;
         }
         let result = std::task::ready!(this.inner.poll(cx));
-        let Some(lane) = this.completion.lane.take() else {
+        let Some((lane, classifier)) = this.completion.parts.take() else {
             return Poll::Pending;
         };
-        let recorder = Recorder::new(lane, *this.start, this.completion.probes);
+        let recorder = Recorder::new(lane, classifier, *this.start, this.completion.probes);
         Poll::Ready(C::complete(result, recorder))
     }
 }
@@ -81,7 +87,7 @@ where
 impl<F, C> fmt::Debug for ResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("done", &self.completion.lane.is_none())
+            .field("done", &self.completion.parts.is_none())
             .finish_non_exhaustive()
     }
 }

@@ -115,6 +115,10 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     }
 
     /// Sets the classifier deciding which results count as failures.
+    ///
+    /// Each endpoint handle holds a copy, and each call's response future another (as
+    /// tower-http makes a classifier per request), so keep it cheap to clone: the crate's
+    /// classifiers are zero-sized or `Copy`; share anything larger behind an `Arc`.
     pub fn classifier<C2>(self, classifier: C2) -> OutlierDetectionLayer<C2, P> {
         OutlierDetectionLayer {
             discover_errors: self.discover_errors,
@@ -212,7 +216,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
                 .collect(),
             Arc::new(notifier),
         );
-        OutlierEndpoint::new(service, Shared::new(record, self.classifier.clone()))
+        OutlierEndpoint::new(service, Shared::new(record), self.classifier.clone())
     }
 }
 

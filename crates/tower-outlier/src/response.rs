@@ -102,7 +102,8 @@ fn classifier_panicked(panic: Box<dyn std::any::Any + Send>) {
 /// Dropped without recording, the call counts as cancelled (neither success nor failure) and any
 /// probe permit it held is given back.
 pub struct Recorder<C> {
-    lane: Arc<Lane<C>>,
+    lane: Arc<Lane>,
+    classifier: C,
     start: Nanos,
     // Fixed when the response headers arrived, for outcomes decided at the end of the body.
     latency: Option<Nanos>,
@@ -111,9 +112,10 @@ pub struct Recorder<C> {
 }
 
 impl<C> Recorder<C> {
-    pub(crate) fn new(lane: Arc<Lane<C>>, start: Nanos, probes: ProbePermits) -> Self {
+    pub(crate) fn new(lane: Arc<Lane>, classifier: C, start: Nanos, probes: ProbePermits) -> Self {
         Recorder {
             lane,
+            classifier,
             start,
             latency: None,
             probes,
@@ -121,10 +123,10 @@ impl<C> Recorder<C> {
         }
     }
 
-    /// The endpoint's classifier.
+    /// The call's classifier (a copy of the layer's).
     #[inline]
     pub fn classifier(&self) -> &C {
-        &self.lane.owner().classifier
+        &self.classifier
     }
 
     /// Whether the call holds a probe permit of a gated policy (a breaker's half-open probe,

@@ -17,7 +17,7 @@ pub(super) struct Unready {
 pub(super) const UNREADY_FIRST_RETRY: Duration = Duration::from_millis(100);
 pub(super) const UNREADY_MAX_RETRY: Duration = Duration::from_secs(30);
 
-impl<C> Holder<C> {
+impl Holder {
     /// The inner service's `poll_ready` failed. A balancer given the error would drop the
     /// endpoint for good (p2c does), out of step with the layer, which would still count it as
     /// one to fall back on; so the handle keeps it, reports it not ready, tells the layer, and

@@ -5,11 +5,10 @@ use crate::events::Refusal;
 
 use super::*;
 
-impl<K, S, C> Engine<K, S, C>
+impl<K, S> Engine<K, S>
 where
     K: DiscoverKey,
     S: Clone,
-    C: SharedClassifier,
 {
     /// Endpoints the balancer can pick: in its set and ready.
     pub(super) fn available(&self) -> usize {

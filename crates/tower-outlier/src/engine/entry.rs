@@ -9,16 +9,16 @@ use tower_outlier_core::{EndpointRecord, RecoverySchedule};
 
 use super::Ejector;
 use crate::deadlines::Deadlines;
-use crate::endpoint::{OutlierEndpoint, Shared};
+use crate::endpoint::{EndpointParts, Shared};
 use crate::monitor::EndpointStatus;
 
-pub(super) struct Entry<S, C> {
+pub(super) struct Entry<S> {
     // Its slot on the signal board.
     pub(super) slot: u32,
     // What a handle for the balancer is made of ([`Entry::endpoint`]): the layer's own handle
     // would never call, so it keeps no handle's per-call state (a lane, draws, permits).
     pub(super) service: S,
-    pub(super) shared: Arc<Shared<C>>,
+    pub(super) shared: Arc<Shared>,
     pub(super) id: u64,
     // The ejection the endpoint is out for, or on trial after. Most endpoints are available
     // most of the time, so what only an ejection needs is held only while one lasts.
@@ -107,18 +107,18 @@ impl Episode {
     }
 }
 
-impl<S, C> Entry<S, C> {
+impl<S> Entry<S> {
     /// The endpoint's record: its policies' windows, latency estimate and weight.
     pub(super) fn record(&self) -> &EndpointRecord {
         &self.shared.record
     }
 
-    /// A new handle on the endpoint for the balancer (what cloning one gives).
-    pub(super) fn endpoint(&self) -> OutlierEndpoint<S, C>
+    /// What a new handle on the endpoint for the balancer is made of (what cloning one gives).
+    pub(super) fn endpoint(&self) -> EndpointParts<S>
     where
         S: Clone,
     {
-        OutlierEndpoint::new(self.service.clone(), self.shared.clone())
+        EndpointParts::new(self.service.clone(), self.shared.clone())
     }
 
     pub(super) fn status(&self) -> Status {
@@ -212,8 +212,8 @@ impl<S, C> Entry<S, C> {
 
 /// Whether the deadline `at` popped for entry `id` under `key` is still that entry's deadline
 /// (the heap keeps deadlines its entries have since moved past, or of entries since removed).
-pub(super) fn deadline_is_current<K: Hash + Eq, S, C>(
-    entries: &HashMap<K, Entry<S, C>>,
+pub(super) fn deadline_is_current<K: Hash + Eq, S>(
+    entries: &HashMap<K, Entry<S>>,
 ) -> impl Fn(&K, u64, Instant) -> bool + '_ {
     move |key, id, at| {
         entries

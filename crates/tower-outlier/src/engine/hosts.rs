@@ -4,14 +4,13 @@
 use tokio::time::Instant;
 use tower_outlier_core::{Reason, WindowCounts};
 
-use super::{later, DiscoverKey, Ejector, Engine, SharedClassifier};
+use super::{later, DiscoverKey, Ejector, Engine};
 use crate::events::Readmission;
 
-impl<K, S, C> Engine<K, S, C>
+impl<K, S> Engine<K, S>
 where
     K: DiscoverKey,
     S: Clone,
-    C: SharedClassifier,
 {
     /// Tells the registry this adaptor holds the host of endpoint `id` out, or no longer does.
     pub(super) fn share_host(&self, id: u64, out: bool) {

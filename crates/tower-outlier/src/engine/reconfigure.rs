@@ -6,17 +6,14 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tower::discover::Change;
 
-use super::{
-    fleet_schedules, trial_period, DiscoverKey, Ejector, Engine, Settings, SharedClassifier, Status,
-};
+use super::{fleet_schedules, trial_period, DiscoverKey, Ejector, Engine, Settings, Status};
 use crate::endpoint::{HasRecord, Shared};
 use crate::events::Readmission;
 
-impl<K, S, C> Engine<K, S, C>
+impl<K, S> Engine<K, S>
 where
     K: DiscoverKey,
     S: Clone,
-    C: SharedClassifier,
 {
     /// Applies the newest rules of the layer, if they are newer than the ones in force.
     ///
@@ -57,7 +54,7 @@ where
                 continue;
             };
             let record = entry.record().successor(&policies);
-            let shared = Shared::new(record, self.classifier.clone());
+            let shared = Shared::new(record);
             let weak: std::sync::Weak<dyn HasRecord> =
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
             records.push((entry.id, weak));

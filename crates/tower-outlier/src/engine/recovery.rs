@@ -8,17 +8,14 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
-use super::{
-    deadline_is_current, later, DiscoverKey, Engine, ProbeStart, SharedClassifier, Stage, Status,
-};
+use super::{deadline_is_current, later, DiscoverKey, Engine, ProbeStart, Stage, Status};
 use crate::events::{Event, Readmission};
 use crate::probe::ProbeFuture;
 
-impl<K, S, C> Engine<K, S, C>
+impl<K, S> Engine<K, S>
 where
     K: DiscoverKey,
     S: Clone,
-    C: SharedClassifier,
 {
     pub(crate) fn advance(
         &mut self,

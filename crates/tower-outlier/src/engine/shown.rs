@@ -8,11 +8,10 @@ use crate::events::Event;
 
 use super::*;
 
-impl<K, S, C> Engine<K, S, C>
+impl<K, S> Engine<K, S>
 where
     K: DiscoverKey,
     S: Clone,
-    C: SharedClassifier,
 {
     /// Reports the policy states of `key`'s endpoint that changed since last reported.
     pub(super) fn report_states(&mut self, key: &K) {

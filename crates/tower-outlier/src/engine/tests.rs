@@ -121,7 +121,7 @@ impl tower_outlier_core::CallsNeeded for SwitchState {
 #[derive(Clone, Debug, PartialEq)]
 struct Svc(u32);
 
-type TestEngine = Engine<u32, Svc, NetworkErrors>;
+type TestEngine = Engine<u32, Svc>;
 
 /// Settings running `policy` alone with `budget`, on tokio's clock.
 fn settings(
@@ -152,7 +152,7 @@ impl Bench {
             &registry,
         );
         let start = Instant::now();
-        let engine = Engine::new(Arc::new(settings), NetworkErrors, registry, start);
+        let engine = Engine::new(Arc::new(settings), registry, start);
         let mut bench = Bench {
             engine,
             switches,
@@ -175,8 +175,8 @@ impl Bench {
         let mut seen = Vec::new();
         while let Some(change) = self.engine.pop_change() {
             match change {
-                Change::Insert(key, endpoint) => {
-                    self.live.insert(key, endpoint);
+                Change::Insert(key, parts) => {
+                    self.live.insert(key, parts.classified(NetworkErrors));
                     seen.push((key, true));
                 }
                 Change::Remove(key) => {
@@ -214,7 +214,9 @@ impl Bench {
     }
 
     fn endpoint(&self, key: u32) -> OutlierEndpoint<Svc, NetworkErrors> {
-        self.engine.entries[&key].endpoint()
+        self.engine.entries[&key]
+            .endpoint()
+            .classified(NetworkErrors)
     }
 
     fn status(&self, key: u32) -> Status {
@@ -561,7 +563,7 @@ fn fleet_evaluations_run_on_their_interval_from_when_they_ran() {
         EjectionBudget::new(0.5, BudgetFloor::One).unwrap(),
         &registry,
     );
-    let mut engine: TestEngine = Engine::new(Arc::new(settings), NetworkErrors, registry, start);
+    let mut engine: TestEngine = Engine::new(Arc::new(settings), registry, start);
     for key in 0..3 {
         engine.insert(key, Svc(key), start);
     }

@@ -8,16 +8,15 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::EndpointRecord;
 
-use super::{policy_states, DiscoverKey, Engine, Entry, Reported, SharedClassifier, Status};
-use crate::endpoint::{HasRecord, OutlierEndpoint, Shared};
+use super::{policy_states, DiscoverKey, Engine, Entry, Reported, Status};
+use crate::endpoint::{EndpointParts, HasRecord, Shared};
 use crate::events::{EndpointKey, Event};
 use crate::monitor::Tracked;
 
-impl<K, S, C> Engine<K, S, C>
+impl<K, S> Engine<K, S>
 where
     K: DiscoverKey,
     S: Clone,
-    C: SharedClassifier,
 {
     /// The upstream inserted `key` with `service`.
     pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
@@ -36,7 +35,7 @@ where
             settings.policies.iter().map(|p| p.new_endpoint()).collect(),
             self.notifier.clone(),
         );
-        let shared = Shared::new(record, self.classifier.clone());
+        let shared = Shared::new(record);
         let weak: std::sync::Weak<dyn HasRecord> =
             Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
         // The monitor holds the typed key, for its snapshots and the events about the endpoint.
@@ -52,7 +51,7 @@ where
         self.seed_rtt(&shared.record);
         self.queue.push_back(Change::Insert(
             key.clone(),
-            OutlierEndpoint::new(service.clone(), shared.clone()),
+            EndpointParts::new(service.clone(), shared.clone()),
         ));
         let held_out = self.host_out_elsewhere(id);
         let states = policy_states(&shared.record);

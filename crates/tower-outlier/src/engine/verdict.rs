@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::Reason;
 
-use super::{later, DiscoverKey, Ejector, Engine, SharedClassifier, Stage};
+use super::{later, DiscoverKey, Ejector, Engine, Stage};
 use crate::events::{Event, Refusal};
 
 /// What ejects an endpoint, or would.
@@ -39,11 +39,10 @@ pub(super) enum Verdict {
     Eject { cause: Cause, reason: Reason },
 }
 
-impl<K, S, C> Engine<K, S, C>
+impl<K, S> Engine<K, S>
 where
     K: DiscoverKey,
     S: Clone,
-    C: SharedClassifier,
 {
     /// The policies' verdict on `key` now (`rules`, sections 2–5): an available endpoint a
     /// policy judges an outlier is ejected if [`room`](Self::room) allows, otherwise refused.
