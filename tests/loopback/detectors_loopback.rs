@@ -317,6 +317,7 @@ impl Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_black_hole_is_routed_around_without_calls_pulled_to_it_and_shown_avoided() {
+    let _turn = crate::timed_turn().await;
     // Envoy's defaults, with the origins split and room to eject two of the four endpoints
     // (Envoy's default 10 % ejects none of four): the layer could eject the black hole, and
     // still sends it no call on purpose.

@@ -10,3 +10,15 @@ mod network_faults;
 mod new_user;
 mod pinned_client;
 mod tonic_servers;
+
+/// Tests that time a recovery or count calls against a deadline take turns. Run beside each other
+/// (the half-open peer's 16 MB uploads, four callers spinning on a black hole) they stall one
+/// another's loopback calls by milliseconds, which on two cores is enough for a p2c balancer to
+/// starve a healthy endpoint for the latency estimate's decay time (see the restart test), as it
+/// would on any machine that busy: the tests measure the layer, not the neighbours.
+static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits for this test's turn among the timed ones; the turn lasts as long as the guard.
+pub(crate) async fn timed_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    TIMED.lock().await
+}

@@ -132,6 +132,7 @@ fn status(monitor: &Monitor, addr: SocketAddr) -> EndpointStatus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_and_restarted_on_its_port_is_ejected_and_comes_back() {
+    let _turn = crate::timed_turn().await;
     let mut addrs = Vec::new();
     let mut counts = Vec::new();
     let mut tasks = Vec::new();
@@ -209,6 +210,7 @@ async fn a_server_killed_and_restarted_on_its_port_is_ejected_and_comes_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_peer_costs_callers_a_few_timeouts_at_most() {
+    let _turn = crate::timed_turn().await;
     let mut addrs = Vec::new();
     let mut counts = Vec::new();
     let accepted = Arc::new(AtomicUsize::new(0));

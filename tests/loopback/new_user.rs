@@ -204,6 +204,7 @@ async fn run() -> (usize, f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_answering_503_from_the_start_is_ejected_and_back_within_ten_seconds_of_healing() {
+    let _turn = crate::timed_turn().await;
     let runs = futures::future::join_all((0..3).map(|_| tokio::spawn(run()))).await;
     for run in runs {
         let (calls, back_after) = run.unwrap();

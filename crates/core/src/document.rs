@@ -172,31 +172,38 @@ impl DocumentError {
     }
 
     /// A duplicate given under a second spelling, `alias`, of the same field (protobuf's JSON
-    /// has two per field).
+    /// has two per field). Only for a [`duplicate`](Self::duplicate): it changes no other error
+    /// (and asserts so in debug builds).
     pub fn also_as(mut self, alias: &str) -> Self {
-        if let Problem::Duplicate { alias: slot, .. } = &mut self.inner.problem {
-            *slot = Some(alias.to_owned());
+        match &mut self.inner.problem {
+            Problem::Duplicate { alias: slot, .. } => *slot = Some(alias.to_owned()),
+            _ => debug_assert!(false, "also_as on an error that is not a duplicate"),
         }
         self
     }
 
     /// A duplicate found in an object other than the one the field belongs to, as a message
-    /// names that object (`` "`degrade.extra`" ``, `"the top-level object"`).
+    /// names that object (`` "`degrade.extra`" ``, `"the top-level object"`). The message shows
+    /// `object` as it is: make any key in it safe first (`json::show_path` does). Only for a
+    /// [`duplicate`](Self::duplicate) (asserted in debug builds).
     pub fn found_in(mut self, object: String) -> Self {
-        if let Problem::Duplicate { found_in, .. } = &mut self.inner.problem {
-            *found_in = Some(object);
+        match &mut self.inner.problem {
+            Problem::Duplicate { found_in, .. } => *found_in = Some(object),
+            _ => debug_assert!(false, "found_in on an error that is not a duplicate"),
         }
         self
     }
 
     /// A duplicate or refused key whose message says what the key names (`"block"`: "block
     /// `DEFAULT` is given more than once"), where the document's keys name more than one kind of
-    /// thing, or are not fields.
+    /// thing, or are not fields. Only for a [`duplicate`](Self::duplicate) or an
+    /// [`unknown`](Self::unknown) key (asserted in debug builds).
     pub fn naming(mut self, what: &'static str) -> Self {
-        if let Problem::Duplicate { what: slot, .. } | Problem::Unknown { what: slot, .. } =
-            &mut self.inner.problem
-        {
-            *slot = Some(what);
+        match &mut self.inner.problem {
+            Problem::Duplicate { what: slot, .. } | Problem::Unknown { what: slot, .. } => {
+                *slot = Some(what)
+            }
+            _ => debug_assert!(false, "naming on an error that is not about a key"),
         }
         self
     }
@@ -217,10 +224,12 @@ impl DocumentError {
     }
 
     /// A refused key with the value it was given and the keys allowed, as a
-    /// [`ConfigError`] ([`config_error`](Self::config_error) returns it).
+    /// [`ConfigError`] ([`config_error`](Self::config_error) returns it). Only for an
+    /// [`unknown`](Self::unknown) key (asserted in debug builds).
     pub fn with_detail(mut self, error: ConfigError) -> Self {
-        if let Problem::Unknown { detail, .. } = &mut self.inner.problem {
-            *detail = Some(error);
+        match &mut self.inner.problem {
+            Problem::Unknown { detail, .. } => *detail = Some(error),
+            _ => debug_assert!(false, "with_detail on an error that is not an unknown key"),
         }
         self
     }
@@ -239,17 +248,28 @@ impl DocumentError {
     }
 
     /// The value as a message shows it, where the [`ConfigError`] holds it as written and that
-    /// is not safe to show (text read verbatim, rather than JSON re-serialised).
+    /// is not safe to show (text read verbatim, rather than JSON re-serialised). Only for an
+    /// [`invalid`](Self::invalid) value (asserted in debug builds).
     pub fn showing_value(mut self, shown: String) -> Self {
-        if let Problem::Invalid { shown_value, .. } = &mut self.inner.problem {
-            *shown_value = Some(shown);
+        match &mut self.inner.problem {
+            Problem::Invalid { shown_value, .. } => *shown_value = Some(shown),
+            _ => debug_assert!(
+                false,
+                "showing_value on an error that is not an invalid value"
+            ),
         }
         self
     }
 
     /// The problem is in entry `index` (from 0) of a list document; `noun` names one entry in a
-    /// message (`"Sentinel degrade rule"`: "invalid Sentinel degrade rule #2").
+    /// message (`"Sentinel degrade rule"`: "invalid Sentinel degrade rule #2"). An error has one
+    /// place: this replaces a line given before, and any entry name. Not for malformed JSON,
+    /// which has its own line and column (asserted in debug builds).
     pub fn in_entry(mut self, noun: &'static str, index: usize) -> Self {
+        debug_assert!(
+            !matches!(self.inner.problem, Problem::Syntax { .. }),
+            "in_entry on malformed JSON"
+        );
         self.inner.place = Place::Entry {
             noun,
             index,
@@ -259,17 +279,27 @@ impl DocumentError {
     }
 
     /// The entry's own name, `name`, and what that name is (`"resource"`), for an error
-    /// [`in_entry`](Self::in_entry); a message shows it quoted, clipped and escaped.
+    /// [`in_entry`](Self::in_entry) (call that first; asserted in debug builds); a message shows
+    /// it quoted, clipped and escaped.
     pub fn entry_named(mut self, what: &'static str, name: &str) -> Self {
-        if let Place::Entry { name: slot, .. } = &mut self.inner.place {
-            let shown = crate::text::clip(format!("{name:?}"));
-            *slot = Some((what, name.to_owned(), shown));
+        match &mut self.inner.place {
+            Place::Entry { name: slot, .. } => {
+                let shown = crate::text::clip(format!("{name:?}"));
+                *slot = Some((what, name.to_owned(), shown));
+            }
+            _ => debug_assert!(false, "entry_named before in_entry"),
         }
         self
     }
 
-    /// The problem is on `line` (from 1) of a document read line by line.
+    /// The problem is on `line` (from 1) of a document read line by line. An error has one
+    /// place: this replaces an entry given before. Not for malformed JSON, which has its own
+    /// line and column (asserted in debug builds).
     pub fn at_line(mut self, line: usize) -> Self {
+        debug_assert!(
+            !matches!(self.inner.problem, Problem::Syntax { .. }),
+            "at_line on malformed JSON"
+        );
         self.inner.place = Place::Line(line);
         self
     }
@@ -334,8 +364,8 @@ impl DocumentError {
     /// read line by line (for a continued line, the line it starts on). `None` when no line is
     /// named.
     pub fn line(&self) -> Option<usize> {
-        match (&self.inner.place, &self.inner.problem) {
-            (Place::Line(line), _) | (_, Problem::Syntax { line, .. }) => Some(*line),
+        match (&self.inner.problem, &self.inner.place) {
+            (Problem::Syntax { line, .. }, _) | (_, Place::Line(line)) => Some(*line),
             _ => None,
         }
     }
@@ -428,7 +458,7 @@ impl Error for DocumentError {}
 impl From<ConfigError> for DocumentError {
     /// A builder's error as a reader's, so that `?` can mix a reader with the builders or
     /// resolvers its documents feed: its document is "configuration", and its message the
-    /// [`ConfigError`]'s.
+    /// [`ConfigError`]'s (field and value clipped).
     ///
     /// ```
     /// use tower_outlier_core::{ConfigError, DocumentError};
@@ -439,6 +469,7 @@ impl From<ConfigError> for DocumentError {
     /// ```
     fn from(error: ConfigError) -> Self {
         let shown = name(error.field());
-        DocumentError::invalid("configuration", error, shown)
+        let value = crate::text::clip(error.value().to_owned());
+        DocumentError::invalid("configuration", error, shown).showing_value(value)
     }
 }

@@ -154,6 +154,29 @@ pub enum PathSegment {
     Index(usize),
 }
 
+/// A path as error accessors return it: keys exactly as written, joined by `.`, positions in
+/// brackets (`rules[0].count`). Unlike [`show_path`] nothing is escaped or clipped, so it can be
+/// compared with the document's keys.
+pub fn written_path(path: &[PathSegment]) -> String {
+    let mut text = String::new();
+    for segment in path {
+        match segment {
+            PathSegment::Key(key) => {
+                if !text.is_empty() {
+                    text.push('.');
+                }
+                text.push_str(key);
+            }
+            PathSegment::Index(index) => {
+                text.push('[');
+                text.push_str(&index.to_string());
+                text.push(']');
+            }
+        }
+    }
+    text
+}
+
 /// A path as an error message shows it, in the style of jq without the leading dot: keys joined
 /// by `.`, array positions in brackets (`[0].limits.per_host`, `rules[2]`). Each key goes through
 /// [`text::name`](crate::text::name), and the whole is clipped, so neither a long key nor a deep

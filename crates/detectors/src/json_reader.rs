@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+pub(crate) use tower_outlier_core::json::written_path as written;
 use tower_outlier_core::json::{self, show_path, ParseError, PathSegment};
 use tower_outlier_core::text::clip;
 use tower_outlier_core::{ConfigError, DocumentError};
@@ -87,29 +88,6 @@ pub(crate) fn element(path: &[PathSegment], index: usize) -> Vec<PathSegment> {
     let mut path = path.to_vec();
     path.push(PathSegment::Index(index));
     path
-}
-
-/// A path as the accessors return it: keys exactly as written, joined by `.`, positions in
-/// brackets. Unlike [`show_path`] nothing is escaped or clipped, so it can be compared with the
-/// document's keys.
-pub(crate) fn written(path: &[PathSegment]) -> String {
-    let mut text = String::new();
-    for segment in path {
-        match segment {
-            PathSegment::Key(key) => {
-                if !text.is_empty() {
-                    text.push('.');
-                }
-                text.push_str(key);
-            }
-            PathSegment::Index(index) => {
-                text.push('[');
-                text.push_str(&index.to_string());
-                text.push(']');
-            }
-        }
-    }
-    text
 }
 
 /// What went wrong, as the readers find it: paths kept as segments until the error is made.

@@ -134,7 +134,7 @@ where
     D: Discover,
     D::Key: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
     D::Service: Clone,
-    C: Clone + Send + Sync + 'static,
+    C: Clone,
     P: Probe<D::Key, D::Service>,
 {
     type Item = Result<Change<D::Key, OutlierEndpoint<D::Service, C>>, D::Error>;

@@ -208,8 +208,8 @@ impl Drop for Holder {
 /// estimate (a peak-sensitive moving average of the latencies it measures, decaying toward zero
 /// while idle), times the requests in flight plus one, divided by the endpoint's relative weight.
 ///
-/// Clones share the record, so all of them (and the copy the layer keeps for re-admission) count
-/// the same calls.
+/// Clones share the record, so all of them (and the handles the layer makes on re-admission)
+/// count the same calls. Each holds a copy of the layer's classifier.
 ///
 #[cfg_attr(feature = "error-rate", doc = "```")]
 #[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
@@ -341,6 +341,8 @@ where
 
     #[inline]
     fn call(&mut self, request: Req) -> Self::Future {
+        // User code, cloned before the permits are taken: a clone that panics loses none.
+        let classifier = self.classifier.clone();
         self.holder.draws.dispatched();
         let start = self.record().clock().now();
         let probes = std::mem::take(&mut self.holder.permits);
@@ -349,13 +351,7 @@ where
             // The first call in flight on this lane: it is waited for from now.
             lane.set_busy_since(start);
         }
-        ResponseFuture::new(
-            self.inner.call(request),
-            lane,
-            self.classifier.clone(),
-            start,
-            probes,
-        )
+        ResponseFuture::new(self.inner.call(request), lane, classifier, start, probes)
     }
 }
 

@@ -144,7 +144,10 @@
 //!   costliest of three endpoints, so a healthy endpoint's one noisy or slow call would otherwise
 //!   shut it out for the estimate's decay time. A genuinely slow endpoint's next slow call
 //!   (more than twice the estimate before the jump, and at least half the estimate now)
-//!   confirms it: it gets one call more each time p2c tries it again, no more.
+//!   confirms it: it gets one call more each time p2c tries it again. So do four such slow
+//!   calls in a row that are under half the estimate (an endpoint that jumped far above its new,
+//!   steady latency); calls of twice the usual time between fast ones (a loaded machine's) do
+//!   not.
 //! * **Following up a fast failure.** An endpoint with no call in flight whose last call failed
 //!   fast a second ago or more, with none completed since, wins a draw after losing 16 in a row
 //!   when a policy would judge on the next call (a streak under way) and the layer could eject

@@ -44,10 +44,17 @@ pub(super) const SERVED: u8 = 0b1_0000;
 // calls failing, most not), and pulling a call to it after each would hold it at the traffic
 // p2c alone gives it.
 pub(super) const REPEATED: u8 = 0b10_0000;
+// While a peak is unconfirmed: how many calls in a row (up to three) were slow against the
+// estimate before the jump but under half the estimate, none of them confirming it. The fourth
+// confirms it: an endpoint that jumped once far above its new, steady, slow latency is explored
+// four calls at most, not until its estimate comes down to twice that latency.
+pub(super) const SLOW_COUNT: u8 = 0b1100_0000;
+pub(super) const SLOW_ONE: u8 = 0b0100_0000;
 
 // A sample more than this many times a fresh estimate is a jump to confirm; a later sample more
-// than this many times the estimate before the jump, and at least this fraction of the estimate
-// it left, confirms it (the endpoint is slow).
+// than this many times the estimate before the jump confirms it (the endpoint is slow) when the
+// estimate after it is at most this many times the sample, or when it is the fourth such sample
+// in a row (`SLOW_COUNT`).
 pub(super) const PEAK_JUMP: u64 = 2;
 // A failed call raises the estimate to at least this multiple of what it was ...
 pub(super) const FAILURE_STEP: u64 = 2;
@@ -124,10 +131,12 @@ impl EndpointRecord {
 
     /// `PEAK_UNCONFIRMED` after a success of latency `rtt` moved the estimate from `old` to `next`.
     /// Set by a jump above the estimate, remembering the estimate before it; cleared by a sample
-    /// that jumps as far above that and is at least half the estimate (the endpoint is as slow as
-    /// the estimate says: a genuinely slow endpoint that p2c tries again as its estimate decays
-    /// gets one explored call more, no more), or once the estimate is back within a quarter of
-    /// it. An endpoint starved by p2c is sampled rarely, so one noisy sample must not be enough to
+    /// that jumps as far above that and leaves the estimate within twice itself (the endpoint is
+    /// as slow as the estimate says: a genuinely slow endpoint that p2c tries again as its
+    /// estimate decays gets one explored call more), by the fourth such slow sample in a row
+    /// that leaves it higher (an endpoint now steadily slow, but far below the jump: four
+    /// explored calls at most), or once the estimate is back within a quarter of where it was.
+    /// An endpoint starved by p2c is sampled rarely, so one noisy sample must not be enough to
     /// keep it out: on a loaded machine a healthy endpoint's calls often take twice their usual
     /// time, and such a call used to confirm a peak ten times higher, starving the endpoint for
     /// the estimate's decay time (twenty seconds and more).
@@ -135,15 +144,21 @@ impl EndpointRecord {
     fn peak_flags(&self, flags: u8, old: u64, next: u64, rtt: u64) -> u8 {
         if flags & PEAK_UNCONFIRMED != 0 {
             let anchor = self.latency.anchor.load(Ordering::Relaxed);
+            let slow = rtt > anchor.saturating_mul(PEAK_JUMP);
             let confirmed =
-                rtt > anchor.saturating_mul(PEAK_JUMP) && rtt.saturating_mul(PEAK_JUMP) >= next;
+                slow && (next <= rtt.saturating_mul(PEAK_JUMP) || flags & SLOW_COUNT == SLOW_COUNT);
             let settled = next.saturating_mul(4) <= anchor.saturating_mul(5);
             if confirmed || settled {
-                return flags & !PEAK_UNCONFIRMED;
+                return flags & !(PEAK_UNCONFIRMED | SLOW_COUNT);
             }
+            return if slow {
+                flags + SLOW_ONE
+            } else {
+                flags & !SLOW_COUNT
+            };
         } else if old > 0 && rtt > old.saturating_mul(PEAK_JUMP) {
             self.latency.anchor.store(old, Ordering::Relaxed);
-            return flags | PEAK_UNCONFIRMED;
+            return (flags | PEAK_UNCONFIRMED) & !SLOW_COUNT;
         }
         flags
     }
@@ -172,7 +187,7 @@ impl EndpointRecord {
             if old > 0 && rtt > old.saturating_mul(PEAK_JUMP) {
                 // Even an eighth of a handshake can make the endpoint the costliest pick.
                 anchor.store(old, Ordering::Relaxed);
-                next_flags |= PEAK_UNCONFIRMED;
+                next_flags = (next_flags | PEAK_UNCONFIRMED) & !SLOW_COUNT;
             }
             return (blended, next_flags);
         } else if last == LAST_SUCCEEDED {
@@ -186,7 +201,7 @@ impl EndpointRecord {
             if flags & (LAST_MASK | PEAK_UNCONFIRMED) == LAST_SUCCEEDED || flags & FRESH != 0 {
                 anchor.store(old, Ordering::Relaxed);
             }
-            next_flags &= !PEAK_UNCONFIRMED;
+            next_flags &= !(PEAK_UNCONFIRMED | SLOW_COUNT);
             if last == LAST_TIMED_OUT {
                 peak_ewma(old, rtt)
             } else {
@@ -313,9 +328,10 @@ impl EndpointRecord {
         self.latency.anchor.store(rtt, Ordering::Relaxed);
         // Its next call may set up a connection again, and it has served nothing since.
         let flags = self.latency.flags.load(Ordering::Relaxed);
-        self.latency
-            .flags
-            .store((flags | FRESH) & !(SERVED | REPEATED), Ordering::Relaxed);
+        self.latency.flags.store(
+            (flags | FRESH) & !(SERVED | REPEATED | SLOW_COUNT),
+            Ordering::Relaxed,
+        );
     }
 }
 

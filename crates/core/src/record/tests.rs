@@ -220,10 +220,10 @@ fn one_slow_call_is_a_peak_to_confirm() {
 }
 
 #[test]
-fn a_call_of_twice_the_usual_time_does_not_confirm_a_far_higher_peak() {
+fn a_call_of_a_few_times_the_usual_does_not_confirm_a_far_higher_peak() {
     let record = warm_record();
     let now = record.clock().now();
-    // A call twice the usual time (a loaded machine's) does not confirm a peak ten times the
+    // A call three times the usual (a loaded machine's) does not confirm a peak twenty times the
     // usual: the endpoint stays explored, and its calls bring the estimate down.
     record.seed_rtt(MS as f64, now);
     call(&record, Outcome::Success, 1, now);
@@ -234,14 +234,35 @@ fn a_call_of_twice_the_usual_time_does_not_confirm_a_far_higher_peak() {
         record.peak_unconfirmed(),
         "a call of 3 ms does not confirm an estimate of 17.9 ms"
     );
-    for _ in 0..12 {
+    // A fast call between them starts the count again.
+    call(&record, Outcome::Success, 1, now);
+    for _ in 0..3 {
         call(&record, Outcome::Success, 3, now);
     }
+    assert!(record.peak_unconfirmed(), "three in a row do not");
+    call(&record, Outcome::Success, 3, now);
     assert!(
         !record.peak_unconfirmed(),
-        "confirmed once the estimate is within twice the calls"
+        "the fourth slow call in a row confirms it: the endpoint is slow now, if not that slow"
     );
-    assert!(estimate_ms(&record, now) <= 6.0);
+}
+
+#[test]
+fn a_slow_endpoint_far_below_its_jump_is_explored_four_calls_at_most() {
+    let record = warm_record();
+    let now = record.clock().now();
+    record.seed_rtt(MS as f64, now);
+    call(&record, Outcome::Success, 1, now);
+    // One 2 s stall, then a steady 20 ms: confirming by the estimate alone would take about 35
+    // explored calls of 20 ms (the estimate coming down by an eighth each).
+    call(&record, Outcome::Success, 2000, now);
+    let mut explored = 0;
+    while record.peak_unconfirmed() {
+        call(&record, Outcome::Success, 20, now);
+        explored += 1;
+        assert!(explored <= 4, "still unconfirmed after {explored} calls");
+    }
+    assert_eq!(explored, 4);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The reader's errors ([`DocumentError`]s): what each kind of problem says.
 
 use serde_json::Value;
-use tower_outlier_core::json::{show_path, ParseError, PathSegment};
+use tower_outlier_core::json::{show_path, written_path, ParseError, PathSegment};
 use tower_outlier_core::text::name;
 use tower_outlier_core::{ConfigError, DocumentError};
 
@@ -26,20 +26,24 @@ pub(super) fn from_parse(error: ParseError) -> DocumentError {
         ParseError::DuplicateKey(duplicate) => duplicate,
     };
     let key = duplicate.key();
-    let error = DocumentError::duplicate(DOCUMENT, key.to_owned(), name(key));
+    // The field is the key's path as written: from its rule when it is in one, else from the top.
+    let duplicate_at = |within: &[PathSegment]| {
+        let mut path = within.to_vec();
+        path.push(PathSegment::Key(key.to_owned()));
+        DocumentError::duplicate(DOCUMENT, written_path(&path), name(key)).naming("key")
+    };
     // A path that starts at a position in the array starts at a rule.
     match duplicate.path() {
-        [PathSegment::Index(index)] => error.naming("field").in_entry(RULE, *index),
-        [PathSegment::Index(index), within @ ..] => error
-            .naming("key")
+        [PathSegment::Index(index)] => {
+            DocumentError::duplicate(DOCUMENT, key.to_owned(), name(key))
+                .naming("field")
+                .in_entry(RULE, *index)
+        }
+        [PathSegment::Index(index), within @ ..] => duplicate_at(within)
             .found_in(format!("`{}`", show_path(within)))
             .in_entry(RULE, *index),
-        [] => error
-            .naming("key")
-            .found_in("the top-level object".to_owned()),
-        within => error
-            .naming("key")
-            .found_in(format!("`{}`", show_path(within))),
+        [] => duplicate_at(&[]).found_in("the top-level object".to_owned()),
+        within => duplicate_at(within).found_in(format!("`{}`", show_path(within))),
     }
 }
 

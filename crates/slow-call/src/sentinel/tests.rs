@@ -590,7 +590,7 @@ fn a_field_given_twice_is_an_error_naming_it() {
         (
             rule_with(r#""count":1,"timeWindow":1,"extra":{"a":[{"x":1,"x":2}]}"#),
             Some(0),
-            "x",
+            "extra.a[0].x",
             "invalid Sentinel degrade rule #0: key `x` is given more than once in `extra.a[0]`",
         ),
         (
@@ -603,7 +603,7 @@ fn a_field_given_twice_is_an_error_naming_it() {
         (
             r#"{"rules":[{"count":1,"count":2}]}"#.to_owned(),
             None,
-            "count",
+            "rules[0].count",
             "invalid Sentinel degrade rule list: key `count` is given more than once in `rules[0]`",
         ),
     ] {

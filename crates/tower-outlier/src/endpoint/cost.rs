@@ -35,8 +35,8 @@ use super::*;
 /// * **Exploration.** An endpoint with no call in flight whose estimate rests on one slow call
 ///   more than twice what it was, not yet confirmed by another, wins a draw after losing 16 in a
 ///   row. A genuinely slow endpoint's next call (as slow as half the estimate) confirms it and
-///   ends the exploration, so it gets
-///   no more traffic than p2c alone gives it (one call more each time p2c tries it again); a
+///   ends the exploration, so it gets no more traffic than p2c alone gives it (one call more
+///   each time p2c tries it again; four at most when it jumped far above its new latency); a
 ///   healthy one's fast calls bring its estimate back down.
 ///
 /// So reading the load counts a draw: it is meant for the balancer that holds this handle (p2c
