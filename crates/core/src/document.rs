@@ -1,11 +1,7 @@
 //! Why a configuration document could not be read: the error type every reader of the policy
 //! crates returns.
 
-use std::error::Error;
-use std::fmt;
-
 use crate::error::ConfigError;
-use crate::text::name;
 
 /// Why a configuration document could not be read: text that is not valid JSON, a top level (or
 /// an entry) of the wrong kind, a key given twice, a key the reader refuses, or a value of the
@@ -17,7 +13,7 @@ use crate::text::name;
 /// the entry's own name, [`entry_name`](Self::entry_name), when it has a valid one); where it is
 /// read line by line, the line ([`line`](Self::line)).
 ///
-/// The accessors return names and values as written; the message ([`Display`](fmt::Display))
+/// The accessors return names and values as written; the message ([`Display`](std::fmt::Display))
 /// shows them clipped to 80 characters and, when they hold control characters, quoted and
 /// escaped, so that a huge or hostile key can neither flood nor forge a log line. Readers build
 /// it with the constructors below, each given the document's name for the message.
@@ -392,84 +388,4 @@ impl DocumentError {
     }
 }
 
-impl fmt::Display for DocumentError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let document = self.inner.document;
-        if let Problem::Syntax { message, .. } = &self.inner.problem {
-            return write!(f, "{document} is not valid JSON: {message}");
-        }
-        match &self.inner.place {
-            Place::Document => write!(f, "invalid {document}: ")?,
-            Place::Line(line) => write!(f, "invalid {document} on line {line}: ")?,
-            Place::Entry { noun, index, name } => {
-                write!(f, "invalid {noun} #{index}")?;
-                if let Some((what, _, shown)) = name {
-                    write!(f, " ({what} {shown})")?;
-                }
-                f.write_str(": ")?;
-            }
-        }
-        match &self.inner.problem {
-            Problem::Syntax { .. } => Ok(()),
-            Problem::Shape {
-                what,
-                shown,
-                allowed,
-            } => write!(f, "the {what} is {shown} (allowed: {allowed})"),
-            Problem::Duplicate {
-                shown,
-                alias,
-                what,
-                found_in,
-                ..
-            } => {
-                if let Some(what) = what {
-                    write!(f, "{what} ")?;
-                }
-                write!(f, "`{shown}` is given more than once")?;
-                if let Some(object) = found_in {
-                    write!(f, " in {object}")?;
-                }
-                match alias {
-                    Some(alias) => write!(f, " (also as `{}`)", name(alias)),
-                    None => Ok(()),
-                }
-            }
-            Problem::Unknown {
-                shown, hint, what, ..
-            } => write!(f, "unknown {} `{shown}` ({hint})", what.unwrap_or("field")),
-            Problem::Invalid {
-                shown,
-                error,
-                shown_value,
-            } => write!(
-                f,
-                "`{shown}` = {} (allowed: {})",
-                shown_value.as_deref().unwrap_or(error.value()),
-                error.allowed()
-            ),
-        }
-    }
-}
-
-// The detail is part of the message, so there is no separate source to report.
-impl Error for DocumentError {}
-
-impl From<ConfigError> for DocumentError {
-    /// A builder's error as a reader's, so that `?` can mix a reader with the builders or
-    /// resolvers its documents feed: its document is "configuration", and its message the
-    /// [`ConfigError`]'s (field and value clipped).
-    ///
-    /// ```
-    /// use tower_outlier_core::{ConfigError, DocumentError};
-    ///
-    /// let error = DocumentError::from(ConfigError::new("min_calls", 0, "at least 1"));
-    /// assert_eq!(error.field(), Some("min_calls"));
-    /// assert_eq!(error.to_string(), "invalid configuration: `min_calls` = 0 (allowed: at least 1)");
-    /// ```
-    fn from(error: ConfigError) -> Self {
-        let shown = name(error.field());
-        let value = crate::text::clip(error.value().to_owned());
-        DocumentError::invalid("configuration", error, shown).showing_value(value)
-    }
-}
+mod show;
