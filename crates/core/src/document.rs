@@ -168,12 +168,11 @@ impl DocumentError {
     }
 
     /// A duplicate given under a second spelling, `alias`, of the same field (protobuf's JSON
-    /// has two per field). Only for a [`duplicate`](Self::duplicate): it changes no other error
-    /// (and asserts so in debug builds).
+    /// has two per field). Only for a [`duplicate`](Self::duplicate): any other error is returned
+    /// unchanged.
     pub fn also_as(mut self, alias: &str) -> Self {
-        match &mut self.inner.problem {
-            Problem::Duplicate { alias: slot, .. } => *slot = Some(alias.to_owned()),
-            _ => debug_assert!(false, "also_as on an error that is not a duplicate"),
+        if let Problem::Duplicate { alias: slot, .. } = &mut self.inner.problem {
+            *slot = Some(alias.to_owned());
         }
         self
     }
@@ -181,11 +180,10 @@ impl DocumentError {
     /// A duplicate found in an object other than the one the field belongs to, as a message
     /// names that object (`` "`degrade.extra`" ``, `"the top-level object"`). The message shows
     /// `object` as it is: make any key in it safe first (`json::show_path` does). Only for a
-    /// [`duplicate`](Self::duplicate) (asserted in debug builds).
+    /// [`duplicate`](Self::duplicate): any other error is returned unchanged.
     pub fn found_in(mut self, object: String) -> Self {
-        match &mut self.inner.problem {
-            Problem::Duplicate { found_in, .. } => *found_in = Some(object),
-            _ => debug_assert!(false, "found_in on an error that is not a duplicate"),
+        if let Problem::Duplicate { found_in, .. } = &mut self.inner.problem {
+            *found_in = Some(object);
         }
         self
     }
@@ -193,13 +191,12 @@ impl DocumentError {
     /// A duplicate or refused key whose message says what the key names (`"block"`: "block
     /// `DEFAULT` is given more than once"), where the document's keys name more than one kind of
     /// thing, or are not fields. Only for a [`duplicate`](Self::duplicate) or an
-    /// [`unknown`](Self::unknown) key (asserted in debug builds).
+    /// [`unknown`](Self::unknown) key: any other error is returned unchanged.
     pub fn naming(mut self, what: &'static str) -> Self {
-        match &mut self.inner.problem {
-            Problem::Duplicate { what: slot, .. } | Problem::Unknown { what: slot, .. } => {
-                *slot = Some(what)
-            }
-            _ => debug_assert!(false, "naming on an error that is not about a key"),
+        if let Problem::Duplicate { what: slot, .. } | Problem::Unknown { what: slot, .. } =
+            &mut self.inner.problem
+        {
+            *slot = Some(what)
         }
         self
     }
@@ -221,11 +218,10 @@ impl DocumentError {
 
     /// A refused key with the value it was given and the keys allowed, as a
     /// [`ConfigError`] ([`config_error`](Self::config_error) returns it). Only for an
-    /// [`unknown`](Self::unknown) key (asserted in debug builds).
+    /// [`unknown`](Self::unknown) key: any other error is returned unchanged.
     pub fn with_detail(mut self, error: ConfigError) -> Self {
-        match &mut self.inner.problem {
-            Problem::Unknown { detail, .. } => *detail = Some(error),
-            _ => debug_assert!(false, "with_detail on an error that is not an unknown key"),
+        if let Problem::Unknown { detail, .. } = &mut self.inner.problem {
+            *detail = Some(error);
         }
         self
     }
@@ -245,27 +241,22 @@ impl DocumentError {
 
     /// The value as a message shows it, where the [`ConfigError`] holds it as written and that
     /// is not safe to show (text read verbatim, rather than JSON re-serialised). Only for an
-    /// [`invalid`](Self::invalid) value (asserted in debug builds).
+    /// [`invalid`](Self::invalid) value: any other error is returned unchanged.
     pub fn showing_value(mut self, shown: String) -> Self {
-        match &mut self.inner.problem {
-            Problem::Invalid { shown_value, .. } => *shown_value = Some(shown),
-            _ => debug_assert!(
-                false,
-                "showing_value on an error that is not an invalid value"
-            ),
+        if let Problem::Invalid { shown_value, .. } = &mut self.inner.problem {
+            *shown_value = Some(shown);
         }
         self
     }
 
     /// The problem is in entry `index` (from 0) of a list document; `noun` names one entry in a
     /// message (`"Sentinel degrade rule"`: "invalid Sentinel degrade rule #2"). An error has one
-    /// place: this replaces a line given before, and any entry name. Not for malformed JSON,
-    /// which has its own line and column (asserted in debug builds).
+    /// place: this replaces a line given before, and any entry name. Malformed JSON has its own
+    /// line and column, and is returned unchanged.
     pub fn in_entry(mut self, noun: &'static str, index: usize) -> Self {
-        debug_assert!(
-            !matches!(self.inner.problem, Problem::Syntax { .. }),
-            "in_entry on malformed JSON"
-        );
+        if matches!(self.inner.problem, Problem::Syntax { .. }) {
+            return self;
+        }
         self.inner.place = Place::Entry {
             noun,
             index,
@@ -275,27 +266,23 @@ impl DocumentError {
     }
 
     /// The entry's own name, `name`, and what that name is (`"resource"`), for an error
-    /// [`in_entry`](Self::in_entry) (call that first; asserted in debug builds); a message shows
-    /// it quoted, clipped and escaped.
+    /// [`in_entry`](Self::in_entry) (call that first: an error in no entry is returned
+    /// unchanged); a message shows it quoted, clipped and escaped.
     pub fn entry_named(mut self, what: &'static str, name: &str) -> Self {
-        match &mut self.inner.place {
-            Place::Entry { name: slot, .. } => {
-                let shown = crate::text::clip(format!("{name:?}"));
-                *slot = Some((what, name.to_owned(), shown));
-            }
-            _ => debug_assert!(false, "entry_named before in_entry"),
+        if let Place::Entry { name: slot, .. } = &mut self.inner.place {
+            let shown = crate::text::clip(format!("{name:?}"));
+            *slot = Some((what, name.to_owned(), shown));
         }
         self
     }
 
     /// The problem is on `line` (from 1) of a document read line by line. An error has one
-    /// place: this replaces an entry given before. Not for malformed JSON, which has its own
-    /// line and column (asserted in debug builds).
+    /// place: this replaces an entry given before. Malformed JSON has its own line and column, and
+    /// is returned unchanged.
     pub fn at_line(mut self, line: usize) -> Self {
-        debug_assert!(
-            !matches!(self.inner.problem, Problem::Syntax { .. }),
-            "at_line on malformed JSON"
-        );
+        if matches!(self.inner.problem, Problem::Syntax { .. }) {
+            return self;
+        }
         self.inner.place = Place::Line(line);
         self
     }
@@ -389,3 +376,6 @@ impl DocumentError {
 }
 
 mod show;
+
+#[cfg(test)]
+mod tests;
