@@ -187,6 +187,45 @@ async fn one_slow_call_then_a_few_slower_ones_do_not_starve_a_healthy_endpoint()
     assert_half_a_fair_share(&calls_after_slow_calls(&[(1000, 1), (10, 3)]).await);
 }
 
+#[tokio::test(start_paused = true)]
+async fn calls_that_waited_through_one_stall_do_not_starve_a_healthy_endpoint() {
+    // Three 1 ms endpoints behind the EDAS layer and p2c, callers sending batches of eight
+    // concurrent requests (as the examples do). #0 stalls for 100 ms once: its calls in flight
+    // all end together when the stall is over. Before, the second of them confirmed the first's
+    // peak: no exploration, and #0 got nothing until its estimate decayed below the others'
+    // (about half a minute).
+    let backends: Vec<Sleepy> = (0..3).map(|id| Sleepy::new(id, 1)).collect();
+    let mut balancer = Balance::from_rng(
+        edas().layer(ServiceList::new(backends.clone())),
+        SeededRng(5),
+    );
+    async fn batches<B>(balancer: &mut B, duration: Duration)
+    where
+        B: Service<(), Error = BoxError>,
+    {
+        let end = tokio::time::Instant::now() + duration;
+        while tokio::time::Instant::now() < end {
+            let mut calls = Vec::new();
+            for _ in 0..8 {
+                poll_fn(|cx| balancer.poll_ready(cx)).await.unwrap();
+                calls.push(balancer.call(()));
+            }
+            futures::future::try_join_all(calls).await.unwrap();
+        }
+    }
+    batches(&mut balancer, Duration::from_secs(1)).await;
+    backends[0].stall(Duration::from_millis(100));
+    batches(&mut balancer, Duration::from_millis(200)).await;
+    let start: Vec<usize> = backends.iter().map(Sleepy::calls).collect();
+    batches(&mut balancer, Duration::from_secs(5)).await;
+    let got: Vec<usize> = backends
+        .iter()
+        .zip(&start)
+        .map(|(b, s)| b.calls() - s)
+        .collect();
+    assert_half_a_fair_share(&got);
+}
+
 /// Runs five 10 ms endpoints behind a 1 s timeout at 5 requests a second through `balancer`
 /// for 10 s, then makes #0 a black hole for a minute; returns the failed requests and the calls
 /// the black hole received.

@@ -274,6 +274,8 @@ pub struct Sleepy {
     pub in_flight: Arc<AtomicUsize>,
     pub max_in_flight: Arc<AtomicUsize>,
     pub failing: Arc<AtomicBool>,
+    /// While set: no call, in flight or new, ends before this instant (a stalled server).
+    pub stalled_until: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl Sleepy {
@@ -285,7 +287,14 @@ impl Sleepy {
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight: Arc::new(AtomicUsize::new(0)),
             failing: Arc::new(AtomicBool::new(false)),
+            stalled_until: Arc::default(),
         }
+    }
+
+    /// Stalls the backend for `pause` from now: the calls in flight and those that start
+    /// meanwhile end together when it is over, as when a server's process is descheduled.
+    pub fn stall(&self, pause: std::time::Duration) {
+        *self.stalled_until.lock().unwrap() = Some(tokio::time::Instant::now() + pause);
     }
 
     pub fn set_latency(&self, ms: u64) {
@@ -313,8 +322,13 @@ impl Service<()> for Sleepy {
         let latency = self.latency_ms.load(Ordering::SeqCst);
         let (id, in_flight) = (self.id, self.in_flight.clone());
         let failing = self.failing.load(Ordering::SeqCst);
+        let stalled_until = self.stalled_until.clone();
         Box::pin(async move {
             tokio::time::sleep(std::time::Duration::from_millis(latency)).await;
+            let stall = *stalled_until.lock().unwrap();
+            if let Some(until) = stall {
+                tokio::time::sleep_until(until).await;
+            }
             in_flight.fetch_sub(1, Ordering::SeqCst);
             if failing {
                 // "Server busy": an overload, as SOFARPC counts it.

@@ -79,6 +79,7 @@ impl EndpointRecord {
                 rtt_nanos: AtomicU64::new(0),
                 last_sample: AtomicU64::new(now),
                 anchor: AtomicU64::new(0),
+                peak_at: AtomicU64::new(0),
                 flags: AtomicU8::new(LAST_SUCCEEDED | FRESH),
             },
             weight: AtomicU64::new(1.0f64.to_bits()),
@@ -117,6 +118,10 @@ impl EndpointRecord {
         );
         next.latency.anchor.store(
             self.latency.anchor.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.latency.peak_at.store(
+            self.latency.peak_at.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
         next.latency.flags.store(

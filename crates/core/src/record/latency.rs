@@ -72,6 +72,12 @@ pub(super) struct Latency {
     // The estimate before the current streak of failures began (restored by the first success),
     // or before an unconfirmed peak (what a confirming sample is measured against).
     pub(super) anchor: AtomicU64,
+    // When the sample that set an unconfirmed peak completed. A call already in flight then
+    // shares the jump's cause (the process, the server or the path stalled for all of them) and
+    // neither confirms the peak nor counts toward `SLOW_COUNT`: after one stall, the calls that
+    // waited through it would confirm each other and starve a healthy endpoint for the decay
+    // time. Only read while a peak is unconfirmed.
+    pub(super) peak_at: AtomicU64,
     // `LAST_*`, `FRESH`, `PEAK_UNCONFIRMED`, `SERVED`, `REPEATED`. Written only when it changes, so steady success or
     // steady failure costs one load per call; it sits on the line completions already write, away
     // from the read-mostly fields.
@@ -100,9 +106,9 @@ impl EndpointRecord {
             if flags & (FRESH | LAST_MASK) == LAST_SUCCEEDED && last == LAST_SUCCEEDED {
                 // The steady state: a success after a success.
                 let next = peak_ewma(old, rtt);
-                (next, self.peak_flags(flags, old, next, rtt))
+                (next, self.peak_flags(flags, old, next, rtt, now))
             } else {
-                self.sample_unusual(flags, old, rtt, last)
+                self.sample_unusual(flags, old, rtt, last, now)
             };
         let flags_next = if last == LAST_SUCCEEDED {
             (flags_next | SERVED) & !REPEATED
@@ -139,15 +145,24 @@ impl EndpointRecord {
     /// An endpoint starved by p2c is sampled rarely, so one noisy sample must not be enough to
     /// keep it out: on a loaded machine a healthy endpoint's calls often take twice their usual
     /// time, and such a call used to confirm a peak ten times higher, starving the endpoint for
-    /// the estimate's decay time (twenty seconds and more).
+    /// the estimate's decay time (twenty seconds and more). A sample of a call begun before the
+    /// jump was sampled counts for none of this unless it settles the estimate: calls that waited
+    /// through one stall (of the process, the server or the path) are one piece of evidence.
     #[inline]
-    fn peak_flags(&self, flags: u8, old: u64, next: u64, rtt: u64) -> u8 {
+    fn peak_flags(&self, flags: u8, old: u64, next: u64, rtt: u64, now: Nanos) -> u8 {
         if flags & PEAK_UNCONFIRMED != 0 {
             let anchor = self.latency.anchor.load(Ordering::Relaxed);
             let slow = rtt > anchor.saturating_mul(PEAK_JUMP);
+            let settled = next.saturating_mul(4) <= anchor.saturating_mul(5);
+            if slow
+                && !settled
+                && now.saturating_sub(rtt) < self.latency.peak_at.load(Ordering::Relaxed)
+            {
+                // In flight when the jump was sampled: not independent evidence.
+                return flags;
+            }
             let confirmed =
                 slow && (next <= rtt.saturating_mul(PEAK_JUMP) || flags & SLOW_COUNT == SLOW_COUNT);
-            let settled = next.saturating_mul(4) <= anchor.saturating_mul(5);
             if confirmed || settled {
                 return flags & !(PEAK_UNCONFIRMED | SLOW_COUNT);
             }
@@ -158,6 +173,7 @@ impl EndpointRecord {
             };
         } else if old > 0 && rtt > old.saturating_mul(PEAK_JUMP) {
             self.latency.anchor.store(old, Ordering::Relaxed);
+            self.latency.peak_at.store(now, Ordering::Relaxed);
             return (flags | PEAK_UNCONFIRMED) & !SLOW_COUNT;
         }
         flags
@@ -166,7 +182,7 @@ impl EndpointRecord {
     /// The estimate and flags after a sample that is not a success following a success: the
     /// first sample of a fresh endpoint, a failure, or the success that ends failures.
     #[cold]
-    fn sample_unusual(&self, flags: u8, old: u64, rtt: u64, last: u8) -> (u64, u8) {
+    fn sample_unusual(&self, flags: u8, old: u64, rtt: u64, last: u8, now: Nanos) -> (u64, u8) {
         let anchor = &self.latency.anchor;
         let mut next_flags = (flags & !(LAST_MASK | FRESH)) | last;
         let next = if flags & FRESH != 0 && last == LAST_SUCCEEDED {
@@ -187,6 +203,7 @@ impl EndpointRecord {
             if old > 0 && rtt > old.saturating_mul(PEAK_JUMP) {
                 // Even an eighth of a handshake can make the endpoint the costliest pick.
                 anchor.store(old, Ordering::Relaxed);
+                self.latency.peak_at.store(now, Ordering::Relaxed);
                 next_flags = (next_flags | PEAK_UNCONFIRMED) & !SLOW_COUNT;
             }
             return (blended, next_flags);

@@ -15,6 +15,12 @@ fn call(record: &EndpointRecord, outcome: Outcome, latency_ms: u64, now: Nanos) 
     record.observe(&observation, now, 0);
 }
 
+/// One call of a serial caller: it starts when the last one ended and ends `latency_ms` later.
+fn serial(record: &EndpointRecord, outcome: Outcome, latency_ms: u64, now: &mut Nanos) {
+    *now += latency_ms * MS;
+    call(record, outcome, latency_ms, *now);
+}
+
 /// A record whose first call (which may set up a connection) is behind it.
 fn warm_record() -> EndpointRecord {
     let record = record();
@@ -187,18 +193,18 @@ fn fast_failures_double_the_estimate_up_to_a_cap_and_a_success_restores_it() {
 #[test]
 fn one_slow_call_is_a_peak_to_confirm() {
     let record = warm_record();
-    let now = record.clock().now();
+    let mut now = record.clock().now();
     record.seed_rtt(MS as f64, now);
-    call(&record, Outcome::Success, 1, now);
+    serial(&record, Outcome::Success, 1, &mut now);
     assert!(!record.peak_unconfirmed());
-    call(&record, Outcome::Success, 1000, now);
+    serial(&record, Outcome::Success, 1000, &mut now);
     assert!(
         record.peak_unconfirmed(),
         "a jump far above a fresh estimate"
     );
-    call(&record, Outcome::Success, 1, now);
+    serial(&record, Outcome::Success, 1, &mut now);
     assert!(record.peak_unconfirmed(), "a fast call does not confirm it");
-    call(&record, Outcome::Success, 800, now);
+    serial(&record, Outcome::Success, 800, &mut now);
     assert!(!record.peak_unconfirmed(), "a slow one does");
     // An idle endpoint's decayed estimate: a slow call then is how a balancer tries a slow
     // endpoint again, not a healthy endpoint's accident.
@@ -222,25 +228,25 @@ fn one_slow_call_is_a_peak_to_confirm() {
 #[test]
 fn a_call_of_a_few_times_the_usual_does_not_confirm_a_far_higher_peak() {
     let record = warm_record();
-    let now = record.clock().now();
+    let mut now = record.clock().now();
     // A call three times the usual (a loaded machine's) does not confirm a peak twenty times the
     // usual: the endpoint stays explored, and its calls bring the estimate down.
     record.seed_rtt(MS as f64, now);
-    call(&record, Outcome::Success, 1, now);
-    call(&record, Outcome::Success, 20, now);
+    serial(&record, Outcome::Success, 1, &mut now);
+    serial(&record, Outcome::Success, 20, &mut now);
     assert!(record.peak_unconfirmed());
-    call(&record, Outcome::Success, 3, now);
+    serial(&record, Outcome::Success, 3, &mut now);
     assert!(
         record.peak_unconfirmed(),
         "a call of 3 ms does not confirm an estimate of 17.9 ms"
     );
     // A fast call between them starts the count again.
-    call(&record, Outcome::Success, 1, now);
+    serial(&record, Outcome::Success, 1, &mut now);
     for _ in 0..3 {
-        call(&record, Outcome::Success, 3, now);
+        serial(&record, Outcome::Success, 3, &mut now);
     }
     assert!(record.peak_unconfirmed(), "three in a row do not");
-    call(&record, Outcome::Success, 3, now);
+    serial(&record, Outcome::Success, 3, &mut now);
     assert!(
         !record.peak_unconfirmed(),
         "the fourth slow call in a row confirms it: the endpoint is slow now, if not that slow"
@@ -250,15 +256,15 @@ fn a_call_of_a_few_times_the_usual_does_not_confirm_a_far_higher_peak() {
 #[test]
 fn a_slow_endpoint_far_below_its_jump_is_explored_four_calls_at_most() {
     let record = warm_record();
-    let now = record.clock().now();
+    let mut now = record.clock().now();
     record.seed_rtt(MS as f64, now);
-    call(&record, Outcome::Success, 1, now);
+    serial(&record, Outcome::Success, 1, &mut now);
     // One 2 s stall, then a steady 20 ms: confirming by the estimate alone would take about 35
     // explored calls of 20 ms (the estimate coming down by an eighth each).
-    call(&record, Outcome::Success, 2000, now);
+    serial(&record, Outcome::Success, 2000, &mut now);
     let mut explored = 0;
     while record.peak_unconfirmed() {
-        call(&record, Outcome::Success, 20, now);
+        serial(&record, Outcome::Success, 20, &mut now);
         explored += 1;
         assert!(explored <= 4, "still unconfirmed after {explored} calls");
     }
@@ -364,4 +370,25 @@ fn successes_not_watched_are_counted_once_without_the_policy() {
         (5, 1),
         "each call counted once"
     );
+}
+
+#[test]
+fn calls_that_waited_through_the_same_stall_do_not_confirm_its_peak() {
+    let record = warm_record();
+    let mut now = record.clock().now();
+    record.seed_rtt(MS as f64, now);
+    serial(&record, Outcome::Success, 1, &mut now);
+    // Eight calls in flight when the process (or the server) stalls for 100 ms: they all end
+    // together, each about 100 ms. The first is a jump; the others share its cause.
+    now += 100 * MS;
+    for latency in [100, 99, 99, 98, 98, 97, 97, 96] {
+        call(&record, Outcome::Success, latency, now);
+    }
+    assert!(
+        record.peak_unconfirmed(),
+        "calls begun before the jump was seen are no evidence of it: the endpoint stays explored"
+    );
+    // A call begun after the stall and as slow confirms it: the endpoint is slow.
+    serial(&record, Outcome::Success, 90, &mut now);
+    assert!(!record.peak_unconfirmed());
 }

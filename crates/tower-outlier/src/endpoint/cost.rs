@@ -34,7 +34,8 @@ use super::*;
 ///   call sent on purpose would cost a caller a timeout, and p2c avoids the endpoint on its own.
 /// * **Exploration.** An endpoint with no call in flight whose estimate rests on one slow call
 ///   more than twice what it was, not yet confirmed by another, wins a draw after losing 16 in a
-///   row. A genuinely slow endpoint's next call (as slow as half the estimate) confirms it and
+///   row. A genuinely slow endpoint's next call (begun after the slow one ended, and as slow as
+///   half the estimate) confirms it and
 ///   ends the exploration, so it gets no more traffic than p2c alone gives it (one call more
 ///   each time p2c tries it again; four at most when it jumped far above its new latency); a
 ///   healthy one's fast calls bring its estimate back down.
