@@ -314,3 +314,51 @@ async fn a_refused_detection_lapses_and_the_multiplier_still_decays() {
     assert_eq!(next_check(&layer, 0), Some(30 * SECOND));
     assert_eq!(policy.stats().enforced(Detector::Consecutive5xx), 3);
 }
+
+/// Waits (real time) until endpoint 0 is `live` or not, syncing the adaptor every 5 ms.
+async fn until_live(h: &mut Harness<PassiveTrial>, live: bool) {
+    let deadline = tokio::time::Instant::now() + 5 * SECOND;
+    while h.is_live(0) != live {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "endpoint 0 never became {}",
+            if live { "live" } else { "ejected" }
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        h.sync();
+    }
+}
+
+// On a running clock, not the paused one: the layer reaches an ejection a tick decided a few
+// microseconds after the tick. gRPC (grpc-go, grpc-core) ejects at the tick and re-admits after
+// the base time; the ejection used to count from the later instant, so 30 s became the tick
+// after (40 s), and the multiplier decay held back for a tick's ejection was paid anyway (the
+// ejection's time was not the tick's), so a host still failing got 30 s again instead of 60 s.
+#[tokio::test]
+async fn grpc_ejections_decided_on_a_tick_last_the_base_time_and_grow_on_a_real_clock() {
+    let base = Duration::from_millis(600);
+    let (layer, _) = detector_layer(
+        DetectorConfig::grpc()
+            .interval(Duration::from_millis(200))
+            .base_ejection_time(base),
+    );
+    let mut h = Harness::new(&layer, 5);
+    healthy(&mut h, 1..5, 100).await;
+    h.calls(0, 50, 50).await;
+    until_live(&mut h, false).await;
+    let first = next_check(&layer, 0).unwrap();
+    assert!(
+        first <= base,
+        "ejected on a tick for {first:?}, not the base time of {base:?}"
+    );
+    until_live(&mut h, true).await;
+    // Back on a tick, and failing again before the next one.
+    healthy(&mut h, 1..5, 100).await;
+    h.calls(0, 50, 50).await;
+    until_live(&mut h, false).await;
+    let second = next_check(&layer, 0).unwrap();
+    assert!(
+        second <= 2 * base && second > base,
+        "the second ejection lasts {second:?}, not twice the base time"
+    );
+}

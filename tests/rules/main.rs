@@ -8,6 +8,7 @@ mod support;
 mod balance;
 mod detection;
 mod detectors;
+mod envoy_conformance;
 mod events;
 mod grpc;
 mod hosts;

@@ -60,6 +60,10 @@ pub struct DetectorEndpoint {
     condemned_at: AtomicU64,
     // A condemnation whose refusal by the layer has not been counted yet.
     overflow_pending: AtomicBool,
+    // A 5xx streak completed by the response whose gateway streak condemned the endpoint:
+    // Envoy handles the 5xx detection after the gateway one, and drops it when that one ejected
+    // (the host is out already); when the layer refuses, it is detected and refused in turn.
+    queued_5xx: AtomicBool,
     // Out of rotation: set when ejected, cleared when re-admitted. Calls still in flight then
     // complete a streak without detecting anything (Envoy skips ejected hosts).
     out: AtomicBool,
@@ -125,6 +129,7 @@ impl DetectorEndpoint {
             condemned: AtomicU8::new(0),
             condemned_at: AtomicU64::new(0),
             overflow_pending: AtomicBool::new(false),
+            queued_5xx: AtomicBool::new(false),
             out: AtomicBool::new(false),
             deferred_decay: AtomicU64::new(NONE),
             ejected_at: AtomicU64::new(NONE),
@@ -142,19 +147,29 @@ impl DetectorEndpoint {
     /// the streak starts over, as Envoy's does), and ejecting with its enforcement chance.
     #[inline]
     fn extend_streak(&self, index: usize, now: Nanos) -> Signal {
-        let threshold = self.thresholds[index];
-        if threshold == 0 {
-            return Signal::None;
+        if self.complete_streak(index) {
+            self.detect(index, now)
+        } else {
+            Signal::None
         }
-        if self.streaks[index].fetch_add(1, Ordering::Relaxed) + 1 != threshold {
-            return Signal::None;
+    }
+
+    /// One more failure in detector `index`'s streak; true when it reaches the threshold (the
+    /// streak then starts over) while the endpoint is in rotation (Envoy skips ejected hosts).
+    #[inline]
+    fn complete_streak(&self, index: usize) -> bool {
+        let threshold = self.thresholds[index];
+        if threshold == 0 || self.streaks[index].fetch_add(1, Ordering::Relaxed) + 1 != threshold {
+            return false;
         }
         self.streaks[index].store(0, Ordering::Relaxed);
-        if self.out.load(Ordering::Relaxed) {
-            return Signal::None;
-        }
-        let detector = Detector::CONSECUTIVE[index];
-        if self.shared.detected(detector) {
+        !self.out.load(Ordering::Relaxed)
+    }
+
+    /// Consecutive detector `index` detected the endpoint: it is condemned if its enforcement
+    /// chance says so.
+    fn detect(&self, index: usize, now: Nanos) -> Signal {
+        if self.shared.detected(Detector::CONSECUTIVE[index]) {
             self.condemn(1 << index, now);
             Signal::Evaluate
         } else {
@@ -179,8 +194,10 @@ impl DetectorEndpoint {
     }
 
     /// The condemnations that still stand at `now`: statistical ones until the next tick,
-    /// consecutive and probe ones for one interval (an ejection the layer refused is retried
-    /// when room appears within that time; after it, only fresh evidence counts).
+    /// consecutive and probe ones for one interval. Under Envoy's and gRPC's semantics a refusal
+    /// ends them at once (`ejection_refused`), as those systems forget a refused detection;
+    /// under linkerd's an ejection the layer refused is retried when room appears within that
+    /// time; after it, only fresh evidence counts.
     fn standing(&self, now: Nanos) -> u8 {
         let bits = self.condemned.load(Ordering::Acquire);
         if bits & !STATISTICAL == 0 {

@@ -61,8 +61,9 @@ impl Dice {
 /// * linkerd: `ejections` counts the failed probes of this trip; the back-off is
 ///   `min(base × 2^n, max)`, lengthened by up to `jitter` of itself but never beyond `max`.
 ///
-/// `last_tick` is the time of the last interval tick (`None` before the first one, when the
-/// endpoint comes back at the exact time).
+/// `last_tick` is the time of the last interval tick, or before the first one the time the
+/// layer's interval timer started (its ticks are that time plus whole intervals); `None` only
+/// for a policy no layer runs, when the endpoint comes back at the exact time.
 pub(crate) fn ejection_end(
     config: &DetectorConfig,
     ejections: u32,

@@ -130,6 +130,10 @@ struct Runtime {
     enforced: [AtomicU64; 7],
     unenforced: [AtomicU64; 7],
     overflow: [AtomicU64; 7],
+    // When the layer's interval timer started (`FleetPolicy::started`), `Nanos::MAX` before: the
+    // tick series an ejection made before the first tick ends on. A policy shared by layers
+    // started at different times aligns to the last one started.
+    ticks_from: AtomicU64,
 }
 
 impl Shared {
@@ -169,6 +173,14 @@ impl Shared {
 
     pub(crate) fn overflowed(&self, detector: Detector) {
         self.runtime.overflow[detector.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// When the layer's interval timer started, if it has.
+    pub(crate) fn ticks_from(&self) -> Option<Nanos> {
+        match self.runtime.ticks_from.load(Ordering::Relaxed) {
+            Nanos::MAX => None,
+            at => Some(at),
+        }
     }
 
     pub(crate) fn dice(&self) -> &Dice {
@@ -215,6 +227,7 @@ impl DetectorPolicy {
             enforced: Default::default(),
             unenforced: Default::default(),
             overflow: Default::default(),
+            ticks_from: AtomicU64::new(Nanos::MAX),
         });
         Self::with_runtime(config, runtime)
     }
@@ -315,6 +328,10 @@ impl FleetPolicy for DetectorPolicy {
 
     fn interval(&self) -> Duration {
         self.shared.config.interval
+    }
+
+    fn started(&self, at: Nanos) {
+        self.shared.runtime.ticks_from.store(at, Ordering::Relaxed);
     }
 
     /// One interval tick: the statistical detectors judge the interval that just ended, and the

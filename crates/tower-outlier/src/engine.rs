@@ -162,7 +162,7 @@ impl<K, S> Engine<K, S> {
             roster: registry.join(names.clone()),
             names,
             trial: trial_period(&settings.policies),
-            fleet: fleet_schedules(&settings.policies, start, &[]),
+            fleet: fleet_schedules(&settings.policies, start, settings.clock.now(), &[]),
             settings,
             notifier,
             registry,

@@ -79,6 +79,10 @@ pub trait DynOutlierPolicy: fmt::Debug + Send + Sync + Any + sealed::Sealed {
     /// capability.
     fn fleet_interval(&self) -> Option<Duration>;
 
+    /// [`FleetPolicy::started`], for a policy with the [`fleet`](OutlierPolicy::fleet)
+    /// capability.
+    fn fleet_started(&self, at: Nanos);
+
     /// [`FleetPolicy::evaluate`] over the members whose state is this policy's (all of them, in a
     /// layer: each endpoint holds one state per policy). Whether it evaluated: `false`, doing
     /// nothing, for a policy without the capability now.
@@ -159,6 +163,12 @@ impl<P: OutlierPolicy> DynOutlierPolicy for Held<P> {
 
     fn fleet_interval(&self) -> Option<Duration> {
         self.0.fleet().map(|fleet| fleet.interval())
+    }
+
+    fn fleet_started(&self, at: Nanos) {
+        if let Some(fleet) = self.0.fleet() {
+            fleet.started(at);
+        }
     }
 
     fn evaluate_fleet(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos) -> bool {

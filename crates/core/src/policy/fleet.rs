@@ -21,6 +21,15 @@ pub trait FleetPolicy: Send + Sync {
     /// Judges the whole set at once (cold path); the policy acts through the states and the
     /// records (for example their weights).
     fn evaluate(&self, fleet: &[FleetMember<'_, Self::State>], now: Nanos);
+
+    /// A layer starts evaluating this policy at `at`: its evaluations come one
+    /// [`interval`](Self::interval) apart from then (the first at `at + interval`), until a
+    /// reconfiguration changes the interval and starts them again. For a policy whose timing
+    /// follows its evaluations before the first one has run (Envoy's ejections end on the
+    /// interval timer armed when the detector starts). Nothing by default.
+    fn started(&self, at: Nanos) {
+        let _ = at;
+    }
 }
 
 /// One endpoint as [`FleetPolicy::evaluate`] sees it.

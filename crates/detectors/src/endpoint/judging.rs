@@ -7,6 +7,7 @@ use tower_outlier_core::{
     OwnTiming, ProbeGate, Reason, Signal, WindowCounts,
 };
 
+use crate::config::DetectorSemantics;
 use crate::enforcement::ejection_end;
 use crate::policy::Detector;
 
@@ -39,16 +40,23 @@ impl EndpointPolicy for DetectorEndpoint {
         };
         // Unsplit, Envoy counts a refused connection as a 503 and a timeout as a 504.
         let gateway = local || matches!(kind, FailureKind::Gateway | FailureKind::Overload);
+        // Envoy counts the gateway streak first, then the 5xx streak, and handles their
+        // detections in that order.
         let mut signal = Signal::None;
         if gateway {
-            if self.extend_streak(1, now) == Signal::Evaluate {
-                signal = Signal::Evaluate;
-            }
+            signal = self.extend_streak(1, now);
         } else {
             self.break_streak(1);
         }
-        if self.extend_streak(0, now) == Signal::Evaluate {
-            signal = Signal::Evaluate;
+        if self.complete_streak(0) {
+            if signal == Signal::Evaluate {
+                // The same response condemned it for its gateway failures: the ejection is
+                // theirs, and whether this detection counts depends on it (`check_at`,
+                // `ejection_refused`).
+                self.queued_5xx.store(true, Ordering::Relaxed);
+            } else {
+                signal = self.detect(0, now);
+            }
         }
         signal
     }
@@ -103,6 +111,7 @@ impl EndpointPolicy for DetectorEndpoint {
             streak.store(0, Ordering::Relaxed);
         }
         self.condemned.store(0, Ordering::Release);
+        self.queued_5xx.store(false, Ordering::Relaxed);
         self.out.store(false, Ordering::Relaxed);
         if let Some(gate) = &self.gate {
             // Back in rotation after the back-off: one real request is the probe.
@@ -181,27 +190,41 @@ impl CallsNeeded for DetectorEndpoint {
 /// The detectors time their own ejections (Envoy's and gRPC's ejection time, linkerd's back-off).
 impl OwnTiming for DetectorEndpoint {
     fn check_at(&self, now: Nanos) -> Option<Nanos> {
+        // The last tick, or before the first one the timer's start: the ticks are that time
+        // plus whole intervals (a reconfiguration that changes the interval starts them again).
         let last_tick = match self.last_tick.load(Ordering::Relaxed) {
             NONE => None,
             tick => Some(tick),
+        }
+        .max(self.shared.ticks_from());
+        let bits = self.standing(now);
+        // A statistical detector condemned it on the last tick (its verdicts stand until the
+        // next): the ejection is that tick's, as in Envoy's and gRPC's interval callbacks, not
+        // the moment the layer got to it a few microseconds later, which would end it on the
+        // tick after the one due.
+        let ejected_at = match last_tick {
+            Some(tick) if bits & STATISTICAL != 0 && tick <= now => tick,
+            _ => now,
         };
         let (end, ejections) = ejection_end(
             &self.shared.config,
             self.ejections.load(Ordering::Relaxed),
-            now,
+            ejected_at,
             last_tick,
             self.shared.dice(),
         );
         self.ejections.store(ejections, Ordering::Relaxed);
         self.ejected_until.store(end, Ordering::Relaxed);
-        self.ejected_at.store(now, Ordering::Relaxed);
+        self.ejected_at.store(ejected_at, Ordering::Relaxed);
         self.out.store(true, Ordering::Relaxed);
         // The detection has been acted on: count it under the detector that made it.
-        let bits = self.standing(now);
         if let Some(detector) = ejecting(bits) {
             self.shared.ejected(detector);
         }
         self.overflow_pending.store(false, Ordering::Relaxed);
+        // A 5xx detection behind the gateway one finds the endpoint out: Envoy drops it
+        // uncounted.
+        self.queued_5xx.store(false, Ordering::Relaxed);
         self.condemned.store(0, Ordering::Release);
         if let Some(gate) = &self.gate {
             self.wake_gate(gate, OPEN);
@@ -215,6 +238,22 @@ impl OwnTiming for DetectorEndpoint {
             if let Some(detector) = ejecting(bits) {
                 self.shared.overflowed(detector);
             }
+            // The 5xx detection behind a refused gateway one is Envoy's next event: detected,
+            // and refused in turn (the layer's room has not changed).
+            if self.queued_5xx.swap(false, Ordering::Relaxed)
+                && self.shared.detected(Detector::Consecutive5xx)
+            {
+                self.shared.overflowed(Detector::Consecutive5xx);
+            }
+        }
+        if matches!(
+            self.shared.config.semantics,
+            DetectorSemantics::Envoy | DetectorSemantics::Grpc
+        ) {
+            // Envoy resets the streak and forgets the detection (a new streak is needed), and
+            // gRPC stops ejecting for the interval: neither ejects later on it when room
+            // appears.
+            self.condemned.store(0, Ordering::Release);
         }
         if let Some(gate) = &self.gate {
             // Kept in rotation: it serves again.

@@ -39,7 +39,7 @@ where
         // layer with other policies (`with_policy` makes a new one).
         debug_assert_eq!(policies.len(), self.settings.policies.len());
         self.trial = trial_period(&policies);
-        self.fleet = fleet_schedules(&policies, now, &self.fleet);
+        self.fleet = fleet_schedules(&policies, now, settings.clock.now(), &self.fleet);
         self.names = policies.iter().map(|p| p.name()).collect();
         self.settings = settings;
         // Before its consequences (the ejections the new rules make below).

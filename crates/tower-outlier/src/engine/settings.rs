@@ -65,10 +65,12 @@ pub(super) fn trial_period(policies: &[Arc<dyn DynOutlierPolicy>]) -> Duration {
 }
 
 /// The fleet evaluations of `policies`: a policy whose interval is unchanged from `previous`
-/// keeps its next evaluation, any other starts a full interval after `now`.
+/// keeps its next evaluation, any other starts a full interval after `now` (`now_nanos` on the
+/// layer's clock), and is told so ([`FleetPolicy::started`](tower_outlier_core::FleetPolicy::started)).
 pub(super) fn fleet_schedules(
     policies: &[Arc<dyn DynOutlierPolicy>],
     now: Instant,
+    now_nanos: tower_outlier_core::Nanos,
     previous: &[FleetSchedule],
 ) -> Vec<FleetSchedule> {
     policies
@@ -79,10 +81,16 @@ pub(super) fn fleet_schedules(
             if every.is_zero() {
                 return None;
             }
-            let next = previous
+            let next = match previous
                 .iter()
                 .find(|s| s.policy == policy && s.every == every)
-                .map_or_else(|| later(now, every), |s| s.next);
+            {
+                Some(kept) => kept.next,
+                None => {
+                    p.fleet_started(now_nanos);
+                    later(now, every)
+                }
+            };
             Some(FleetSchedule {
                 policy,
                 every,

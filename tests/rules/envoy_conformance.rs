@@ -1,0 +1,352 @@
+//! Envoy's own test cases for its outlier detector, re-expressed against the layer with the
+//! Envoy preset: each case names the test of Envoy's
+//! `test/common/upstream/outlier_detection_impl_test.cc` it comes from, and keeps its inputs
+//! (responses, times), its expected ejections and its counters. Envoy's tests fire the interval
+//! timer by hand at chosen times; here the detector's ticks fall every interval from the layer's
+//! start, and each case picks its times so that a tick Envoy fires falls where Envoy fires it (or
+//! says where it differs). Envoy's tests set `max_ejection_percent` and the enforcement
+//! percentages through runtime overrides; here they are the configuration fields of the same
+//! names.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::io;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::Stream;
+use tower::discover::Change;
+use tower::{Service, ServiceExt};
+use tower_outlier::detectors::{Detector, DetectorBuilder};
+use tower_outlier::discover::{OutlierDetectionDiscover, OutlierEndpoint};
+use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer, ServerErrors};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A host answering the HTTP status it is set to; 0 is a refused connection (a local-origin
+/// failure, which Envoy counts as a 503 unless the origins are split).
+#[derive(Clone, Debug)]
+struct Host {
+    status: Arc<AtomicU16>,
+}
+
+impl Service<()> for Host {
+    type Response = http::Response<()>;
+    type Error = io::Error;
+    type Future = Ready<Result<http::Response<()>, io::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: ()) -> Self::Future {
+        match self.status.load(Ordering::SeqCst) {
+            0 => ready(Err(io::Error::from(io::ErrorKind::ConnectionRefused))),
+            status => ready(Ok(http::Response::builder()
+                .status(status)
+                .body(())
+                .unwrap())),
+        }
+    }
+}
+
+type Changes = mpsc::UnboundedReceiver<Result<Change<usize, Host>, Infallible>>;
+
+/// A cluster of hosts behind the layer with the Envoy preset, driven as a balancer drives it.
+struct Cluster {
+    policy: DetectorPolicy,
+    tx: mpsc::UnboundedSender<Result<Change<usize, Host>, Infallible>>,
+    adaptor: OutlierDetectionDiscover<Changes, ServerErrors, tower_outlier::probe::PassiveTrial>,
+    live: HashMap<usize, OutlierEndpoint<Host, ServerErrors>>,
+    hosts: HashMap<usize, Host>,
+    layer: OutlierDetectionLayer<ServerErrors>,
+    task: tokio_test::task::Spawn<()>,
+}
+
+impl Cluster {
+    fn new(config: DetectorBuilder, hosts: usize) -> Self {
+        let policy = DetectorPolicy::seeded(config.build().unwrap(), 1);
+        let layer = OutlierDetectionLayer::new(policy.clone()).classifier(ServerErrors);
+        let (tx, rx) = mpsc::unbounded();
+        let adaptor = tower::Layer::layer(&layer, rx);
+        let mut cluster = Cluster {
+            policy,
+            tx,
+            adaptor,
+            live: HashMap::new(),
+            hosts: HashMap::new(),
+            layer,
+            task: tokio_test::task::spawn(()),
+        };
+        for id in 0..hosts {
+            cluster.add(id);
+        }
+        cluster
+    }
+
+    fn add(&mut self, id: usize) {
+        let host = Host {
+            status: Arc::new(AtomicU16::new(200)),
+        };
+        self.hosts.insert(id, host.clone());
+        self.tx
+            .unbounded_send(Ok(Change::Insert(id, host)))
+            .unwrap();
+        self.sync();
+    }
+
+    fn sync(&mut self) {
+        loop {
+            let (task, adaptor) = (&mut self.task, &mut self.adaptor);
+            match task.enter(|cx, _| std::pin::Pin::new(&mut *adaptor).poll_next(cx)) {
+                Poll::Ready(Some(Ok(Change::Insert(id, endpoint)))) => {
+                    self.live.insert(id, endpoint);
+                }
+                Poll::Ready(Some(Ok(Change::Remove(id)))) => {
+                    self.live.remove(&id);
+                }
+                Poll::Ready(Some(Err(never))) => match never {},
+                Poll::Ready(None) | Poll::Pending => return,
+            }
+        }
+    }
+
+    /// Host `id` answers each of `statuses` in turn (0: a refused connection).
+    async fn answers(&mut self, id: usize, statuses: &[u16]) {
+        for &status in statuses {
+            self.hosts[&id].status.store(status, Ordering::SeqCst);
+            let endpoint = self.live.get_mut(&id).expect("the host is in rotation");
+            let _ = endpoint.ready().await.unwrap().call(()).await;
+            self.sync();
+        }
+    }
+
+    /// Moves the clock to `at` after the layer's start.
+    async fn at(&mut self, start: tokio::time::Instant, at: Duration) {
+        tokio::time::advance((start + at).saturating_duration_since(tokio::time::Instant::now()))
+            .await;
+        self.sync();
+    }
+
+    fn ejected(&self, id: usize) -> bool {
+        !self.live.contains_key(&id)
+    }
+
+    fn reason(&self, id: usize) -> &'static str {
+        let snapshot = self.layer.monitor().snapshot();
+        let entry = snapshot.get(&id.to_string()).unwrap();
+        entry.last_reason.as_ref().expect("ejected once").measure
+    }
+
+    fn detected(&self, detector: Detector) -> u64 {
+        self.policy.stats().detected(detector)
+    }
+
+    fn enforced(&self, detector: Detector) -> u64 {
+        self.policy.stats().enforced(detector)
+    }
+
+    fn overflow(&self) -> u64 {
+        Detector::ALL
+            .iter()
+            .map(|&d| self.policy.stats().overflow(d))
+            .sum()
+    }
+}
+
+fn envoy() -> DetectorBuilder {
+    DetectorConfig::envoy()
+}
+
+const GATEWAY: Detector = Detector::ConsecutiveGatewayFailure;
+const FIVE_XX: Detector = Detector::Consecutive5xx;
+
+// BasicFlowGatewayFailureAnd5xx: one 503 completes both streaks; Envoy handles the gateway
+// detection first, ejects for it, and drops the 5xx detection (the host is already out).
+#[tokio::test(start_paused = true)]
+async fn basic_flow_gateway_failure_and_5xx() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .enforcing_consecutive_gateway_failure(100),
+        2,
+    );
+    cluster.answers(0, &[503, 200, 503, 503, 503, 503]).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[503]).await;
+    assert!(cluster.ejected(0));
+    assert_eq!(cluster.reason(0), "consecutive gateway failures");
+    assert_eq!(
+        (cluster.detected(GATEWAY), cluster.enforced(GATEWAY)),
+        (1, 1)
+    );
+    assert_eq!(
+        (cluster.detected(FIVE_XX), cluster.enforced(FIVE_XX)),
+        (0, 0)
+    );
+    // Envoy's timer at 9 999 ms and 30 001 ms; here the ticks of 10 s, 20 s and 30 s: back on
+    // the 30 s tick, the first at or after 0 + 30 s.
+    cluster.at(start, 9_999 * MS).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 30_001 * MS).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[503, 503, 500, 500]).await;
+    assert!(!cluster.ejected(0), "500 breaks the gateway streak");
+    cluster.at(start, 40_000 * MS).await;
+    cluster.answers(0, &[500]).await;
+    assert!(cluster.ejected(0));
+    assert_eq!(cluster.reason(0), "consecutive 5xx");
+    assert_eq!(
+        (cluster.detected(FIVE_XX), cluster.enforced(FIVE_XX)),
+        (1, 1)
+    );
+    assert_eq!(
+        (cluster.detected(GATEWAY), cluster.enforced(GATEWAY)),
+        (1, 1)
+    );
+}
+
+// Overflow: two hosts at 60 %; the second ejection would make 100 % and is refused, counted as
+// an overflow.
+#[tokio::test(start_paused = true)]
+async fn overflow() {
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(60), 2);
+    cluster.answers(0, &[500; 5]).await;
+    assert!(cluster.ejected(0));
+    cluster.answers(1, &[500; 5]).await;
+    assert!(!cluster.ejected(1));
+    assert_eq!(cluster.overflow(), 1);
+    assert_eq!(cluster.detected(FIVE_XX), 2);
+}
+
+// Overflow, continued (onConsecutiveErrorWorker resets the streak whatever ejectHost did): a
+// refused detection is forgotten. When the budget frees, the host is not ejected on it; it
+// takes a new streak of five.
+#[tokio::test(start_paused = true)]
+async fn a_refused_detection_is_forgotten() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(60), 2);
+    cluster.answers(0, &[500; 5]).await;
+    cluster.at(start, Duration::from_secs(25)).await;
+    cluster.answers(1, &[500; 5]).await;
+    assert_eq!(cluster.overflow(), 1);
+    // Host 0 comes back on the 30 s tick, 5 s later: room for one again.
+    cluster.at(start, 30 * Duration::from_secs(1)).await;
+    assert!(!cluster.ejected(0));
+    assert!(
+        !cluster.ejected(1),
+        "the refused detection does not eject host 1 once there is room"
+    );
+    cluster.answers(1, &[500; 4]).await;
+    assert!(!cluster.ejected(1));
+    cluster.answers(1, &[500]).await;
+    assert!(cluster.ejected(1), "a new streak of five does");
+}
+
+// BasicFlowGatewayFailure: 5xx not enforced, gateway enforced; a 500 breaks only the gateway
+// streak; the 5xx streak's detection while out is dropped.
+#[tokio::test(start_paused = true)]
+async fn basic_flow_gateway_failure() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .enforcing_consecutive_gateway_failure(100)
+            .enforcing_consecutive_5xx(0),
+        2,
+    );
+    cluster.answers(0, &[503, 500, 503, 503, 503, 503]).await;
+    assert!(!cluster.ejected(0));
+    assert_eq!(
+        (cluster.detected(FIVE_XX), cluster.enforced(FIVE_XX)),
+        (1, 0)
+    );
+    cluster.answers(0, &[503]).await;
+    assert!(cluster.ejected(0));
+    assert_eq!(cluster.reason(0), "consecutive gateway failures");
+    cluster.at(start, 9_999 * MS).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 30_001 * MS).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[503; 4]).await;
+    cluster.at(start, 40_000 * MS).await;
+    cluster.answers(0, &[503]).await;
+    assert!(cluster.ejected(0));
+    assert_eq!(
+        (cluster.detected(GATEWAY), cluster.enforced(GATEWAY)),
+        (2, 2)
+    );
+    assert_eq!(
+        (cluster.detected(FIVE_XX), cluster.enforced(FIVE_XX)),
+        (1, 0)
+    );
+}
+
+// BasicFlow5xxViaNonHttpCodes: refused connections count as 503s; with the gateway detector not
+// enforced (Envoy's default) the same failure is a gateway detection let go, then a 5xx
+// ejection.
+#[tokio::test(start_paused = true)]
+async fn basic_flow_5xx_via_non_http_codes() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(100), 2);
+    cluster.answers(0, &[0, 200, 0, 0, 0, 0]).await;
+    cluster.answers(0, &[0]).await;
+    assert!(cluster.ejected(0));
+    assert_eq!(cluster.reason(0), "consecutive 5xx");
+    assert_eq!(cluster.policy.stats().unenforced(GATEWAY), 1);
+    cluster.at(start, 30_001 * MS).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[0; 4]).await;
+    cluster.at(start, 40_000 * MS).await;
+    cluster.answers(0, &[0]).await;
+    assert!(cluster.ejected(0));
+    assert_eq!(
+        (cluster.detected(FIVE_XX), cluster.enforced(FIVE_XX)),
+        (2, 2)
+    );
+    assert_eq!(
+        (cluster.detected(GATEWAY), cluster.enforced(GATEWAY)),
+        (2, 0)
+    );
+}
+
+// MaxEjectionPercentage: three hosts at 50 %; only the first of three failing hosts is ejected.
+#[tokio::test(start_paused = true)]
+async fn max_ejection_percentage() {
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(50), 3);
+    for id in 0..3 {
+        cluster.answers(id, &[500; 5]).await;
+    }
+    assert!(cluster.ejected(0));
+    assert!(!cluster.ejected(1) && !cluster.ejected(2));
+    assert_eq!(cluster.overflow(), 2);
+}
+
+// MaxEjectionPercentageSingleHost: one host at 90 % is never ejected (100 % > 90 %).
+#[tokio::test(start_paused = true)]
+async fn max_ejection_percentage_single_host() {
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(90), 1);
+    cluster.answers(0, &[500; 5]).await;
+    assert!(!cluster.ejected(0));
+    assert_eq!(cluster.overflow(), 1);
+}
+
+// The worked example of checkHostForUneject with the timer armed at the detector's start: a
+// host ejected at 3 s with a 30 s base comes back on the 40 s tick, not at 33 s.
+#[tokio::test(start_paused = true)]
+async fn an_ejection_before_the_first_tick_ends_on_a_tick() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(100), 2);
+    cluster.at(start, Duration::from_secs(3)).await;
+    cluster.answers(0, &[500; 5]).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, Duration::from_millis(39_999)).await;
+    assert!(cluster.ejected(0), "33 s is no tick");
+    cluster.at(start, Duration::from_secs(40)).await;
+    assert!(!cluster.ejected(0));
+}
