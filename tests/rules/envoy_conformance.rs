@@ -350,3 +350,273 @@ async fn an_ejection_before_the_first_tick_ends_on_a_tick() {
     cluster.at(start, Duration::from_secs(40)).await;
     assert!(!cluster.ejected(0));
 }
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Host `id` answers `successes` 200s and `failures` of `status`, interleaved the way Envoy's
+/// tests load them (all successes, then all failures: the order does not matter to a rate).
+async fn load(cluster: &mut Cluster, id: usize, successes: usize, failures: usize, status: u16) {
+    let mut statuses = vec![200; successes];
+    statuses.extend(std::iter::repeat_n(status, failures));
+    cluster.answers(id, &statuses).await;
+}
+
+// NotEnforcing: three hosts at 35 %; 5xx enforcement off: four 503s and one more are a gateway
+// detection and a 5xx detection, neither enforced.
+#[tokio::test(start_paused = true)]
+async fn not_enforcing() {
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(35)
+            .enforcing_consecutive_5xx(0),
+        3,
+    );
+    cluster.answers(0, &[503; 5]).await;
+    assert!(!cluster.ejected(0));
+    assert_eq!(
+        (cluster.detected(FIVE_XX), cluster.enforced(FIVE_XX)),
+        (1, 0)
+    );
+    assert_eq!(
+        (cluster.detected(GATEWAY), cluster.enforced(GATEWAY)),
+        (1, 0)
+    );
+    assert_eq!(cluster.overflow(), 0);
+}
+
+// Consecutive_5xxAlreadyEjected: a streak completed while the host is out is dropped.
+#[tokio::test(start_paused = true)]
+async fn consecutive_5xx_already_ejected() {
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(100), 2); // one idle: the layer keeps the last endpoint
+    let mut kept = cluster.live.get(&0).cloned().unwrap();
+    cluster.answers(0, &[500; 5]).await;
+    assert!(cluster.ejected(0));
+    // Calls still reaching it (a handle the balancer had not dropped yet).
+    for status in [200, 500, 500, 500, 500, 500] {
+        cluster.hosts[&0].status.store(status, Ordering::SeqCst);
+        let _ = kept.ready().await.unwrap().call(()).await;
+        cluster.sync();
+    }
+    assert_eq!(
+        cluster.detected(FIVE_XX),
+        1,
+        "no second detection while out"
+    );
+}
+
+// EjectTimeBackoff: base 10 s, ticks every 10 s. The backoff grows with each ejection, falls by
+// one each tick the host has been back a full interval, and the time out follows it.
+#[tokio::test(start_paused = true)]
+async fn eject_time_backoff() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .base_ejection_time(10 * SECOND),
+        // Envoy's one host, and an idle second: the layer never ejects the last endpoint.
+        2,
+    );
+    // (time, whether ejected after the tick and the calls at that time, fail it then)
+    let trace: &[(u64, bool, bool)] = &[
+        (0, true, true),
+        (10, true, true), // back on the tick, ejected again: backoff 2
+        (20, true, false),
+        (30, true, true), // back after 20 s, ejected: backoff 3
+        (40, true, false),
+        (50, true, false),
+        (60, false, false), // back after 30 s
+        (70, false, false), // decrement: 2
+        (80, true, true),   // decrement: 1, then ejected: 2
+        (90, true, false),
+        (100, false, false), // back after 20 s
+    ];
+    for &(at, ejected_after, fail) in trace {
+        cluster.at(start, Duration::from_secs(at)).await;
+        if fail {
+            assert!(!cluster.ejected(0), "in rotation at {at} s");
+            cluster.answers(0, &[500; 5]).await;
+        }
+        assert_eq!(cluster.ejected(0), ejected_after, "at {at} s");
+    }
+    // Fifty ticks in rotation take the backoff to 0; the next ejection is one base time.
+    cluster.at(start, 600 * SECOND).await;
+    cluster.at(start, 610 * SECOND).await;
+    cluster.answers(0, &[500; 5]).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 620 * SECOND).await;
+    assert!(!cluster.ejected(0), "back after 10 s");
+}
+
+// MaxEjectTime: base 10 s, max 300 s; the i-th ejection lasts 10·i s up to 300 s, then stays.
+#[tokio::test(start_paused = true)]
+async fn max_eject_time() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .base_ejection_time(10 * SECOND)
+            .max_ejection_time(300 * SECOND),
+        // Envoy's one host, and an idle second: the layer never ejects the last endpoint.
+        2,
+    );
+    let mut now = 0;
+    for i in 1..=39u64 {
+        cluster.answers(0, &[500; 5]).await;
+        let out = 10 * i.min(30);
+        cluster.at(start, Duration::from_secs(now + out - 10)).await;
+        assert!(
+            cluster.ejected(0),
+            "ejection {i} still out after {} s",
+            out - 10
+        );
+        now += out;
+        cluster.at(start, Duration::from_secs(now)).await;
+        assert!(!cluster.ejected(0), "ejection {i} back after {out} s");
+    }
+}
+
+// MaxEjectTimeNotAlligned: max 305 s with 10 s ticks: the capped time out of 305 s ends on the
+// 310 s tick.
+#[tokio::test(start_paused = true)]
+async fn max_eject_time_not_aligned() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .base_ejection_time(10 * SECOND)
+            .max_ejection_time(305 * SECOND),
+        // Envoy's one host, and an idle second: the layer never ejects the last endpoint.
+        2,
+    );
+    let mut now = 0;
+    for i in 1..=35u64 {
+        cluster.answers(0, &[500; 5]).await;
+        let out = if i <= 30 { 10 * i } else { 310 };
+        cluster.at(start, Duration::from_secs(now + out - 10)).await;
+        assert!(
+            cluster.ejected(0),
+            "ejection {i} still out after {} s",
+            out - 10
+        );
+        now += out;
+        cluster.at(start, Duration::from_secs(now)).await;
+        assert!(!cluster.ejected(0), "ejection {i} back after {out} s");
+    }
+}
+
+// BasicFlowSuccessRateExternalOrigin: five hosts, h4 at 50 % over 400 requests against 100 %:
+// the threshold is 90 − 1.9 × 20 = 52, h4 is ejected on the tick; after it returns, 50 requests
+// a host is under the request volume of 100 and nothing is judged.
+#[tokio::test(start_paused = true)]
+async fn basic_flow_success_rate_external_origin() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .enforcing_consecutive_5xx(0),
+        5,
+    );
+    for id in 0..5 {
+        load(&mut cluster, id, 200, 0, 200).await;
+    }
+    load(&mut cluster, 4, 0, 200, 503).await;
+    assert_eq!(cluster.detected(FIVE_XX), 40, "non-enforced 5xx detections");
+    cluster.at(start, 10 * SECOND).await;
+    assert!(cluster.ejected(4));
+    assert_eq!(cluster.reason(4), "success rate");
+    let snapshot = cluster.layer.monitor().snapshot();
+    let reason = snapshot.get("4").unwrap().last_reason.clone().unwrap();
+    assert_eq!((reason.value, reason.threshold), (50.0, 52.0));
+    cluster.at(start, 19_999 * MS).await;
+    assert!(cluster.ejected(4));
+    // Envoy's timer at 50 001 ms; here the 40 s tick (10 s + 30 s).
+    cluster.at(start, 40 * SECOND).await;
+    assert!(!cluster.ejected(4));
+    for id in 0..5 {
+        load(&mut cluster, id, 25, 0, 200).await;
+    }
+    load(&mut cluster, 4, 0, 25, 503).await;
+    cluster.at(start, 50 * SECOND).await;
+    assert!(!cluster.ejected(4), "under the request volume");
+    assert_eq!(cluster.policy.stats().detected(Detector::SuccessRate), 1);
+}
+
+// BasicFlowFailurePercentageExternalOrigin: only failure percentage enforced; h3 fails 83 %
+// (kept), h4 85.7 % (ejected: at or above 85); success rate has too few hosts with volume.
+#[tokio::test(start_paused = true)]
+async fn basic_flow_failure_percentage_external_origin() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .enforcing_consecutive_5xx(0)
+            .enforcing_success_rate(0)
+            .enforcing_failure_percentage(100),
+        5,
+    );
+    for id in 0..5 {
+        load(&mut cluster, id, 50, 0, 200).await;
+    }
+    load(&mut cluster, 3, 0, 250, 503).await;
+    load(&mut cluster, 4, 0, 300, 503).await;
+    cluster.at(start, 10 * SECOND).await;
+    assert!(!cluster.ejected(3), "83.3 % < 85 %");
+    assert!(cluster.ejected(4), "85.7 % >= 85 %");
+    assert_eq!(cluster.reason(4), "failure percentage");
+    assert_eq!(cluster.policy.stats().detected(Detector::SuccessRate), 0);
+}
+
+// BasicFlowLocalOriginFailure: with the origins split, refused connections are local-origin
+// failures; five in a row eject, the second ejection lasts 60 s, and a connect success breaks
+// the streak.
+#[tokio::test(start_paused = true)]
+async fn basic_flow_local_origin_failure() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .split_external_local_origin_errors(true),
+        // Envoy's one host, and an idle second: the layer never ejects the last endpoint.
+        2,
+    );
+    cluster.answers(0, &[0; 5]).await;
+    assert!(cluster.ejected(0));
+    assert_eq!(cluster.reason(0), "consecutive local-origin failures");
+    cluster.at(start, 9_999 * MS).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 30 * SECOND).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[0; 5]).await;
+    assert!(cluster.ejected(0), "ejected again: 60 s");
+    cluster.at(start, 80 * SECOND).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 90 * SECOND).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[0, 0, 0, 0, 200, 0, 0]).await;
+    assert!(
+        !cluster.ejected(0),
+        "a response breaks the local-origin streak"
+    );
+    let local = Detector::ConsecutiveLocalOriginFailure;
+    assert_eq!((cluster.detected(local), cluster.enforced(local)), (2, 2));
+}
+
+// OutlierUtility.SRThreshold: rates {50, 100, 100, 100, 100}: mean 90, threshold 52.
+#[tokio::test(start_paused = true)]
+async fn success_rate_threshold() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .enforcing_consecutive_5xx(0),
+        5,
+    );
+    for id in 1..5 {
+        load(&mut cluster, id, 100, 0, 200).await;
+    }
+    load(&mut cluster, 0, 50, 50, 500).await;
+    cluster.at(start, 10 * SECOND).await;
+    let snapshot = cluster.layer.monitor().snapshot();
+    let reason = snapshot.get("0").unwrap().last_reason.clone().unwrap();
+    assert_eq!((reason.value, reason.threshold), (50.0, 52.0));
+}
