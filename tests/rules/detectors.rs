@@ -362,3 +362,47 @@ async fn grpc_ejections_decided_on_a_tick_last_the_base_time_and_grow_on_a_real_
         "the second ejection lasts {second:?}, not twice the base time"
     );
 }
+
+// grpc-go accepts zero durations (its AllFields_Zero parse case): with a zero interval the
+// layer sweeps every millisecond (grpc-go back to back), and a zero base ejection time ejects
+// and re-admits on the same sweep. A config of every field zero runs without fault.
+#[tokio::test(start_paused = true)]
+async fn grpc_zero_interval_and_base_sweep_every_millisecond_and_eject_for_no_time() {
+    let (layer, policy) = detector_layer(
+        DetectorConfig::grpc()
+            .interval(Duration::ZERO)
+            .base_ejection_time(Duration::ZERO)
+            .max_ejection_time(Duration::ZERO)
+            .success_rate(None)
+            .failure_percentage_threshold(50)
+            .enforcing_failure_percentage(100)
+            .failure_percentage_minimum_hosts(1)
+            .failure_percentage_request_volume(10),
+    );
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 10, 0).await;
+    h.advance(Duration::from_millis(1)).await;
+    // Ejected on the sweep a millisecond later and, with a zero base time, back on the same
+    // sweep, as grpc-go un-ejects it in the same run of its timer.
+    assert_eq!(h.removals(), vec![0]);
+    assert!(h.is_live(0));
+    assert_eq!(policy.stats().enforced(Detector::FailurePercentage), 1);
+
+    let zero = tower_outlier::detectors::GrpcOutlierDetection::from_json(
+        r#"{"interval": "0s", "baseEjectionTime": "0s", "maxEjectionTime": "0s",
+            "maxEjectionPercent": 0,
+            "successRateEjection": {"stdevFactor": 0, "enforcementPercentage": 0,
+                                    "minimumHosts": 0, "requestVolume": 0},
+            "failurePercentageEjection": {"threshold": 0, "enforcementPercentage": 0,
+                                          "minimumHosts": 0, "requestVolume": 0}}"#,
+    )
+    .unwrap();
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(zero.into_config()));
+    let mut h = Harness::new(&layer, 3);
+    for _ in 0..20 {
+        h.calls(0, 3, 3).await;
+        h.calls(1, 0, 3).await;
+        h.advance(Duration::from_millis(1)).await;
+    }
+    assert_eq!(h.live_ids(), vec![0, 1, 2], "nothing enforced, nothing out");
+}

@@ -117,6 +117,9 @@ pub struct FailurePercentage {
     pub request_volume: u32,
 }
 
+/// The shortest interval the detector runs at (gRPC's zero interval runs at this).
+const MIN_RUNNING_INTERVAL: Duration = Duration::from_millis(1);
+
 /// A validated detector configuration. Start from a preset, [`DetectorConfig::envoy`],
 /// [`DetectorConfig::grpc`] or [`DetectorConfig::linkerd`], or read one (Envoy's or gRPC's
 /// JSON, behind the `envoy` and `grpc` features).
@@ -261,9 +264,18 @@ impl DetectorConfig {
         self.semantics
     }
 
-    /// How often the statistical detectors run and ejected endpoints are re-admitted.
+    /// How often the statistical detectors run and ejected endpoints are re-admitted, as
+    /// configured (see [`running_interval`](Self::running_interval) for zero).
     pub fn interval(&self) -> Duration {
         self.interval
+    }
+
+    /// The interval the detector runs at: [`interval`](Self::interval), or for gRPC's zero
+    /// interval one millisecond. grpc-go re-arms its timer at once after each sweep when the
+    /// interval is zero, sweeping back to back; the layer sweeps every millisecond instead (its
+    /// timer's resolution), with no busy loop.
+    pub fn running_interval(&self) -> Duration {
+        self.interval.max(MIN_RUNNING_INTERVAL)
     }
 
     /// The first ejection's length (linkerd: the shortest back-off).

@@ -204,7 +204,7 @@ impl DetectorEndpoint {
             return bits;
         }
         let age = now.saturating_sub(self.condemned_at.load(Ordering::Relaxed));
-        if age <= duration_to_nanos(self.shared.config.interval) {
+        if age <= duration_to_nanos(self.shared.config.running_interval()) {
             bits
         } else {
             bits & STATISTICAL

@@ -73,7 +73,7 @@ pub(crate) fn ejection_end(
 ) -> (Nanos, u32) {
     let base = config.base_ejection_time;
     let max = config.max_ejection_time;
-    let interval = duration_to_nanos(config.interval).max(1);
+    let interval = duration_to_nanos(config.running_interval());
     match config.semantics {
         DetectorSemantics::Envoy => {
             let grows = base.saturating_mul(ejections) < max.saturating_add(base);

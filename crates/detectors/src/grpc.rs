@@ -79,9 +79,10 @@ use crate::config::{DetectorBuilder, DetectorConfig};
 /// `successRateEjection.enforcementPercentage`, `failurePercentageEjection.threshold` and
 /// `failurePercentageEjection.enforcementPercentage` above 100. Like gRPC, the reader does not
 /// limit `stdevFactor`, `minimumHosts` or `requestVolume`, and accepts a `maxEjectionTime` below
-/// the base (`max(base, max)` is used). Unlike gRPC, it refuses an `interval` or
-/// `baseEjectionTime` of zero: gRPC accepts them (a sweep timer re-armed at once; an ejection
-/// ended at the next sweep), and the detector needs both positive.
+/// the base (`max(base, max)` is used). Zero durations are accepted, as gRPC accepts them
+/// (grpc-go's `AllFields_Zero` case): with a `baseEjectionTime` of zero an endpoint is ejected
+/// and re-admitted on the same sweep, as grpc-go un-ejects it in the same run of its timer; an `interval` of zero, which makes grpc-go sweep back to back, sweeps every
+/// millisecond here ([`DetectorConfig::running_interval`](crate::DetectorConfig::running_interval)).
 ///
 /// `childPolicy`, when present, must be a non-empty array of objects with one key each, the
 /// shape gRPC requires; the policies it names are not read and have no effect, since tower's

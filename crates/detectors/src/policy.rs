@@ -309,7 +309,7 @@ impl OutlierPolicy for DetectorPolicy {
     }
 
     fn trial_period(&self) -> Duration {
-        self.shared.config.interval
+        self.shared.config.running_interval()
     }
 
     fn budget(&self) -> Option<EjectionBudget> {
@@ -327,7 +327,7 @@ impl FleetPolicy for DetectorPolicy {
     type State = DetectorEndpoint;
 
     fn interval(&self) -> Duration {
-        self.shared.config.interval
+        self.shared.config.running_interval()
     }
 
     fn started(&self, at: Nanos) {
@@ -389,7 +389,7 @@ impl FleetPolicy for DetectorPolicy {
                 );
             }
         }
-        let interval = duration_to_nanos(config.interval);
+        let interval = duration_to_nanos(config.running_interval());
         for member in fleet.iter().filter(|m| m.available) {
             let state = member.state;
             let decays = match config.semantics {

@@ -266,8 +266,12 @@ impl DetectorBuilder {
 
     /// Validates and builds the configuration.
     pub fn build(self) -> Result<DetectorConfig, ConfigError> {
-        check_nonzero_duration("interval", self.interval)?;
-        check_nonzero_duration("base_ejection_time", self.base_ejection_time)?;
+        // gRPC accepts zero durations (A50 asks only that they not be negative); Envoy's proto
+        // requires both positive, and linkerd's back-off needs a base to double.
+        if self.semantics != DetectorSemantics::Grpc {
+            check_nonzero_duration("interval", self.interval)?;
+            check_nonzero_duration("base_ejection_time", self.base_ejection_time)?;
+        }
         for (field, value) in [
             ("interval", Some(self.interval)),
             ("base_ejection_time", Some(self.base_ejection_time)),

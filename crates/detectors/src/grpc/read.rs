@@ -132,11 +132,11 @@ pub(super) fn read_config(
     check_names(config, prefix, &CONFIG_FIELDS, &[], ignored)?;
     let mut builder = DetectorConfig::grpc();
     if let Some(value) = config.get(INTERVAL) {
-        builder = builder.interval(duration(value, &child(prefix, INTERVAL), true)?);
+        builder = builder.interval(duration(value, &child(prefix, INTERVAL), false)?);
     }
     if let Some(value) = config.get(BASE_EJECTION_TIME) {
         let path = child(prefix, BASE_EJECTION_TIME);
-        builder = builder.base_ejection_time(duration(value, &path, true)?);
+        builder = builder.base_ejection_time(duration(value, &path, false)?);
     }
     if let Some(value) = config.get(MAX_EJECTION_TIME) {
         let path = child(prefix, MAX_EJECTION_TIME);

@@ -299,15 +299,25 @@ fn what_grpc_does_not_limit_is_accepted() {
 }
 
 #[test]
-fn zero_interval_and_base_are_refused() {
-    for key in ["interval", "baseEjectionTime"] {
-        for text in ["0s", "-0s", "0.000000000s"] {
-            assert_invalid(
-                &format!(r#"{{"{key}": "{text}"}}"#),
-                key,
-                &format!("\"{text}\""),
-            );
-        }
+fn zero_durations_are_read_as_grpc_reads_them() {
+    // grpc-go's ParseConfig case AllFields_Zero: every field zero is accepted as written.
+    let config = config_of(
+        r#"{"interval": "0s", "baseEjectionTime": "0s", "maxEjectionTime": "0s",
+            "maxEjectionPercent": 0,
+            "successRateEjection": {"stdevFactor": 0, "enforcementPercentage": 0,
+                                    "minimumHosts": 0, "requestVolume": 0},
+            "failurePercentageEjection": {"threshold": 0, "enforcementPercentage": 0,
+                                          "minimumHosts": 0, "requestVolume": 0}}"#,
+    );
+    assert_eq!(config.interval(), Duration::ZERO);
+    assert_eq!(config.base_ejection_time(), Duration::ZERO);
+    assert_eq!(config.max_ejection_time(), Duration::ZERO);
+    assert_eq!(config.max_ejection_percent(), 0);
+    // It runs every millisecond rather than back to back.
+    assert_eq!(config.running_interval(), Duration::from_millis(1));
+    for text in ["0s", "-0s", "0.000000000s"] {
+        let config = config_of(&format!(r#"{{"interval": "{text}"}}"#));
+        assert_eq!(config.interval(), Duration::ZERO, "{text}");
     }
 }
 
