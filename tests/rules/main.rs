@@ -11,6 +11,7 @@ mod detectors;
 mod envoy_conformance;
 mod events;
 mod grpc;
+mod grpc_conformance;
 mod hosts;
 mod invariants;
 mod reconfigure;
