@@ -206,9 +206,7 @@ fn parse_out_of_range_values_are_refused() {
 
 /// Three endpoints under `config`: one interval of five successes each, then one where
 /// endpoint 2 fails its five; returns the harness after the second tick.
-async fn one_failing_of_three(
-    config: DetectorConfig,
-) -> (Harness<PassiveTrial>, DetectorPolicy) {
+async fn one_failing_of_three(config: DetectorConfig) -> (Harness<PassiveTrial>, DetectorPolicy) {
     let policy = DetectorPolicy::seeded(config, 3);
     let layer = OutlierDetectionLayer::new(policy.clone());
     let mut h = Harness::new(&layer, 3);
