@@ -253,7 +253,7 @@ async fn failure_percentage_is_off_by_default_in_envoy_and_ejects_at_the_thresho
 
 #[tokio::test(start_paused = true)]
 async fn linkerd_backs_off_exponentially_and_probes_with_one_real_request() {
-    let (layer, _) = detector_layer(DetectorConfig::linkerd().backoff_jitter(0.0));
+    let (layer, _) = detector_layer(DetectorConfig::linkerd_consecutive().backoff_jitter(0.0));
     let mut h = Harness::new(&layer, 3);
     h.calls(0, 6, 0).await;
     assert!(h.is_live(0));

@@ -14,6 +14,7 @@ mod grpc;
 mod grpc_conformance;
 mod hosts;
 mod invariants;
+mod linkerd_conformance;
 mod reconfigure;
 mod semantics;
 mod slow_call;

@@ -153,6 +153,7 @@ pub struct DetectorConfig {
     pub(crate) consecutive_local_origin_failure: Consecutive,
     pub(crate) success_rate: Option<SuccessRate>,
     pub(crate) failure_percentage: Option<FailurePercentage>,
+    pub(crate) recent_success_rate: Option<RecentSuccessRate>,
 }
 
 impl DetectorConfig {
@@ -189,13 +190,23 @@ impl DetectorConfig {
         }
     }
 
-    /// linkerd2-proxy's failure accrual with its control plane's defaults: 7 consecutive failures
-    /// of any kind eject; the endpoint comes back after an exponential back-off from 1 s to 60 s
-    /// with jitter 0.5, for exactly one real request, the probe. A successful probe closes the
-    /// breaker (the next trip starts at 1 s again); a failed one ejects the endpoint for the next,
-    /// longer back-off. No cap on how many are ejected (but never the last endpoint), no
-    /// statistical detector.
+    /// linkerd2-proxy's "unified" failure accrual (since mid-2026; annotation
+    /// `balancer.linkerd.io/failure-accrual: unified`) with its control plane's defaults: 7
+    /// consecutive failures of any kind, or a success rate below 0.8 over the last 10 s on at
+    /// least 5 calls ([`RecentSuccessRate`]), eject; the endpoint comes back after an exponential
+    /// back-off from 1 s to 60 s with jitter 0.5, for exactly one real request, the probe. A
+    /// successful probe closes the breaker (the next trip starts at 1 s again); a failed one
+    /// ejects the endpoint for the next, longer back-off. No cap on how many are ejected (but
+    /// never the last endpoint), no interval. The older consecutive-only accrual is
+    /// [`linkerd_consecutive`](Self::linkerd_consecutive).
     pub fn linkerd() -> DetectorBuilder {
+        DetectorConfig::linkerd_consecutive()
+            .recent_success_rate(Some(recent::LINKERD_RECENT_SUCCESS_RATE))
+    }
+
+    /// linkerd2-proxy's consecutive-only failure accrual (`failure-accrual: consecutive`): as
+    /// [`linkerd`](Self::linkerd) without the success-rate trigger.
+    pub fn linkerd_consecutive() -> DetectorBuilder {
         DetectorBuilder {
             semantics: DetectorSemantics::Linkerd,
             base_ejection_time: Duration::from_secs(1),
@@ -352,8 +363,12 @@ impl DetectorConfig {
 }
 
 mod builder;
+mod recent;
+
 pub use builder::DetectorBuilder;
 use builder::*;
+pub use recent::RecentSuccessRate;
+pub(crate) use recent::{MIN_RECENT_WINDOW, RECENT_BUCKETS};
 
 #[cfg(test)]
 mod tests;

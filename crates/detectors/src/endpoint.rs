@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use futures::task::AtomicWaker;
-use tower_outlier_core::{duration_to_nanos, Nanos, Signal};
+use tower_outlier_core::{duration_to_nanos, Nanos, Signal, Window};
 
-use crate::config::DetectorSemantics;
+use crate::config::{DetectorSemantics, RecentSuccessRate, MIN_RECENT_WINDOW, RECENT_BUCKETS};
 use crate::policy::{Detector, Shared};
 use crate::statistics::Tally;
 
@@ -71,6 +71,8 @@ pub struct DetectorEndpoint {
     // time of the last ejection: the decay is owed if no ejection came at that tick.
     deferred_decay: AtomicU64,
     ejected_at: AtomicU64,
+    // linkerd's success-rate trigger and the window it reads (boxed: only that preset has one).
+    recent: Option<(RecentSuccessRate, Box<Window>)>,
     // The statistical verdict behind a statistical condemnation (f64 bits), for the reason.
     verdict_value: AtomicU64,
     verdict_threshold: AtomicU64,
@@ -115,6 +117,13 @@ impl DetectorEndpoint {
             config.consecutive_gateway_failure.enforcement > 0,
             config.consecutive_local_origin_failure.enforcement > 0,
         ];
+        let recent = config
+            .recent_success_rate
+            .filter(|trigger| config.semantics == DetectorSemantics::Linkerd && trigger.is_on())
+            .and_then(|trigger| {
+                let window = Window::new(trigger.window.max(MIN_RECENT_WINDOW), RECENT_BUCKETS);
+                Some((trigger, Box::new(window.ok()?)))
+            });
         let gate = (config.semantics == DetectorSemantics::Linkerd).then(|| Gate {
             state: AtomicU8::new(CLOSED),
             waker: AtomicWaker::new(),
@@ -133,6 +142,7 @@ impl DetectorEndpoint {
             out: AtomicBool::new(false),
             deferred_decay: AtomicU64::new(NONE),
             ejected_at: AtomicU64::new(NONE),
+            recent,
             verdict_value: AtomicU64::new(0),
             verdict_threshold: AtomicU64::new(0),
             ejections: AtomicU32::new(0),
@@ -186,7 +196,7 @@ impl DetectorEndpoint {
     }
 
     fn condemn(&self, bits: u8, now: Nanos) {
-        if bits & STATISTICAL == 0 {
+        if bits & STATISTICAL == 0 || self.recent.is_some() {
             self.condemned_at.store(now, Ordering::Relaxed);
         }
         self.overflow_pending.store(true, Ordering::Relaxed);
@@ -200,14 +210,18 @@ impl DetectorEndpoint {
     /// time; after it, only fresh evidence counts.
     fn standing(&self, now: Nanos) -> u8 {
         let bits = self.condemned.load(Ordering::Acquire);
-        if bits & !STATISTICAL == 0 {
+        // linkerd's success-rate trips have no tick to end them: they age as the others do.
+        let ticked = self.recent.is_none();
+        if bits & !STATISTICAL == 0 && ticked {
             return bits;
         }
         let age = now.saturating_sub(self.condemned_at.load(Ordering::Relaxed));
         if age <= duration_to_nanos(self.shared.config.running_interval()) {
             bits
-        } else {
+        } else if ticked {
             bits & STATISTICAL
+        } else {
+            0
         }
     }
 
@@ -299,6 +313,51 @@ impl DetectorEndpoint {
                 state => state,
             };
             gate.state.store(state, Ordering::Release);
+        }
+    }
+
+    /// linkerd's success-rate trigger after a call (`failed` or not), unless the same call
+    /// tripped a consecutive detector (linkerd checks those first and reports them).
+    #[inline]
+    pub(crate) fn record_recent(&self, failed: bool, now: Nanos, signal: Signal) -> Signal {
+        let Some((trigger, window)) = &self.recent else {
+            return signal;
+        };
+        window.record(now, failed, false);
+        if !failed || signal == Signal::Evaluate || self.out.load(Ordering::Relaxed) {
+            return signal;
+        }
+        self.recent_trip(trigger, window, now).unwrap_or(signal)
+    }
+
+    #[cold]
+    fn recent_trip(
+        &self,
+        trigger: &RecentSuccessRate,
+        window: &Window,
+        now: Nanos,
+    ) -> Option<Signal> {
+        let counts = window.counts(now);
+        if counts.calls == 0 || counts.calls < u64::from(trigger.min_requests) {
+            return None;
+        }
+        let rate = (counts.calls - counts.failures) as f64 / counts.calls as f64;
+        // Strictly below; one detection per trip (the layer acts on it at once).
+        if rate >= trigger.threshold || self.condemned.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        if self.shared.detected(Detector::SuccessRate) {
+            self.condemn_statistically(Detector::SuccessRate, rate, trigger.threshold, now);
+            Some(Signal::Evaluate)
+        } else {
+            None
+        }
+    }
+
+    /// Empties linkerd's success-rate window: the endpoint starts cold when it comes back.
+    pub(crate) fn clear_recent(&self) {
+        if let Some((_, window)) = &self.recent {
+            window.clear();
         }
     }
 

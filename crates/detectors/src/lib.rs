@@ -66,7 +66,7 @@ mod statistics;
 
 pub use config::{
     Consecutive, DetectorBuilder, DetectorConfig, DetectorSemantics, FailurePercentage,
-    SuccessRate, SuccessRateRule,
+    RecentSuccessRate, SuccessRate, SuccessRateRule,
 };
 #[cfg(feature = "envoy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "envoy")))]

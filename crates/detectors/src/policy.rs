@@ -145,7 +145,11 @@ impl Shared {
             Detector::ConsecutiveLocalOriginFailure => {
                 config.consecutive_local_origin_failure.enforcement
             }
-            Detector::SuccessRate => config.success_rate.map_or(0, |d| d.enforcement),
+            // linkerd's success-rate trigger has no enforcement percentage: it always trips.
+            Detector::SuccessRate => config.success_rate.map_or_else(
+                || u32::from(config.recent_success_rate.is_some()) * 100,
+                |d| d.enforcement,
+            ),
             Detector::LocalOriginSuccessRate => config
                 .success_rate
                 .map_or(0, |d| d.local_origin_enforcement),

@@ -229,7 +229,7 @@ fn admit(endpoint: &DetectorEndpoint, armed: bool) -> Poll<Admit> {
 
 #[test]
 fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
-    let policy = policy(DetectorConfig::linkerd().backoff_jitter(0.0));
+    let policy = policy(DetectorConfig::linkerd_consecutive().backoff_jitter(0.0));
     let endpoint = policy.endpoint();
     assert!(policy.endpoint().gate().is_some());
     assert!(self::policy(DetectorConfig::envoy())
@@ -283,7 +283,7 @@ fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
 
 #[test]
 fn after_a_failed_probe_calls_wait_for_the_layer() {
-    let policy = policy(DetectorConfig::linkerd().backoff_jitter(0.0));
+    let policy = policy(DetectorConfig::linkerd_consecutive().backoff_jitter(0.0));
     let endpoint = policy.endpoint();
     signals(&endpoint, &[REFUSED; 7]);
     endpoint.check_at(10 * SECOND);

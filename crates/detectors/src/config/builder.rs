@@ -49,6 +49,7 @@ pub struct DetectorBuilder {
     pub(crate) consecutive_local_origin_failure: Consecutive,
     pub(crate) success_rate: Option<SuccessRate>,
     pub(crate) failure_percentage: Option<FailurePercentage>,
+    pub(crate) recent_success_rate: Option<RecentSuccessRate>,
 }
 
 impl Default for DetectorBuilder {
@@ -77,6 +78,7 @@ impl Default for DetectorBuilder {
             },
             success_rate: Some(ENVOY_SUCCESS_RATE),
             failure_percentage: Some(ENVOY_FAILURE_PERCENTAGE),
+            recent_success_rate: None,
         }
     }
 }
@@ -341,6 +343,9 @@ impl DetectorBuilder {
                 }
             }
         }
+        if let Some(recent) = self.recent_success_rate {
+            recent.validate(self.semantics)?;
+        }
         if let Some(fp) = self.failure_percentage {
             percent("failure_percentage_threshold", fp.threshold)?;
             percent("enforcing_failure_percentage", fp.enforcement)?;
@@ -364,6 +369,7 @@ impl DetectorBuilder {
             consecutive_local_origin_failure: self.consecutive_local_origin_failure,
             success_rate: self.success_rate,
             failure_percentage: self.failure_percentage,
+            recent_success_rate: self.recent_success_rate,
         })
     }
 }

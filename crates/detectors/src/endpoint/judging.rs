@@ -36,7 +36,7 @@ impl EndpointPolicy for DetectorEndpoint {
         let Some(kind) = kind else {
             self.break_streak(0);
             self.break_streak(1);
-            return Signal::None;
+            return self.record_recent(false, now, Signal::None);
         };
         // Unsplit, Envoy counts a refused connection as a 503 and a timeout as a 504.
         let gateway = local || matches!(kind, FailureKind::Gateway | FailureKind::Overload);
@@ -58,7 +58,7 @@ impl EndpointPolicy for DetectorEndpoint {
                 signal = self.detect(0, now);
             }
         }
-        signal
+        self.record_recent(true, now, signal)
     }
 
     fn judge(&self, now: Nanos) -> Judgement {
@@ -112,6 +112,7 @@ impl EndpointPolicy for DetectorEndpoint {
         }
         self.condemned.store(0, Ordering::Release);
         self.queued_5xx.store(false, Ordering::Relaxed);
+        self.clear_recent();
         self.out.store(false, Ordering::Relaxed);
         if let Some(gate) = &self.gate {
             // Back in rotation after the back-off: one real request is the probe.
