@@ -620,3 +620,294 @@ async fn success_rate_threshold() {
     let reason = snapshot.get("0").unwrap().last_reason.clone().unwrap();
     assert_eq!((reason.value, reason.threshold), (50.0, 52.0));
 }
+
+/// Envoy's YAML test configurations, as the proto3 JSON the reader takes.
+fn read(json: &str) -> DetectorConfig {
+    match tower_outlier::detectors::EnvoyOutlierDetection::from_json(json) {
+        Ok(read) => read.config().clone(),
+        Err(error) => panic!("{json} refused: {error}"),
+    }
+}
+
+// DetectorStaticConfig: every field read as given; the gateway and failure-percentage
+// enforcements keep their defaults of 0.
+#[test]
+fn detector_static_config() {
+    let config = read(
+        r#"{"interval": "0.100s", "base_ejection_time": "10s", "consecutive_5xx": 10,
+            "max_ejection_percent": 50, "enforcing_consecutive_5xx": 10,
+            "enforcing_success_rate": 20, "success_rate_minimum_hosts": 50,
+            "success_rate_request_volume": 200, "success_rate_stdev_factor": 3000,
+            "failure_percentage_minimum_hosts": 10, "failure_percentage_request_volume": 25,
+            "failure_percentage_threshold": 70, "max_ejection_time": "400s"}"#,
+    );
+    assert_eq!(config.interval(), 100 * MS);
+    assert_eq!(config.base_ejection_time(), 10 * SECOND);
+    assert_eq!(config.consecutive_5xx().threshold, 10);
+    assert_eq!(config.consecutive_5xx().enforcement, 10);
+    assert_eq!(config.consecutive_gateway_failure().threshold, 5);
+    assert_eq!(config.consecutive_gateway_failure().enforcement, 0);
+    assert_eq!(config.max_ejection_percent(), 50);
+    let success_rate = config.success_rate().unwrap();
+    assert_eq!(
+        (
+            success_rate.enforcement,
+            success_rate.minimum_hosts,
+            success_rate.request_volume,
+            success_rate.stdev_factor
+        ),
+        (20, 50, 200, 3000)
+    );
+    let failure_percentage = config.failure_percentage().unwrap();
+    assert_eq!(
+        (
+            failure_percentage.enforcement,
+            failure_percentage.local_origin_enforcement,
+            failure_percentage.minimum_hosts,
+            failure_percentage.request_volume,
+            failure_percentage.threshold
+        ),
+        (0, 0, 10, 25, 70)
+    );
+    assert_eq!(config.max_ejection_time(), 400 * SECOND);
+}
+
+// DetectorStaticConfigMaxDefaultValue: no max_ejection_time: 300 s.
+#[test]
+fn detector_static_config_max_default_value() {
+    let config = read(r#"{"interval": "0.100s", "base_ejection_time": "10s"}"#);
+    assert_eq!(config.interval(), 100 * MS);
+    assert_eq!(config.base_ejection_time(), 10 * SECOND);
+    assert_eq!(config.max_ejection_time(), 300 * SECOND);
+}
+
+// DetectorStaticConfigiInvalidMaxEjectTime: a max_ejection_time below the base is refused.
+#[test]
+fn detector_static_config_invalid_max_eject_time() {
+    let error = tower_outlier::detectors::EnvoyOutlierDetection::from_json(
+        r#"{"interval": "0.100s", "base_ejection_time": "10s", "max_ejection_time": "3s"}"#,
+    )
+    .unwrap_err();
+    assert_eq!(error.field(), Some("max_ejection_time"), "{error}");
+}
+
+// DetectorStaticConfigBaseLargerThanMaxNoMax: a base of 400 s with no max: the max is 400 s.
+#[test]
+fn detector_static_config_base_larger_than_max_no_max() {
+    let config = read(r#"{"interval": "0.100s", "base_ejection_time": "400s"}"#);
+    assert_eq!(config.base_ejection_time(), 400 * SECOND);
+    assert_eq!(config.max_ejection_time(), 400 * SECOND);
+}
+
+// DetectorStaticConfigMaxEjectionTimeJitter, DetectorStaticConfigDefaultMaxEjectionTimeJitter.
+#[test]
+fn detector_static_config_max_ejection_time_jitter() {
+    let config = read(
+        r#"{"interval": "0.100s", "base_ejection_time": "10s", "max_ejection_time_jitter": "13s"}"#,
+    );
+    assert_eq!(config.max_ejection_time_jitter(), 13 * SECOND);
+    let config = read(r#"{"interval": "0.100s", "base_ejection_time": "10s"}"#);
+    assert_eq!(config.max_ejection_time_jitter(), Duration::ZERO);
+}
+
+// BasicFlow5xxViaHttpCodes: 500, 200, four 500s and one more eject; back on the 30 s tick;
+// ejected again at 40 s (two ejections, both 5xx).
+#[tokio::test(start_paused = true)]
+async fn basic_flow_5xx_via_http_codes() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(100), 2);
+    cluster.answers(0, &[500, 200, 500, 500, 500, 500]).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[500]).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 9_999 * MS).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 30_001 * MS).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[500; 4]).await;
+    cluster.at(start, 40 * SECOND).await;
+    cluster.answers(0, &[500]).await;
+    assert!(cluster.ejected(0));
+    assert_eq!(
+        (cluster.detected(FIVE_XX), cluster.enforced(FIVE_XX)),
+        (2, 2)
+    );
+}
+
+// ExternalOriginEventsNonSplit: alternating failure and success never eject; a run of
+// failures ejects at the fifth, and the streak completed again while out is dropped.
+#[tokio::test(start_paused = true)]
+async fn external_origin_events_non_split() {
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(60), 2);
+    let mut kept = cluster.live.get(&0).cloned().unwrap();
+    for _ in 0..100 {
+        cluster.answers(0, &[500, 200]).await;
+    }
+    assert!(!cluster.ejected(0));
+    for _ in 0..100 {
+        cluster.hosts[&0].status.store(500, Ordering::SeqCst);
+        let _ = kept.ready().await.unwrap().call(()).await;
+        cluster.sync();
+    }
+    assert!(cluster.ejected(0));
+    assert_eq!(cluster.detected(FIVE_XX), 1);
+    assert_eq!(cluster.detected(GATEWAY), 0, "500 is no gateway error");
+}
+
+// ExternalOriginEventsWithSplit: with the origins split a response failure is still a 5xx (and,
+// for a 503, a gateway failure): alternating never ejects, a run of 503s ejects at the fifth.
+#[tokio::test(start_paused = true)]
+async fn external_origin_events_with_split() {
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .split_external_local_origin_errors(true),
+        2,
+    );
+    for _ in 0..100 {
+        cluster.answers(0, &[503, 200]).await;
+    }
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[503; 5]).await;
+    assert!(cluster.ejected(0));
+    assert_eq!(cluster.reason(0), "consecutive 5xx");
+    assert_eq!(cluster.policy.stats().unenforced(GATEWAY), 1);
+}
+
+// RemoveWhileEjected: an ejected host removed from the cluster frees its place; the next tick
+// does nothing with it.
+#[tokio::test(start_paused = true)]
+async fn remove_while_ejected() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(100), 2);
+    cluster.answers(0, &[500; 5]).await;
+    assert!(cluster.ejected(0));
+    cluster.tx.unbounded_send(Ok(Change::Remove(0))).unwrap();
+    cluster.sync();
+    cluster.at(start, 9_999 * MS).await;
+    cluster.at(start, 40 * SECOND).await;
+    assert!(cluster.ejected(0), "gone, and not brought back");
+    assert!(cluster.layer.monitor().snapshot().get("0").is_none());
+}
+
+// EjectTimeBackoffTimeBasedDetection: failure percentage only (minimum one host), base 10 s:
+// ejected on the 10 s tick, back on the 20 s one, ejected again at 30 s for 20 s, the backoff
+// decays over two healthy intervals, and the next ejection lasts 10 s again.
+#[tokio::test(start_paused = true)]
+async fn eject_time_backoff_time_based_detection() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .base_ejection_time(10 * SECOND)
+            .enforcing_consecutive_5xx(0)
+            .enforcing_success_rate(0)
+            .enforcing_failure_percentage(100)
+            .failure_percentage_minimum_hosts(1),
+        // Envoy's one host, and an idle second: the layer never ejects the last endpoint.
+        2,
+    );
+    cluster.answers(0, &[500; 100]).await;
+    cluster.at(start, 10 * SECOND).await;
+    assert!(cluster.ejected(0), "0 % success over 100 calls");
+    cluster.at(start, 20 * SECOND).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[500; 100]).await;
+    cluster.at(start, 30 * SECOND).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 40 * SECOND).await;
+    assert!(cluster.ejected(0), "the second lasts 20 s");
+    cluster.at(start, 50 * SECOND).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[200; 100]).await;
+    cluster.at(start, 60 * SECOND).await;
+    cluster.answers(0, &[200; 100]).await;
+    cluster.at(start, 70 * SECOND).await;
+    assert!(!cluster.ejected(0));
+    cluster.answers(0, &[500; 100]).await;
+    cluster.at(start, 80 * SECOND).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 90 * SECOND).await;
+    assert!(!cluster.ejected(0), "back to one base time");
+}
+
+// EmptySuccessRate: a tick with no host and a minimum of 0 hosts does not fail.
+#[tokio::test(start_paused = true)]
+async fn empty_success_rate() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(envoy().success_rate_minimum_hosts(0), 0);
+    cluster.at(start, 10 * SECOND).await;
+    assert!(cluster.live.is_empty());
+}
+
+// EjectionTimeJitterIsZeroWhenNotConfigured: without jitter an ejection lasts exactly the base
+// time (on a tick).
+#[tokio::test(start_paused = true)]
+async fn ejection_time_jitter_is_zero_when_not_configured() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(envoy().max_ejection_percent(100), 2);
+    cluster.at(start, 10 * SECOND).await;
+    cluster.answers(0, &[500; 5]).await;
+    cluster.at(start, 39_999 * MS).await;
+    assert!(cluster.ejected(0));
+    cluster.at(start, 40 * SECOND).await;
+    assert!(!cluster.ejected(0));
+}
+
+// BasicFlowSuccessRateLocalOrigin: with the origins split, connection failures feed the
+// local-origin success rate: h4 at 50 % of 400 against 100 % is ejected on the tick (threshold
+// 52), the external rates untouched.
+#[tokio::test(start_paused = true)]
+async fn basic_flow_success_rate_local_origin() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .split_external_local_origin_errors(true)
+            .enforcing_consecutive_local_origin_failure(0),
+        5,
+    );
+    for id in 0..5 {
+        load(&mut cluster, id, 200, 0, 200).await;
+    }
+    load(&mut cluster, 4, 0, 200, 0).await;
+    cluster.at(start, 10 * SECOND).await;
+    assert!(cluster.ejected(4));
+    assert_eq!(cluster.reason(4), "local-origin success rate");
+    let snapshot = cluster.layer.monitor().snapshot();
+    let reason = snapshot.get("4").unwrap().last_reason.clone().unwrap();
+    assert_eq!((reason.value, reason.threshold), (50.0, 52.0));
+    assert_eq!(
+        cluster.policy.stats().detected(Detector::SuccessRate),
+        0,
+        "the external rates are all 100 %"
+    );
+}
+
+// BasicFlowFailurePercentageLocalOrigin: local-origin failure percentage enforced at a
+// threshold of 40 (the local success rate detects first, not enforced): h4 is ejected for its
+// 50 % of local failures.
+#[tokio::test(start_paused = true)]
+async fn basic_flow_failure_percentage_local_origin() {
+    let start = tokio::time::Instant::now();
+    let mut cluster = Cluster::new(
+        envoy()
+            .max_ejection_percent(100)
+            .split_external_local_origin_errors(true)
+            .enforcing_consecutive_local_origin_failure(0)
+            .enforcing_local_origin_success_rate(0)
+            .enforcing_failure_percentage_local_origin(100)
+            .failure_percentage_threshold(40),
+        5,
+    );
+    for id in 0..5 {
+        load(&mut cluster, id, 200, 0, 200).await;
+    }
+    load(&mut cluster, 4, 0, 200, 0).await;
+    cluster.at(start, 10 * SECOND).await;
+    assert!(cluster.ejected(4));
+    assert_eq!(cluster.reason(4), "local-origin failure percentage");
+    let stats = cluster.policy.stats();
+    assert_eq!(stats.unenforced(Detector::LocalOriginSuccessRate), 1);
+    assert_eq!(stats.enforced(Detector::LocalOriginFailurePercentage), 1);
+}
