@@ -61,6 +61,7 @@ mod envoy;
 mod grpc;
 #[cfg(any(feature = "envoy", feature = "grpc"))]
 mod json_reader;
+mod linkerd;
 mod policy;
 mod statistics;
 
@@ -81,6 +82,7 @@ pub use envoy::EnvoyOutlierDetection;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use grpc::GrpcOutlierDetection;
+pub use linkerd::LinkerdAnnotations;
 pub use policy::{Detector, DetectorPolicy, DetectorStats};
 /// The readers' error type.
 #[cfg(any(feature = "envoy", feature = "grpc"))]

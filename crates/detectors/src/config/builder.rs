@@ -115,8 +115,8 @@ impl DetectorBuilder {
         self
     }
 
-    /// linkerd's back-off jitter: each back-off is lengthened by up to this fraction (0 to 1,
-    /// finite) of itself, never beyond the maximum.
+    /// linkerd's back-off jitter: each back-off is lengthened by up to this multiple (0 to 100,
+    /// finite, as linkerd's `ExponentialBackoff` takes) of itself, never beyond the maximum.
     pub fn backoff_jitter(mut self, jitter: f64) -> Self {
         self.backoff_jitter = jitter;
         self
@@ -269,9 +269,12 @@ impl DetectorBuilder {
     /// Validates and builds the configuration.
     pub fn build(self) -> Result<DetectorConfig, ConfigError> {
         // gRPC accepts zero durations (A50 asks only that they not be negative); Envoy's proto
-        // requires both positive, and linkerd's back-off needs a base to double.
+        // requires both positive; linkerd has no interval (it is unused there).
         if self.semantics != DetectorSemantics::Grpc {
             check_nonzero_duration("interval", self.interval)?;
+        }
+        // linkerd takes a zero shortest back-off too (only its longest must be positive).
+        if self.semantics == DetectorSemantics::Envoy {
             check_nonzero_duration("base_ejection_time", self.base_ejection_time)?;
         }
         for (field, value) in [
@@ -307,11 +310,11 @@ impl DetectorBuilder {
             }
             (Some(max), _) => max.max(self.base_ejection_time),
         };
-        if !(self.backoff_jitter.is_finite() && (0.0..=1.0).contains(&self.backoff_jitter)) {
+        if !(self.backoff_jitter.is_finite() && (0.0..=100.0).contains(&self.backoff_jitter)) {
             return Err(ConfigError::new(
                 "backoff_jitter",
                 self.backoff_jitter,
-                "0 to 1",
+                "0 to 100",
             ));
         }
         percent("max_ejection_percent", self.max_ejection_percent)?;

@@ -61,7 +61,7 @@ fn every_invalid_field_is_named() {
             "max_ejection_time",
         ),
         (
-            DetectorConfig::linkerd().backoff_jitter(1.5),
+            DetectorConfig::linkerd().backoff_jitter(100.5),
             "backoff_jitter",
         ),
         (
