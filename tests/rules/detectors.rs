@@ -406,3 +406,25 @@ async fn grpc_zero_interval_and_base_sweep_every_millisecond_and_eject_for_no_ti
     }
     assert_eq!(h.live_ids(), vec![0, 1, 2], "nothing enforced, nothing out");
 }
+
+// Found by review: a new detector policy put in place under the same interval keeps the
+// layer's tick series, and is told where it stands: an ejection before the first tick still
+// ends on a tick (40 s for 30 s from 3 s), not at its exact due time.
+#[tokio::test(start_paused = true)]
+async fn a_new_policy_under_the_same_interval_keeps_the_tick_series() {
+    let (layer, _) = detector_layer(DetectorConfig::envoy().max_ejection_percent(50));
+    let mut h = Harness::new(&layer, 5);
+    let fresh = DetectorPolicy::seeded(
+        DetectorConfig::envoy()
+            .max_ejection_percent(50)
+            .build()
+            .unwrap(),
+        9,
+    );
+    layer.rules().replace(0, fresh).unwrap();
+    h.sync();
+    h.advance(3 * SECOND).await;
+    h.calls(0, 5, 0).await;
+    assert!(!h.is_live(0));
+    assert_eq!(next_check(&layer, 0), Some(37 * SECOND));
+}

@@ -217,3 +217,51 @@ async fn the_consecutive_only_accrual_is_kept_by_name() {
     calls(&mut h, &[false]).await;
     assert!(!h.is_live(0));
 }
+
+// Found by review: a rate trip the layer refused (endpoint 0 was the last one in rotation)
+// must not switch the rate trigger off for good. Once its condemnation lapses (an interval)
+// and there is room, a new trip ejects the gray endpoint. The back-off is longer than the
+// interval, so the stale condemnation cannot be what ejects it.
+#[tokio::test(start_paused = true)]
+async fn a_refused_rate_trip_does_not_switch_the_trigger_off() {
+    let config = DetectorConfig::linkerd()
+        .consecutive_5xx(3)
+        .backoff_jitter(0.0)
+        .base_ejection_time(30 * SECOND)
+        .max_ejection_time(100 * SECOND)
+        .recent_success_rate(Some(RecentSuccessRate {
+            threshold: 0.8,
+            window: 10 * SECOND,
+            min_requests: 5,
+        }))
+        .build()
+        .unwrap();
+    let policy = DetectorPolicy::seeded(config, 5);
+    let layer = OutlierDetectionLayer::new(policy.clone());
+    let mut h = Harness::new(&layer, 2);
+    h.calls(1, 3, 0).await;
+    assert!(!h.is_live(1));
+    for _ in 0..5 {
+        h.calls(0, 1, 1).await;
+    }
+    assert!(h.is_live(0), "the last endpoint in rotation: refused");
+    h.advance(31 * SECOND).await;
+    h.poll_ready_all();
+    if h.is_live(1) {
+        h.calls(1, 0, 3).await;
+    }
+    h.advance(11 * SECOND).await;
+    assert!(h.is_live(1) && h.is_live(0));
+    for _ in 0..40 {
+        if !h.is_live(0) {
+            break;
+        }
+        h.calls_while_live(0, 1, 1).await;
+        h.advance(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !h.is_live(0),
+        "with room, the gray endpoint is ejected on the rate"
+    );
+    assert_eq!(policy.stats().enforced(Detector::SuccessRate), 1);
+}

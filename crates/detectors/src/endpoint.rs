@@ -342,8 +342,10 @@ impl DetectorEndpoint {
             return None;
         }
         let rate = (counts.calls - counts.failures) as f64 / counts.calls as f64;
-        // Strictly below; one detection per trip (the layer acts on it at once).
-        if rate >= trigger.threshold || self.condemned.load(Ordering::Acquire) != 0 {
+        // Strictly below; one detection per trip (the layer acts on it at once). A condemnation
+        // the layer refused lapses after an interval (`standing`), as linkerd's retry does;
+        // after that a new trip counts.
+        if rate >= trigger.threshold || self.standing(now) != 0 {
             return None;
         }
         if self.shared.detected(Detector::SuccessRate) {

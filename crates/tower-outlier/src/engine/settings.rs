@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_outlier_core::{Clock, DynOutlierPolicy, EjectionBudget};
+use tower_outlier_core::{duration_to_nanos, Clock, DynOutlierPolicy, EjectionBudget};
 
 use super::later;
 use crate::hosts::{HostOf, HostRegistry};
@@ -85,7 +85,14 @@ pub(super) fn fleet_schedules(
                 .iter()
                 .find(|s| s.policy == policy && s.every == every)
             {
-                Some(kept) => kept.next,
+                Some(kept) => {
+                    // The policy may be a new one under the same interval: it is told where the
+                    // kept series stands (its last evaluation, or its start).
+                    let last = kept.next.checked_sub(every).unwrap_or(now);
+                    let ago = now.saturating_duration_since(last);
+                    p.fleet_started(now_nanos.saturating_sub(duration_to_nanos(ago)));
+                    kept.next
+                }
                 None => {
                     p.fleet_started(now_nanos);
                     later(now, every)
