@@ -388,14 +388,10 @@ async fn grpc_zero_interval_and_base_sweep_every_millisecond_and_eject_for_no_ti
     assert!(h.is_live(0));
     assert_eq!(policy.stats().enforced(Detector::FailurePercentage), 1);
 
-    let zero = tower_outlier::detectors::GrpcOutlierDetection::from_json(
-        r#"{"interval": "0s", "baseEjectionTime": "0s", "maxEjectionTime": "0s",
-            "maxEjectionPercent": 0,
-            "successRateEjection": {"stdevFactor": 0, "enforcementPercentage": 0,
-                                    "minimumHosts": 0, "requestVolume": 0},
-            "failurePercentageEjection": {"threshold": 0, "enforcementPercentage": 0,
-                                          "minimumHosts": 0, "requestVolume": 0}}"#,
-    )
+    let zero = tower_outlier::detectors::GrpcOutlierDetection::from_json(&format!(
+        "{{{}}}",
+        crate::grpc_conformance::ALL_FIELDS_ZERO
+    ))
     .unwrap();
     let layer = OutlierDetectionLayer::new(DetectorPolicy::new(zero.into_config()));
     let mut h = Harness::new(&layer, 3);

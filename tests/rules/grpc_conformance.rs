@@ -144,17 +144,18 @@ fn parse_failure_percentage_full() {
     assert_eq!(failure_percentage(&config), Some((80, 100, 10, 40)));
 }
 
+/// grpc-go's `AllFields_Zero` parse case: every field zero, both detectors present.
+pub(crate) const ALL_FIELDS_ZERO: &str = r#""interval": "0s", "baseEjectionTime": "0s",
+    "maxEjectionTime": "0s", "maxEjectionPercent": 0,
+    "successRateEjection": {"stdevFactor": 0, "enforcementPercentage": 0,
+                            "minimumHosts": 0, "requestVolume": 0},
+    "failurePercentageEjection": {"threshold": 0, "enforcementPercentage": 0,
+                                  "minimumHosts": 0, "requestVolume": 0}"#;
+
 // TestParseConfig/AllFields_Zero: accepted, every field zero, both detectors present.
 #[test]
 fn parse_all_fields_zero() {
-    let config = parse(
-        r#""interval": "0s", "baseEjectionTime": "0s", "maxEjectionTime": "0s",
-           "maxEjectionPercent": 0,
-           "successRateEjection": {"stdevFactor": 0, "enforcementPercentage": 0,
-                                   "minimumHosts": 0, "requestVolume": 0},
-           "failurePercentageEjection": {"threshold": 0, "enforcementPercentage": 0,
-                                         "minimumHosts": 0, "requestVolume": 0}"#,
-    );
+    let config = parse(ALL_FIELDS_ZERO);
     assert_eq!(top_level(&config), (0, 0, 0, 0));
     assert_eq!(success_rate(&config), Some((0, 0, 0, 0)));
     assert_eq!(failure_percentage(&config), Some((0, 0, 0, 0)));

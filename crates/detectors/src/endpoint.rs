@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use futures::task::AtomicWaker;
-use tower_outlier_core::{duration_to_nanos, Nanos, Signal, Window};
+use tower_outlier_core::{duration_to_nanos, Nanos, Signal, Window, WindowShape};
 
 use crate::config::{DetectorSemantics, RecentSuccessRate, MIN_RECENT_WINDOW, RECENT_BUCKETS};
 use crate::policy::{Detector, Shared};
@@ -121,8 +121,12 @@ impl DetectorEndpoint {
             .recent_success_rate
             .filter(|trigger| config.semantics == DetectorSemantics::Linkerd && trigger.is_on())
             .and_then(|trigger| {
-                let window = Window::new(trigger.window.max(MIN_RECENT_WINDOW), RECENT_BUCKETS);
-                Some((trigger, Box::new(window.ok()?)))
+                // Ten buckets of at least a millisecond always make a shape (the builder refuses
+                // windows under 10 ms while the trigger is on). Slow calls are not counted: the
+                // trigger reads calls and failures only.
+                let shape =
+                    WindowShape::new(trigger.window.max(MIN_RECENT_WINDOW), RECENT_BUCKETS).ok()?;
+                Some((trigger, Box::new(shape.window())))
             });
         let gate = (config.semantics == DetectorSemantics::Linkerd).then(|| Gate {
             state: AtomicU8::new(CLOSED),
@@ -195,8 +199,14 @@ impl DetectorEndpoint {
         }
     }
 
+    /// Whether interval ticks end statistical condemnations: every semantics but linkerd's,
+    /// which has no interval (its success-rate trips age as consecutive ones do).
+    fn ticked(&self) -> bool {
+        self.shared.config.semantics != DetectorSemantics::Linkerd
+    }
+
     fn condemn(&self, bits: u8, now: Nanos) {
-        if bits & STATISTICAL == 0 || self.recent.is_some() {
+        if bits & STATISTICAL == 0 || !self.ticked() {
             self.condemned_at.store(now, Ordering::Relaxed);
         }
         self.overflow_pending.store(true, Ordering::Relaxed);
@@ -210,8 +220,7 @@ impl DetectorEndpoint {
     /// time; after it, only fresh evidence counts.
     fn standing(&self, now: Nanos) -> u8 {
         let bits = self.condemned.load(Ordering::Acquire);
-        // linkerd's success-rate trips have no tick to end them: they age as the others do.
-        let ticked = self.recent.is_none();
+        let ticked = self.ticked();
         if bits & !STATISTICAL == 0 && ticked {
             return bits;
         }
