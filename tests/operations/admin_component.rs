@@ -316,3 +316,76 @@ async fn the_page_shows_the_endpoints_out_of_rotation_first() {
         "{page}"
     );
 }
+
+/// Dry run and an operator's override on the page: what would be beside where each endpoint is,
+/// and the snapshot's JSON saying the same.
+#[tokio::test(start_paused = true)]
+async fn the_page_shows_what_dry_run_would_do_and_the_operators_overrides() {
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended()
+            .max_ejection_percent(50)
+            .build()
+            .unwrap(),
+    ));
+    // Before the incident: its history starts when it is built.
+    let admin = Admin::builder(&layer.monitor()).build();
+    let rules = layer.rules();
+    rules.set_dry_run(true);
+    rules.force_out(&2usize);
+    let mut h = support::Harness::new(&layer, 6);
+    h.calls(4, 3, 0).await;
+    assert!(h.is_live(4), "dry run ejects nothing");
+    assert!(
+        !h.is_live(2),
+        "an operator's override is enforced in dry run"
+    );
+    let fetch = |path: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let response = admin
+                .oneshot(http::Request::get(path).body(()).unwrap())
+                .await
+                .unwrap();
+            String::from_utf8(
+                response
+                    .into_body()
+                    .collect()
+                    .await
+                    .unwrap()
+                    .to_bytes()
+                    .to_vec(),
+            )
+            .unwrap()
+        }
+    };
+    let page = fetch("/").await;
+    assert!(page.contains("Dry run: nothing is ejected"), "{page}");
+    let row = |key: &str| {
+        page.split("<tr class=")
+            .find(|row| row.contains(&format!("data-endpoint=\"{key}\"")))
+            .unwrap_or_else(|| panic!("no row for {key}: {page}"))
+            .to_owned()
+    };
+    assert!(
+        row("4").contains("available (dry run: would be ejected)"),
+        "{}",
+        row("4")
+    );
+    assert!(
+        row("2").contains("ejected (forced out by an operator)"),
+        "{}",
+        row("2")
+    );
+    let json: serde_json::Value = serde_json::from_str(&fetch("/snapshot").await).unwrap();
+    assert_eq!(json["dry_run"], true);
+    let four = json["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["key"] == "4")
+        .unwrap();
+    assert_eq!(four["would_be"], "Ejected");
+    let events = fetch("/events").await;
+    assert!(events.contains("\"kind\":\"dry_run\""), "{events}");
+    assert!(events.contains("\"action\":\"force_out\""), "{events}");
+}

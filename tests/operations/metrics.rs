@@ -121,7 +121,7 @@ async fn ten_thousand_churned_endpoints_leave_the_label_sets_bounded() {
     let text = scrape(&registry);
     let series = text.lines().filter(|l| !l.starts_with('#')).count();
     // Two per-endpoint series for each of the five endpoints left, and a fixed number of others.
-    assert!(series < 40, "{series} series:\n{text}");
+    assert!(series < 48, "{series} series:\n{text}");
     assert!(!text.contains(r#"upstream_endpoint="5000""#));
     assert!(
         sample(
@@ -254,5 +254,49 @@ async fn counters_are_present_at_zero_before_any_event() {
         r#"outlier_removals_total{upstream="default",status="ejected"}"#,
     ] {
         assert_eq!(sample(&text, series), Some(0.0), "{series} in:\n{text}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn dry_run_and_operator_actions_are_counted() {
+    let layer = layer();
+    let mut registry = Registry::default();
+    tower_outlier::metrics::register(&mut registry, &layer.monitor());
+    let rules = layer.rules();
+    let mut h = Harness::new(&layer, 5);
+    let before = scrape(&registry);
+    for action in ["force_out", "force_in", "release", "reset_backoff"] {
+        let series =
+            format!(r#"outlier_operator_actions_total{{upstream="default",action="{action}"}}"#);
+        assert_eq!(sample(&before, &series), Some(0.0), "{series}");
+    }
+    rules.set_dry_run(true);
+    h.sync();
+    h.calls(3, 10, 0).await;
+    rules.force_out(&1usize);
+    h.sync();
+    rules.release(&1usize);
+    rules.reset_backoff(&3usize);
+    h.sync();
+    let after = scrape(&registry);
+    assert_eq!(
+        sample(
+            &after,
+            r#"outlier_would_eject_total{upstream="default",policy="error-rate",measure="error rate"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &after,
+            r#"outlier_ejections_total{upstream="default",policy="error-rate",measure="error rate"}"#
+        ),
+        None,
+        "dry run ejected nothing"
+    );
+    for (action, count) in [("force_out", 1.0), ("release", 1.0), ("reset_backoff", 1.0)] {
+        let series =
+            format!(r#"outlier_operator_actions_total{{upstream="default",action="{action}"}}"#);
+        assert_eq!(sample(&after, &series), Some(count), "{series}");
     }
 }

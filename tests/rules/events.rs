@@ -339,3 +339,36 @@ async fn the_envoy_event_log_writes_outlier_detection_events() {
     );
     assert_eq!(log.write_errors(), 0);
 }
+
+/// In dry run Envoy's event log writes what would be ejected as Envoy writes a detection its
+/// `enforcing_*` percentage did not enforce: an EJECT with `enforced: false`, and no UNEJECT.
+#[tokio::test(start_paused = true)]
+async fn the_envoy_event_log_writes_dry_run_ejections_as_not_enforced() {
+    use tower_outlier::events::EnvoyEventLog;
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::envoy()
+            .max_ejection_percent(50)
+            .build()
+            .unwrap(),
+    ));
+    layer.rules().set_dry_run(true);
+    let lines = Lines::default();
+    let log = EnvoyEventLog::new("orders", lines.clone());
+    let _subscription = log.attach(&layer.monitor());
+    let mut h = Harness::new(&layer, 5);
+    h.calls(3, 5, 0).await;
+    assert!(h.is_live(3));
+    h.advance(Duration::from_secs(45)).await;
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(events.len(), 1, "{text}");
+    assert_eq!(events[0]["action"], "EJECT");
+    assert_eq!(events[0]["type"], "CONSECUTIVE_5XX");
+    assert_eq!(events[0]["enforced"], false);
+    assert_eq!(events[0]["num_ejections"], 0, "nothing was ejected");
+}

@@ -15,6 +15,7 @@ mod grpc_conformance;
 mod hosts;
 mod invariants;
 mod linkerd_conformance;
+mod operator;
 mod reconfigure;
 mod semantics;
 mod slow_call;

@@ -162,6 +162,11 @@ pub trait OwnTiming: Send + Sync {
     fn ejection_refused(&self, now: Nanos) {
         let _ = now;
     }
+
+    /// An operator reset the endpoint's back-off: a policy that lengthens its ejections with
+    /// each one (an ejection multiplier) starts again from its base time. Cold path; the default
+    /// does nothing.
+    fn reset_backoff(&self) {}
 }
 
 /// What a policy's state shows of its endpoint ([`EndpointPolicy::describe`]).

@@ -240,6 +240,7 @@ fn poll_events<K, S, P>(
         if engine.notifier().take() {
             // New rules wake the adaptor through the same notifier.
             engine.reconfigure(Instant::now());
+            engine.apply_controls(Instant::now());
             engine.signalled(Instant::now());
         }
         // Changes of the shared hosts wake it the same way; room for a host ejection refused

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower_outlier_core::{DynOutlierPolicy, EndpointRecord, Notifier};
 
+use crate::controls::{Controls, Override};
 use crate::deadlines::Deadlines;
 use crate::endpoint::EndpointParts;
 use crate::events::Event;
@@ -83,6 +84,16 @@ pub(crate) struct Engine<K, S> {
     // cannot pick them, so they are no endpoint to fall back on (the last-endpoint rule).
     unready: HashSet<u64>,
     signals: SignalBoard<K>,
+    // Endpoints out only in dry run (ejected or probing as the rules would have them): still in
+    // the balancer's set, counted apart from `ejected`.
+    shadowed: usize,
+    // The operator's controls in force, and their version.
+    controls: Arc<Controls>,
+    controls_version: u64,
+    // The overrides in force, by endpoint id: most layers have none.
+    forced: HashMap<u64, Override>,
+    // The back-off resets applied, by key text: how many of each.
+    resets_applied: HashMap<Box<str>, u64>,
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -104,13 +115,15 @@ enum Ejector {
     Policy(usize),
     /// Another layer sharing its host holds the host out (HSF ipDimension).
     Host,
+    /// An operator forced it out.
+    Operator,
 }
 
 impl Ejector {
     fn policy(self) -> Option<usize> {
         match self {
             Ejector::Policy(index) => Some(index),
-            Ejector::Host => None,
+            Ejector::Host | Ejector::Operator => None,
         }
     }
 }
@@ -158,6 +171,11 @@ impl<K, S> Engine<K, S> {
         }
         registry.rules_in_force(settings.version);
         let names: Arc<[&'static str]> = settings.policies.iter().map(|p| p.name()).collect();
+        // Applied on the first poll, as the rules' first version is: none at start.
+        let controls = Arc::new(Controls::default());
+        if settings.rules.controls_version() != 0 {
+            notifier.notify();
+        }
         Engine {
             roster: registry.join(names.clone()),
             names,
@@ -183,6 +201,11 @@ impl<K, S> Engine<K, S> {
             no_ejection: None,
             unready: HashSet::new(),
             signals: SignalBoard::new(),
+            shadowed: 0,
+            controls,
+            controls_version: 0,
+            forced: HashMap::new(),
+            resets_applied: HashMap::new(),
         }
     }
 
@@ -287,7 +310,9 @@ where
         if self.refused.is_empty() {
             return;
         }
-        if self.room().is_err() {
+        // An endpoint forced out needs only another endpoint to fall back on, whatever the budget.
+        let forced_pending = !self.forced.is_empty() && self.available() > 1;
+        if self.room().is_err() && !forced_pending {
             return;
         }
         let refused: Vec<K> = self.refused.values().cloned().collect();
@@ -342,6 +367,7 @@ impl<K, S> Drop for Engine<K, S> {
 }
 
 mod availability;
+mod controls;
 mod entry;
 mod hosts;
 mod reconfigure;

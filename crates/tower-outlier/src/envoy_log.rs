@@ -119,6 +119,17 @@ impl EnvoyEventLog {
                 Some((reason.value, reason.threshold, reason.counts)),
             ),
             Event::Readmitted { key, .. } => (key, None, "UNEJECT", false, None),
+            // What dry run would eject: detected, not enforced, as with `enforcing_*` at 0.
+            Event::DryRun(inner) => match &**inner {
+                Event::Ejected { key, reason, .. } => (
+                    key,
+                    Some(reason.measure),
+                    "EJECT",
+                    false,
+                    Some((reason.value, reason.threshold, reason.counts)),
+                ),
+                _ => return,
+            },
             Event::Removed { key, .. } => {
                 self.state.lock().hosts.remove(key.as_str());
                 return;

@@ -139,6 +139,11 @@ pub enum Readmission {
     PolicyOff,
     /// Its host came back in the services sharing it (HSF ipDimension).
     HostBack,
+    /// An operator forced it in, or released it from being forced out ([`crate::controls`]).
+    Operator,
+    /// Dry run was turned on for the policy that ejected it: it is back in the balancer's set,
+    /// and the rest of its ejection is reported as [`Event::DryRun`].
+    DryRun,
 }
 
 impl fmt::Display for Readmission {
@@ -150,6 +155,8 @@ impl fmt::Display for Readmission {
             Readmission::LastEndpoint => "no other endpoint available",
             Readmission::PolicyOff => "the policy that ejected it was turned off",
             Readmission::HostBack => "its host is back in the services that share it",
+            Readmission::Operator => "an operator brought it back",
+            Readmission::DryRun => "dry run turned on for the policy that ejected it",
         })
     }
 }
@@ -162,6 +169,8 @@ pub enum Refusal {
     Budget,
     /// It is the last endpoint available.
     LastEndpoint,
+    /// An operator forced it in ([`Override::ForcedIn`](crate::controls::Override)).
+    ForcedIn,
 }
 
 /// One decision of the layer, in the order the adaptor took them.
@@ -261,6 +270,40 @@ pub enum Event {
         /// Why.
         error: String,
     },
+    /// What the layer would have done about an endpoint had the policy that judged it not been
+    /// in dry run ([`RulesHandle::set_dry_run`](crate::RulesHandle::set_dry_run)): the event an
+    /// enforcing layer emits, at the same decision — `Ejected`, `EjectionRefused`,
+    /// `Readmitted`, `Recovered`, `TrialFailed`, `ProbeStarted`, `ProbeFailed`. The endpoint
+    /// stayed in the balancer's set.
+    DryRun(Box<Event>),
+    /// An operator's action took effect on the endpoint ([`crate::controls`]).
+    Operator {
+        /// The endpoint.
+        key: EndpointKey,
+        /// What was done.
+        action: crate::controls::OperatorAction,
+    },
+}
+
+impl Event {
+    /// The endpoint the event is about, if it is about one.
+    pub fn key(&self) -> Option<&EndpointKey> {
+        match self {
+            Event::Ejected { key, .. }
+            | Event::EjectionRefused { key, .. }
+            | Event::Readmitted { key, .. }
+            | Event::Recovered { key }
+            | Event::TrialFailed { key, .. }
+            | Event::ProbeStarted { key }
+            | Event::ProbeFailed { key, .. }
+            | Event::WeightChanged { key, .. }
+            | Event::Removed { key, .. }
+            | Event::PolicyStateChanged { key, .. }
+            | Event::Operator { key, .. } => Some(key),
+            Event::DryRun(event) => event.key(),
+            Event::RulesApplied { .. } | Event::RulesRejected { .. } => None,
+        }
+    }
 }
 
 pub(crate) type Callback = Arc<dyn Fn(&Event) + Send + Sync>;

@@ -76,6 +76,7 @@
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
+pub mod controls;
 mod deadlines;
 pub mod dialect;
 pub mod discover;

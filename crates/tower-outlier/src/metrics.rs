@@ -62,6 +62,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tower_outlier_core::Lock;
 
+use crate::controls::OperatorAction;
 use crate::events::{Event, Readmission, Refusal};
 use crate::monitor::{EndpointStatus, Monitor};
 
@@ -130,6 +131,16 @@ impl OutlierMetrics {
                 "outlier_ejections_refused",
                 "Outliers kept in by the budget or as the last endpoint",
                 &counters.refused,
+            ),
+            (
+                "outlier_would_eject",
+                "Ejections a policy in dry run would have made, by the policy and the measure",
+                &counters.would_eject,
+            ),
+            (
+                "outlier_operator_actions",
+                "Operator overrides and back-off resets that took effect, by action",
+                &counters.operator,
             ),
             (
                 "outlier_readmissions",
@@ -237,6 +248,8 @@ struct Counters {
     rules: Family<Labels, Counter>,
     state_changes: Family<Labels, Counter>,
     removals: Family<Labels, Counter>,
+    would_eject: Family<Labels, Counter>,
+    operator: Family<Labels, Counter>,
 }
 
 impl Counters {
@@ -249,8 +262,18 @@ impl Counters {
             labels.extend(pairs.iter().map(|(k, v)| (*k, String::from(*v))));
             labels
         };
-        for refusal in ["budget", "last_endpoint"] {
+        for refusal in ["budget", "last_endpoint", "forced_in"] {
             let _ = self.refused.get_or_create(&with(&[("refusal", refusal)]));
+        }
+        for action in [
+            OperatorAction::ForceOut,
+            OperatorAction::ForceIn,
+            OperatorAction::Release,
+            OperatorAction::ResetBackoff,
+        ] {
+            let _ = self
+                .operator
+                .get_or_create(&with(&[("action", action.as_str())]));
         }
         for cause in [
             Readmission::ProbeSucceeded,
@@ -259,6 +282,8 @@ impl Counters {
             Readmission::LastEndpoint,
             Readmission::PolicyOff,
             Readmission::HostBack,
+            Readmission::Operator,
+            Readmission::DryRun,
         ] {
             let _ = self
                 .readmissions
@@ -292,6 +317,7 @@ impl Counters {
             Event::EjectionRefused { refusal, .. } => {
                 let refusal = match refusal {
                     Refusal::LastEndpoint => "last_endpoint",
+                    Refusal::ForcedIn => "forced_in",
                     _ => "budget",
                 };
                 (&self.refused, with(&[("refusal", refusal)]))
@@ -313,6 +339,17 @@ impl Counters {
             Event::Removed { status, .. } => {
                 (&self.removals, with(&[("status", status_label(*status))]))
             }
+            Event::Operator { action, .. } => {
+                (&self.operator, with(&[("action", action.as_str())]))
+            }
+            // Dry run counts what it would eject; the rest of what it reports is no change.
+            Event::DryRun(inner) => match &**inner {
+                Event::Ejected { reason, .. } => (
+                    &self.would_eject,
+                    with(&[("policy", reason.policy), ("measure", reason.measure)]),
+                ),
+                _ => return,
+            },
         };
         family.get_or_create(&labels).inc();
         // A probe that succeeded re-admits: counted under both.
@@ -336,6 +373,8 @@ fn cause_label(cause: Readmission) -> &'static str {
         Readmission::LastEndpoint => "last_endpoint",
         Readmission::PolicyOff => "policy_off",
         Readmission::HostBack => "host_back",
+        Readmission::Operator => "operator",
+        Readmission::DryRun => "dry_run",
     }
 }
 

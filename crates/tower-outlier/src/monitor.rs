@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tower_outlier_core::{Lock, Reason};
 
+use crate::controls::Override;
 use crate::endpoint::HasRecord;
 use crate::events::{EndpointKey, Event, EventHub};
 
@@ -25,6 +26,8 @@ struct Copied {
     names: Arc<[&'static str]>,
     shared: Arc<dyn HasRecord>,
     status: EndpointStatus,
+    dry_run: bool,
+    forced: Option<Override>,
     unready: bool,
     next_check: Option<Instant>,
     failed_checks: u32,
@@ -67,6 +70,8 @@ pub(crate) struct Registry {
     rosters: Lock<HashMap<u64, Roster>>,
     rules: Lock<(u64, Option<String>)>,
     rules_notes: Lock<Vec<String>>,
+    // The layer-wide dry run, and the policies in dry run of their own (by name).
+    dry_run: Lock<(bool, Vec<&'static str>)>,
     pub(crate) events: EventHub,
     discover_errors: AtomicU64,
     // Adaptors waiting for `rosters`: a snapshot gives way to them between its batches (std's
@@ -102,6 +107,9 @@ struct Standing {
     last_reason: Option<Reason>,
     refused: Option<Box<str>>,
     unready: bool,
+    // The status is what dry run would do: the endpoint is in the balancer's set.
+    dry_run: bool,
+    forced: Option<Override>,
 }
 
 impl Standing {
@@ -113,6 +121,8 @@ impl Standing {
         last_reason: None,
         refused: None,
         unready: false,
+        dry_run: false,
+        forced: None,
     };
 }
 
@@ -142,6 +152,7 @@ impl Monitor {
                 rosters: Lock::new(HashMap::new()),
                 rules: Lock::new((0, None)),
                 rules_notes: Lock::new(Vec::new()),
+                dry_run: Lock::new((false, Vec::new())),
                 events: EventHub::new(EVENTS_CAPACITY),
             }),
         }
@@ -197,6 +208,8 @@ impl Monitor {
                     names: roster.policies.clone(),
                     shared,
                     status: standing.status,
+                    dry_run: standing.dry_run,
+                    forced: standing.forced,
                     unready: standing.unready,
                     next_check: standing.next_check,
                     failed_checks: standing.failed_checks,
@@ -234,13 +247,19 @@ impl Monitor {
                     weighting.is_some_and(|w| w.degraded),
                 );
                 let in_flight = shared.in_flight();
-                let status = match copied.status {
+                // Out only in dry run: in the balancer's set, where the rules would not have it.
+                let (shown, would_be) = match copied.status {
+                    EndpointStatus::Available => (EndpointStatus::Available, None),
+                    status if copied.dry_run => (EndpointStatus::Available, Some(status)),
+                    status => (status, None),
+                };
+                let status = match shown {
                     EndpointStatus::Available | EndpointStatus::Trial if copied.unready => {
                         EndpointStatus::Unready
                     }
                     status => status,
                 };
-                let avoided_for = match copied.status {
+                let avoided_for = match shown {
                     EndpointStatus::Available | EndpointStatus::Trial if in_flight == 0 => record
                         .failing_for(at)
                         .filter(|since| *since >= AVOIDED_AFTER),
@@ -263,7 +282,11 @@ impl Monitor {
                     avoided_for,
                     // Only while a policy still judges it an outlier: an endpoint that healed
                     // sends the layer no signal, so the refusal the engine noted can outlive it.
-                    refused: copied.refused.filter(|_| record.judge(at).is_some()),
+                    refused: copied
+                        .refused
+                        .filter(|_| copied.forced.is_some() || record.judge(at).is_some()),
+                    would_be,
+                    forced: copied.forced,
                 }
             })
             .collect();
@@ -277,7 +300,10 @@ impl Monitor {
             .find_map(|roster| roster.no_ejection.as_deref().map(str::to_owned));
         let (rules_version, rules_error) = self.registry.rules.lock().clone();
         let rules_notes = self.registry.rules_notes.lock().clone();
+        let (dry_run, dry_run_policies) = self.registry.dry_run.lock().clone();
         Snapshot {
+            dry_run,
+            dry_run_policies,
             endpoints,
             rules_version,
             rules_error,
@@ -375,6 +401,7 @@ impl fmt::Debug for Monitor {
 }
 
 mod registry;
+pub(crate) use registry::Placement;
 mod snapshot;
 pub use snapshot::*;
 

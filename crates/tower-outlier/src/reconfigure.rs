@@ -9,6 +9,7 @@ use futures::{Stream, StreamExt};
 use tower_outlier_core::dialect::Dialect;
 use tower_outlier_core::{DynOutlierPolicy, Lock, Notifier, OutlierPolicy};
 
+use crate::controls::Controls;
 use crate::monitor::Registry;
 
 /// The policies a layer runs, in its order, and the version they were published as.
@@ -21,12 +22,15 @@ pub(crate) struct Rules {
 pub(crate) struct RulesCell {
     // Read by every adaptor on every poll: the version alone, without the lock.
     version: AtomicU64,
+    // The same for the operator's controls, which change without new rules.
+    controls_version: AtomicU64,
     state: Lock<CellState>,
     registry: Arc<Registry>,
 }
 
 struct CellState {
     rules: Arc<Rules>,
+    controls: Arc<Controls>,
     // The adaptors to wake when the rules change (dropped adaptors are pruned).
     subscribers: Vec<Weak<Notifier>>,
 }
@@ -38,7 +42,9 @@ impl RulesCell {
     ) -> Arc<Self> {
         Arc::new(RulesCell {
             version: AtomicU64::new(0),
+            controls_version: AtomicU64::new(0),
             state: Lock::new(CellState {
+                controls: Arc::default(),
                 rules: Arc::new(Rules {
                     version: 0,
                     policies: policies.into(),
@@ -57,6 +63,34 @@ impl RulesCell {
     /// The newest rules.
     pub(crate) fn current(&self) -> Arc<Rules> {
         self.state.lock().rules.clone()
+    }
+
+    /// The version of the newest controls.
+    pub(crate) fn controls_version(&self) -> u64 {
+        self.controls_version.load(Ordering::Acquire)
+    }
+
+    /// The newest controls, and their version.
+    pub(crate) fn controls(&self) -> (Arc<Controls>, u64) {
+        let state = self.state.lock();
+        (state.controls.clone(), self.controls_version())
+    }
+
+    /// Publishes controls changed by `change` and wakes every adaptor; what `change` returns.
+    pub(crate) fn control<T>(&self, change: impl FnOnce(&mut Controls) -> T) -> T {
+        let mut state = self.state.lock();
+        let out = change(Arc::make_mut(&mut state.controls));
+        self.controls_version.fetch_add(1, Ordering::AcqRel);
+        state
+            .subscribers
+            .retain(|subscriber| match subscriber.upgrade() {
+                Some(notifier) => {
+                    notifier.notify();
+                    true
+                }
+                None => false,
+            });
+        out
     }
 
     /// Registers an adaptor to wake when the rules change.
@@ -116,6 +150,21 @@ impl RulesCell {
         self.registry.source_trouble(trouble);
     }
 
+    /// The number of policies the layer runs.
+    pub(crate) fn slots(&self) -> usize {
+        self.state.lock().rules.policies.len()
+    }
+
+    /// Refuses a slot the layer does not have.
+    pub(crate) fn check_slot(&self, slot: usize) -> Result<(), ReconfigureError> {
+        let slots = self.slots();
+        if slot < slots {
+            Ok(())
+        } else {
+            Err(ReconfigureError::new(Kind::NoSlot { slot, slots }))
+        }
+    }
+
     fn reject(&self, error: &ReconfigureError) {
         self.registry.rules_error(Some(error.to_string()));
         tracing::warn!(
@@ -172,6 +221,10 @@ impl RulesHandle {
     #[cfg(feature = "etcd")]
     pub(crate) fn source_trouble(&self, trouble: Option<String>) {
         self.cell.source_trouble(trouble);
+    }
+
+    pub(crate) fn cell(&self) -> &Arc<RulesCell> {
+        &self.cell
     }
 
     /// The version of the newest rules: 0 as built, one more for each accepted change.

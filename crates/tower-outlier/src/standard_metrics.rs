@@ -98,6 +98,7 @@ pub fn watch(target: &str, monitor: &Monitor) -> EventCallback {
             let why = match refusal {
                 Refusal::Budget => "max_ejection_overflow",
                 Refusal::LastEndpoint => "last_endpoint",
+                Refusal::ForcedIn => "forced_in",
             };
             counter!(
                 EJECTIONS_UNENFORCED,
@@ -106,6 +107,18 @@ pub fn watch(target: &str, monitor: &Monitor) -> EventCallback {
                 UNENFORCED_REASON => why
             )
             .increment(1);
+        }
+        // Dry run's ejections were detected and not enforced.
+        Event::DryRun(inner) => {
+            if let Event::Ejected { reason, .. } = &**inner {
+                counter!(
+                    EJECTIONS_UNENFORCED,
+                    TARGET => target.clone(),
+                    DETECTION_METHOD => detection_method(reason.measure),
+                    UNENFORCED_REASON => "dry_run"
+                )
+                .increment(1);
+            }
         }
         _ => {}
     })

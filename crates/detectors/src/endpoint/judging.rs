@@ -233,6 +233,11 @@ impl OwnTiming for DetectorEndpoint {
         Some(end)
     }
 
+    fn reset_backoff(&self) {
+        // Envoy's and gRPC's multiplier, linkerd's failed probes in this trip.
+        self.ejections.store(0, Ordering::Relaxed);
+    }
+
     fn ejection_refused(&self, now: Nanos) {
         let bits = self.standing(now);
         if self.overflow_pending.swap(false, Ordering::Relaxed) {

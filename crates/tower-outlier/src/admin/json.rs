@@ -30,7 +30,17 @@ fn reason(reason: &Reason) -> Value {
 /// fields.
 pub(super) fn event(kept: &Kept) -> Value {
     let mut object = json!({ "at": at(kept.at) });
-    let fields = match &kept.event {
+    let fields = fields(&kept.event);
+    if let (Value::Object(object), Value::Object(fields)) = (&mut object, fields) {
+        object.extend(fields);
+    }
+    object
+}
+
+/// An event's `kind`, `key` and own fields; dry run's as `kind` "dry_run" with the event it
+/// would have been under `would`.
+fn fields(event: &Event) -> Value {
+    match event {
         Event::Ejected {
             key,
             reason: why,
@@ -45,7 +55,11 @@ pub(super) fn event(kept: &Kept) -> Value {
             refusal,
         } => json!({
             "kind": "ejection_refused", "key": key.as_str(), "reason": reason(why),
-            "refusal": match refusal { Refusal::Budget => "budget", Refusal::LastEndpoint => "last_endpoint" },
+            "refusal": match refusal {
+                Refusal::Budget => "budget",
+                Refusal::LastEndpoint => "last_endpoint",
+                Refusal::ForcedIn => "forced_in",
+            },
         }),
         Event::Readmitted { key, cause, trial } => json!({
             "kind": "readmitted", "key": key.as_str(), "cause": cause.to_string(),
@@ -81,11 +95,13 @@ pub(super) fn event(kept: &Kept) -> Value {
         Event::RulesRejected { error } => json!({
             "kind": "rules_rejected", "key": null, "error": error,
         }),
-    };
-    if let (Value::Object(object), Value::Object(fields)) = (&mut object, fields) {
-        object.extend(fields);
+        Event::DryRun(inner) => json!({
+            "kind": "dry_run", "key": inner.key().map(|key| key.as_str()), "would": fields(inner),
+        }),
+        Event::Operator { key, action } => json!({
+            "kind": "operator", "key": key.as_str(), "action": action.as_str(),
+        }),
     }
-    object
 }
 
 /// The kept events, oldest first.

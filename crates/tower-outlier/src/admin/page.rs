@@ -47,10 +47,21 @@ pub(super) fn render(
     );
     let _ = writeln!(
         html,
-        "<p>{} endpoints, {} out of rotation. Rules version {}{}.{}</p>",
+        "<p>{} endpoints, {} out of rotation. Rules version {}{}.{}{}</p>",
         snapshot.endpoints.len(),
         snapshot.ejected(),
         snapshot.rules_version,
+        if snapshot.dry_run {
+            " <strong>Dry run: nothing is ejected; the status column says what would be.</strong>"
+                .to_owned()
+        } else if !snapshot.dry_run_policies.is_empty() {
+            format!(
+                " Dry run for {}.",
+                escape(&snapshot.dry_run_policies.join(", "))
+            )
+        } else {
+            String::new()
+        },
         snapshot
             .rules_error
             .as_deref()
@@ -84,7 +95,9 @@ pub(super) fn render(
         .sum();
     // The endpoints that need attention first, then the others, up to the timeline's limit.
     let mut shown: Vec<&crate::EndpointSnapshot> = snapshot.endpoints.iter().collect();
-    shown.sort_by_key(|e| e.status == EndpointStatus::Available);
+    shown.sort_by_key(|e| {
+        e.status == EndpointStatus::Available && e.would_be.is_none() && e.forced.is_none()
+    });
     let hidden = shown.len().saturating_sub(limits.endpoints);
     shown.truncate(limits.endpoints);
     let grid = Grid::new(history);
@@ -118,6 +131,14 @@ pub(super) fn render(
             .last_reason
             .as_ref()
             .map_or_else(|| "-".to_owned(), |r| escape(&format!("{}: {r}", r.policy)));
+        // What dry run would do, and an operator's override, beside where it really is.
+        let mut status = status_name(endpoint.status).to_owned();
+        if let Some(would_be) = endpoint.would_be {
+            let _ = write!(status, " (dry run: would be {})", status_name(would_be));
+        }
+        if let Some(forced) = endpoint.forced {
+            let _ = write!(status, " ({forced} by an operator)");
+        }
         let _ = write!(
             html,
             "<tr class=\"{class}\" data-endpoint=\"{}\"><td><code>{}</code></td>\
@@ -125,7 +146,7 @@ pub(super) fn render(
              <td class=\"num\">{:.1} %</td><td class=\"num\">{:.1} %</td><td>",
             escape(key),
             escape(key),
-            status_name(endpoint.status),
+            status,
             endpoint.error_rate * 100.0,
             share * 100.0,
         );

@@ -19,13 +19,33 @@ where
     /// never the balancer's last endpoint it can pick, and never past the budget. The one place
     /// the rule is written.
     pub(super) fn room(&self) -> Result<(), Refusal> {
-        if self.available() <= 1 {
+        self.room_for(false)
+    }
+
+    /// [`room`](Self::room) for an ejection that is real, or (`dry`) that a policy in dry run
+    /// would make: that one counts what dry run holds out as out, as an enforcing layer would
+    /// have it, so a dry run makes the decisions the same rules would.
+    pub(super) fn room_for(&self, dry: bool) -> Result<(), Refusal> {
+        let (out, available) = if dry {
+            (
+                self.ejected + self.shadowed,
+                self.available().saturating_sub(self.shadowed),
+            )
+        } else {
+            (self.ejected, self.available())
+        };
+        if available <= 1 {
             Err(Refusal::LastEndpoint)
-        } else if self.ejected >= self.settings.budget.max_ejected(self.entries.len()) {
+        } else if out >= self.settings.budget.max_ejected(self.entries.len()) {
             Err(Refusal::Budget)
         } else {
             Ok(())
         }
+    }
+
+    /// Whether the policy at `index` is in dry run.
+    pub(super) fn is_dry(&self, index: usize) -> bool {
+        self.controls.any_dry() && self.controls.is_dry(index)
     }
 
     /// Follows `key`'s readiness as its balancer handle reported it; true if that changed.
@@ -62,7 +82,9 @@ where
     pub(crate) fn publish_room(&mut self) {
         let n = self.entries.len();
         let max = self.settings.budget.max_ejected(n);
-        self.notifier.set_room_to_eject(self.room().is_ok());
+        // In a layer-wide dry run, the room the rules would have.
+        self.notifier
+            .set_room_to_eject(self.room_for(self.controls.dry_run).is_ok());
         // A budget that rounds to none for this fleet is said once, in the log and the monitor,
         // and again whenever that changes.
         let none = (max == 0 && n > 1).then_some(n);

@@ -51,6 +51,8 @@ pub(super) struct Episode {
     pub(super) trial_breached: bool,
     // Calls the ejecting policy's window held at the end of each period of this trial so far.
     pub(super) trial_calls: u64,
+    // What the rules would do, in dry run: the endpoint never left the balancer's set.
+    pub(super) shadow: bool,
 }
 
 /// Where an endpoint is in an [`Episode`].
@@ -66,6 +68,8 @@ pub(super) enum Stage {
     /// Out because another adaptor sharing its host holds the host out: no check of its own, it
     /// comes back when the host does.
     HeldForHost,
+    /// Forced out by an operator: no check, it comes back when released.
+    HeldByOperator,
 }
 
 impl From<Stage> for Status {
@@ -75,6 +79,7 @@ impl From<Stage> for Status {
             Stage::Ejected { next_check } => Status::Ejected { next_check },
             Stage::Probing => Status::Probing,
             Stage::HeldForHost => Status::HeldForHost,
+            Stage::HeldByOperator => Status::HeldByOperator,
         }
     }
 }
@@ -158,21 +163,47 @@ impl<S> Entry<S> {
     /// Whether the endpoint is out (ejected or probing) for an ejection of its own, not for its
     /// host: such an endpoint holds its host out in the registry it shares.
     pub(super) fn holds_host_out(&self) -> bool {
-        !self.status().is_available() && self.ejected_by() != Some(Ejector::Host)
+        !self.status().is_available()
+            && matches!(self.ejected_by(), Some(Ejector::Policy(_)))
+            && !self.is_shadow()
     }
 
-    /// Takes the endpoint out for `ejected_by` until `next_check` (`None`: held out for its host,
-    /// with no check of its own): an episode starts, or the one of its trial goes on.
+    /// Whether the endpoint's episode is only what the rules would do (dry run).
+    pub(super) fn is_shadow(&self) -> bool {
+        self.episode.as_ref().is_some_and(|episode| episode.shadow)
+    }
+
+    /// Whether the balancer has the endpoint in its set: available, or out only in dry run.
+    pub(super) fn in_balancer(&self) -> bool {
+        self.status().is_available() || self.is_shadow()
+    }
+
+    /// Whether the endpoint is out of the balancer's set for real.
+    pub(super) fn is_out(&self) -> bool {
+        !self.in_balancer()
+    }
+
+    /// Whether the endpoint is out only in dry run (ejected or probing as the rules would have it).
+    pub(super) fn is_shadow_out(&self) -> bool {
+        !self.status().is_available() && self.is_shadow()
+    }
+
+    /// Takes the endpoint out for `ejected_by` until `next_check` (`None`: held out for its host
+    /// or by an operator, with no check of its own), or (`shadow`) would in dry run: an episode
+    /// starts, or the one of its trial goes on.
     pub(super) fn eject<K: Clone>(
         &mut self,
         key: &K,
         ejected_by: Ejector,
         next_check: Option<Instant>,
+        shadow: bool,
         deadlines: &mut Deadlines<K>,
     ) -> &mut Episode {
-        let stage = next_check.map_or(Stage::HeldForHost, |next_check| Stage::Ejected {
-            next_check,
-        });
+        let stage = match (next_check, ejected_by) {
+            (Some(next_check), _) => Stage::Ejected { next_check },
+            (None, Ejector::Operator) => Stage::HeldByOperator,
+            (None, _) => Stage::HeldForHost,
+        };
         let episode = self.episode.get_or_insert_with(|| {
             Box::new(Episode {
                 stage,
@@ -181,9 +212,11 @@ impl<S> Entry<S> {
                 ejected_by,
                 trial_breached: false,
                 trial_calls: 0,
+                shadow,
             })
         });
         episode.ejected_by = ejected_by;
+        episode.shadow = shadow;
         episode.set_stage(stage, key, self.id, deadlines);
         episode
     }
@@ -230,6 +263,7 @@ pub(super) enum Status {
     Ejected { next_check: Instant },
     Probing,
     HeldForHost,
+    HeldByOperator,
 }
 
 impl Status {
@@ -241,7 +275,9 @@ impl Status {
         match self {
             Status::Trial { until } => Some(until),
             Status::Ejected { next_check } => Some(next_check),
-            Status::Available | Status::Probing | Status::HeldForHost => None,
+            Status::Available | Status::Probing | Status::HeldForHost | Status::HeldByOperator => {
+                None
+            }
         }
     }
 
@@ -249,7 +285,9 @@ impl Status {
         match self {
             Status::Available => EndpointStatus::Available,
             Status::Trial { .. } => EndpointStatus::Trial,
-            Status::Ejected { .. } | Status::HeldForHost => EndpointStatus::Ejected,
+            Status::Ejected { .. } | Status::HeldForHost | Status::HeldByOperator => {
+                EndpointStatus::Ejected
+            }
             Status::Probing => EndpointStatus::Probing,
         }
     }

@@ -59,7 +59,7 @@ where
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
             records.push((entry.id, weak));
             replaced.push(std::mem::replace(&mut entry.shared, shared));
-            if entry.status().is_available() {
+            if entry.in_balancer() {
                 self.queue
                     .push_back(Change::Insert(key.clone(), entry.endpoint()));
             }
@@ -85,7 +85,7 @@ where
             self.readmit(&key, Some(until), Readmission::PolicyOff, now);
         }
         self.enforce_budget(now);
-        for key in self.keys_where(|e| e.status().is_available()) {
+        for key in self.keys_where(|e| e.in_balancer()) {
             self.consider(&key, now);
         }
         self.retry_refused(now);

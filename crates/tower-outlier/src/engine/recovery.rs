@@ -39,7 +39,10 @@ where
             match status {
                 Status::Trial { .. } => self.trial_ended(&key, now),
                 Status::Ejected { .. } => self.check(key, now, probe),
-                Status::Available | Status::Probing | Status::HeldForHost => {}
+                Status::Available
+                | Status::Probing
+                | Status::HeldForHost
+                | Status::HeldByOperator => {}
             }
         }
         // After the re-admissions that were due, so the endpoints an evaluation condemned
@@ -66,14 +69,18 @@ where
         let record = &entry.shared.record;
         let recorded_now = record.clock().now();
         let until = later(now, self.trial);
+        let shadow = episode.shadow;
         if record.judge(recorded_now).is_some() {
             if let Some(failed_checks) = episode.breach_trial() {
-                self.registry
-                    .emit_about(self.roster, entry.id, |key| Event::TrialFailed {
-                        key,
-                        failed_checks,
-                    });
+                let id = entry.id;
+                self.emit_for(id, shadow, |key| Event::TrialFailed { key, failed_checks });
             }
+            let Some(entry) = self.entries.get_mut(key) else {
+                return;
+            };
+            let Some(episode) = entry.episode.as_deref_mut() else {
+                return;
+            };
             episode.set_stage(Stage::Trial { until }, key, entry.id, &mut self.deadlines);
             tracing::info!(
                 target: "tower_outlier",
@@ -109,9 +116,9 @@ where
         } else {
             // Recovered: the episode ends, and its failed checks with it.
             entry.episode = None;
-            tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint recovered: trial passed");
-            self.registry
-                .emit_about(self.roster, entry.id, |key| Event::Recovered { key });
+            tracing::info!(target: "tower_outlier", endpoint = ?key, dry_run = shadow, "endpoint recovered: trial passed");
+            let id = entry.id;
+            self.emit_for(id, shadow, |key| Event::Recovered { key });
             self.publish(key, None, None);
         }
     }
@@ -201,9 +208,9 @@ where
                     probe,
                     timeout,
                 });
-                tracing::info!(target: "tower_outlier", endpoint = ?key, failed_checks = episode.failed_checks, "probing ejected endpoint");
-                self.registry
-                    .emit_about(self.roster, entry.id, |key| Event::ProbeStarted { key });
+                tracing::info!(target: "tower_outlier", endpoint = ?key, failed_checks = episode.failed_checks, dry_run = episode.shadow, "probing ejected endpoint");
+                let (id, shadow) = (entry.id, episode.shadow);
+                self.emit_for(id, shadow, |key| Event::ProbeStarted { key });
                 self.publish(&key, None, None);
             }
             None => {
@@ -244,11 +251,11 @@ where
                 next_check_in = ?delay,
                 "probe failed: endpoint stays ejected"
             );
-            self.registry
-                .emit_about(self.roster, entry.id, |key| Event::ProbeFailed {
-                    key,
-                    next_check_in: delay,
-                });
+            let (id, shadow) = (entry.id, episode.shadow);
+            self.emit_for(id, shadow, |key| Event::ProbeFailed {
+                key,
+                next_check_in: delay,
+            });
             self.publish(&key, Some(next_check), None);
         }
     }
@@ -268,6 +275,8 @@ where
         if entry.status().is_available() {
             return;
         }
+        // Out only in dry run: the balancer has it already, and dry run reports its return.
+        let shadow = entry.is_shadow();
         entry.record().reset();
         if entry.holds_host_out() {
             let id = entry.id;
@@ -285,55 +294,77 @@ where
             return;
         };
         entry.readmit(key, trial_until, &mut self.deadlines);
-        self.ejected -= 1;
+        if shadow {
+            self.shadowed -= 1;
+        } else {
+            self.ejected -= 1;
+        }
         tracing::info!(
             target: "tower_outlier",
             endpoint = ?key,
+            dry_run = shadow,
             cause = %cause,
             failed_checks = entry.failed_checks(),
             trial_until = ?trial_until.map(|at| at.saturating_duration_since(now)),
             "endpoint re-admitted"
         );
         let trial = trial_until.map(|at| at.saturating_duration_since(now));
-        self.registry
-            .emit_about(self.roster, entry.id, |key| Event::Readmitted {
-                key,
-                cause,
-                trial,
-            });
-        self.queue
-            .push_back(Change::Insert(key.clone(), entry.endpoint()));
+        let id = entry.id;
+        if !shadow {
+            let endpoint = entry.endpoint();
+            self.queue.push_back(Change::Insert(key.clone(), endpoint));
+        }
+        self.emit_for(id, shadow, |key| Event::Readmitted { key, cause, trial });
         self.publish(key, trial_until, None);
         self.report_states(key);
         self.retry_refused(now);
     }
 
     /// Re-admits ejected endpoints while more are ejected than the budget allows, or none is
-    /// available; the ones due soonest go first.
+    /// available; the ones due soonest go first, and the ones an operator forced out last. Then
+    /// the same for what dry run holds out, counted with the real ejections as an enforcing
+    /// layer would count them (dry run takes back only its own).
     pub(super) fn enforce_budget(&mut self, now: Instant) {
         loop {
             let max = self.settings.budget.max_ejected(self.entries.len());
-            let cause = if self.ejected > 0 && self.available() == 0 {
-                Readmission::LastEndpoint
+            let hypothetical = self.available().saturating_sub(self.shadowed);
+            let (cause, shadow) = if self.ejected > 0 && self.available() == 0 {
+                (Readmission::LastEndpoint, false)
             } else if self.ejected > max {
-                Readmission::BudgetShrank
+                (Readmission::BudgetShrank, false)
+            } else if self.shadowed > 0 && hypothetical == 0 {
+                (Readmission::LastEndpoint, true)
+            } else if self.shadowed > 0 && self.ejected + self.shadowed > max {
+                (Readmission::BudgetShrank, true)
             } else {
                 return;
             };
             let soonest = self
                 .entries
                 .iter()
-                .filter(|(_, e)| !e.status().is_available())
+                .filter(|(_, e)| !e.status().is_available() && e.is_shadow() == shadow)
+                // Forced out is over the budget by design; only no endpoint at all takes it back.
+                .filter(|(_, e)| {
+                    cause == Readmission::LastEndpoint
+                        || !matches!(e.status(), Status::HeldByOperator)
+                })
                 .min_by_key(|(_, e)| (readmission_order(e.status()), e.id))
                 .map(|(k, _)| k.clone());
             let Some(key) = soonest else { return };
+            let mut forced_out = false;
             if let Some(entry) = self.entries.get(&key) {
+                forced_out = matches!(entry.status(), Status::HeldByOperator);
                 if matches!(entry.status(), Status::Probing) {
                     self.cancelled.push(entry.id);
                 }
             }
             let until = later(now, self.trial);
             self.readmit(&key, Some(until), cause, now);
+            if forced_out {
+                // Still forced out: kept in as the last endpoint, out again once another is.
+                let verdict = self.decide(&key);
+                self.apply(&key, verdict, now);
+            }
         }
     }
 }
@@ -345,5 +376,6 @@ fn readmission_order(status: Status) -> (u8, Option<Instant>) {
         Status::Probing | Status::Available | Status::Trial { .. } => (0, None),
         Status::Ejected { next_check } => (1, Some(next_check)),
         Status::HeldForHost => (2, None),
+        Status::HeldByOperator => (3, None),
     }
 }

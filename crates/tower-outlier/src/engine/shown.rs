@@ -4,7 +4,8 @@
 use tokio::time::Instant;
 use tower_outlier_core::Reason;
 
-use crate::events::Event;
+use crate::events::{EndpointKey, Event};
+use crate::monitor::Placement;
 
 use super::*;
 
@@ -47,16 +48,25 @@ where
 
     pub(super) fn publish(&self, key: &K, next_check: Option<Instant>, reason: Option<Reason>) {
         if let Some(entry) = self.entries.get(key) {
-            let status = entry.status().public();
-            let failed_checks = entry.failed_checks();
-            self.registry.publish(
-                self.roster,
-                entry.id,
-                status,
+            let placed = Placement {
+                status: entry.status().public(),
+                dry_run: entry.is_shadow(),
                 next_check,
-                failed_checks,
-                reason,
-            );
+                failed_checks: entry.failed_checks(),
+            };
+            self.registry.publish(self.roster, entry.id, placed, reason);
         }
+    }
+
+    /// Sends the event `make` builds about endpoint `id`, as what dry run would do if `shadow`.
+    pub(super) fn emit_for(&self, id: u64, shadow: bool, make: impl FnOnce(EndpointKey) -> Event) {
+        self.registry.emit_about(self.roster, id, |key| {
+            let event = make(key);
+            if shadow {
+                Event::DryRun(Box::new(event))
+            } else {
+                event
+            }
+        });
     }
 }

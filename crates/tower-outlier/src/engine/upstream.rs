@@ -22,7 +22,7 @@ where
     pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.service = service;
-            if entry.status().is_available() {
+            if entry.in_balancer() {
                 self.queue
                     .push_back(Change::Insert(key.clone(), entry.endpoint()));
             }
@@ -72,6 +72,10 @@ where
             reported: self.usual_report.clone(),
         };
         self.entries.insert(key.clone(), entry);
+        // An operator's override waiting for this key.
+        if !self.controls.overrides.is_empty() {
+            self.override_joined(&key, now);
+        }
         // A larger set may have room for an ejection that was refused.
         self.retry_refused(now);
         // Joining on a host another service holds out.
@@ -90,17 +94,19 @@ where
         self.refused.remove(&entry.id);
         self.mirror_refused.remove(&entry.id);
         self.unready.remove(&entry.id);
+        self.forced.remove(&entry.id);
         self.signals.release(entry.slot);
         let status = entry.status();
-        match status {
-            Status::Available | Status::Trial { .. } => {
-                self.queue.push_back(Change::Remove(key.clone()));
-            }
-            Status::Ejected { .. } | Status::HeldForHost => self.ejected -= 1,
-            Status::Probing => {
-                self.cancelled.push(entry.id);
-                self.ejected -= 1;
-            }
+        if matches!(status, Status::Probing) {
+            self.cancelled.push(entry.id);
+        }
+        if entry.in_balancer() {
+            self.queue.push_back(Change::Remove(key.clone()));
+        }
+        if entry.is_shadow_out() {
+            self.shadowed -= 1;
+        } else if entry.is_out() {
+            self.ejected -= 1;
         }
         if entry.holds_host_out() {
             self.share_host(entry.id, false);

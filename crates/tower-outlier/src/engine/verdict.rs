@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower::discover::Change;
-use tower_outlier_core::Reason;
+use tower_outlier_core::{Judgement, Reason};
 
-use super::{later, DiscoverKey, Ejector, Engine, Stage};
+use super::{later, DiscoverKey, Ejector, Engine, Stage, Status};
+use crate::controls::Override;
 use crate::events::{Event, Refusal};
 
 /// What ejects an endpoint, or would.
@@ -22,6 +23,8 @@ pub(super) enum Cause {
     /// Another adaptor sharing its host holds the host out (HSF's ipDimension): it comes back
     /// when the host does.
     Host,
+    /// An operator forced it out: it comes back when released.
+    Operator,
 }
 
 /// What the engine makes of one endpoint.
@@ -45,20 +48,66 @@ where
     S: Clone,
 {
     /// The policies' verdict on `key` now (`rules`, sections 2–5): an available endpoint a
-    /// policy judges an outlier is ejected if [`room`](Self::room) allows, otherwise refused.
+    /// policy judges an outlier is ejected if [`room`](Self::room) allows, otherwise refused. The
+    /// policies that enforce are asked before those in dry run; an endpoint out only in dry run
+    /// is judged by the enforcing ones. An operator's override comes before the rules.
     pub(super) fn decide(&self, key: &K) -> Verdict {
         let Some(entry) = self.entries.get(key) else {
             return Verdict::Keep;
         };
-        if !entry.status().is_available() {
+        let forced = if self.forced.is_empty() {
+            None
+        } else {
+            self.forced.get(&entry.id).copied()
+        };
+        let shadow_out = entry.is_shadow_out();
+        if !entry.status().is_available() && !shadow_out {
             return Verdict::Keep;
         }
+        if forced == Some(Override::ForcedOut) {
+            let cause = Cause::Operator;
+            let reason = super::controls::operator_reason();
+            return if self.available() > 1 {
+                Verdict::Eject { cause, reason }
+            } else {
+                Verdict::Refuse {
+                    cause,
+                    reason,
+                    refusal: Refusal::LastEndpoint,
+                }
+            };
+        }
         let record = entry.record();
-        let Some((index, reason)) = record.judge(record.clock().now()) else {
+        let now = record.clock().now();
+        let judged = if !self.controls.any_dry() {
+            record.judge(now)
+        } else {
+            let judge = |dry: bool| {
+                record
+                    .policies()
+                    .iter()
+                    .enumerate()
+                    .filter(|(index, _)| self.is_dry(*index) == dry)
+                    .find_map(|(index, policy)| match policy.judge(now) {
+                        Judgement::Outlier(reason) => Some((index, reason)),
+                        Judgement::Healthy => None,
+                    })
+            };
+            // Out in dry run already: only an enforcing policy has anything to add.
+            judge(false).or_else(|| if shadow_out { None } else { judge(true) })
+        };
+        let Some((index, reason)) = judged else {
             return Verdict::Keep;
         };
         let cause = Cause::Policy { index };
-        match self.room() {
+        if forced == Some(Override::ForcedIn) {
+            return Verdict::Refuse {
+                cause,
+                reason,
+                refusal: Refusal::ForcedIn,
+            };
+        }
+        match self.room_for(self.is_dry(index)) {
             Ok(()) => Verdict::Eject { cause, reason },
             Err(refusal) => Verdict::Refuse {
                 cause,
@@ -75,7 +124,7 @@ where
             return Verdict::Keep;
         }
         let reason = super::hosts::host_reason();
-        match self.room() {
+        match self.room_for(self.controls.dry_run) {
             Ok(()) => Verdict::Eject {
                 cause: Cause::Host,
                 reason,
@@ -85,6 +134,16 @@ where
                 reason,
                 refusal,
             },
+        }
+    }
+
+    /// Whether an ejection for `cause` is one dry run only reports: a policy's in dry run, or a
+    /// host's in a layer-wide dry run; never an operator's.
+    pub(super) fn cause_is_dry(&self, cause: Cause) -> bool {
+        match cause {
+            Cause::Policy { index } => self.is_dry(index),
+            Cause::Host => self.controls.dry_run,
+            Cause::Operator => false,
         }
     }
 
@@ -110,12 +169,9 @@ where
             ) if matches!(episode.stage, Stage::Trial { .. }) => episode.breach_trial(),
             _ => None,
         };
+        let shadow = entry.is_shadow();
         if let Some(failed_checks) = trial_breach {
-            self.registry
-                .emit_about(self.roster, id, |key| Event::TrialFailed {
-                    key,
-                    failed_checks,
-                });
+            self.emit_for(id, shadow, |key| Event::TrialFailed { key, failed_checks });
         }
         match verdict {
             Verdict::Keep => {
@@ -124,10 +180,13 @@ where
                 }
             }
             Verdict::Refuse {
-                cause: Cause::Policy { .. },
+                cause: cause @ (Cause::Policy { .. } | Cause::Operator),
                 reason,
                 refusal,
-            } => self.refuse(key, id, reason, refusal, trial_breach.is_some()),
+            } => {
+                let dry = self.cause_is_dry(cause);
+                self.refuse(key, id, reason, refusal, trial_breach.is_some(), dry);
+            }
             Verdict::Refuse {
                 cause: Cause::Host,
                 reason,
@@ -139,12 +198,24 @@ where
 
     /// A policy's outlier kept in: the policies are told (a breaker that would open stays
     /// closed), the monitor shows why, and the refusal is logged and emitted once per episode.
-    fn refuse(&mut self, key: &K, id: u64, reason: Reason, refusal: Refusal, trial_breach: bool) {
+    fn refuse(
+        &mut self,
+        key: &K,
+        id: u64,
+        reason: Reason,
+        refusal: Refusal,
+        trial_breach: bool,
+        dry: bool,
+    ) {
         let n = self.entries.len();
         let max = self.settings.budget.max_ejected(n);
         let ratio = self.settings.budget.max_ratio() * 100.0;
         let why = match refusal {
+            Refusal::LastEndpoint if reason.policy == super::controls::OPERATOR => {
+                "forced out by an operator, kept in: last available endpoint".to_owned()
+            }
             Refusal::LastEndpoint => "last available endpoint".to_owned(),
+            Refusal::ForcedIn => "forced in by an operator".to_owned(),
             _ if max == 0 => format!("ejection budget of 0 for {n} endpoints at {ratio:.0} %"),
             _ => format!("ejection budget of {max} for {n} endpoints at {ratio:.0} % is spent"),
         };
@@ -174,15 +245,15 @@ where
             );
         }
         // Said again when the cause changes (the budget, then the last endpoint).
-        self.registry.refused(self.roster, id, Some(why));
+        let shown = if dry { format!("dry run: {why}") } else { why };
+        self.registry.refused(self.roster, id, Some(shown));
         if first {
             let event_reason = reason.clone();
-            self.registry
-                .emit_about(self.roster, id, |key| Event::EjectionRefused {
-                    key,
-                    reason: event_reason,
-                    refusal,
-                });
+            self.emit_for(id, dry, |key| Event::EjectionRefused {
+                key,
+                reason: event_reason,
+                refusal,
+            });
             self.refused.insert(id, key.clone());
         }
         if trial_breach {
@@ -213,8 +284,10 @@ where
         );
     }
 
-    /// Takes `key` out of the balancer's set for `cause`.
+    /// Takes `key` out of the balancer's set for `cause`, or, for a policy in dry run, holds it
+    /// out only as the rules would (it stays in the set).
     fn eject(&mut self, key: &K, id: u64, cause: Cause, reason: Reason, now: Instant) {
+        let shadow = self.cause_is_dry(cause);
         if self.refused.remove(&id).is_some() {
             self.registry.refused(self.roster, id, None);
         }
@@ -224,6 +297,11 @@ where
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
+        // Out in dry run until now: that ejection ends here, for one that is real.
+        let was_shadow_out = entry.is_shadow_out();
+        if was_shadow_out && matches!(entry.status(), Status::Probing) {
+            self.cancelled.push(id);
+        }
         // Counted after a trial's breach: the check after a failed one comes later.
         let failed_checks = entry.failed_checks();
         let (ejector, next_check, delay) = match cause {
@@ -246,13 +324,34 @@ where
             }
             // No check of its own: it comes back when its host does.
             Cause::Host => (Ejector::Host, None, None),
+            // No check either: it comes back when released.
+            Cause::Operator => (Ejector::Operator, None, None),
         };
-        let episode = entry.eject(key, ejector, next_check, &mut self.deadlines);
+        let episode = entry.eject(key, ejector, next_check, shadow, &mut self.deadlines);
         if let Cause::Policy { index, .. } = cause {
             episode.schedule = Some(self.settings.policies[index].recovery());
         }
-        self.ejected += 1;
+        if was_shadow_out {
+            self.shadowed -= 1;
+        }
+        if shadow {
+            self.shadowed += 1;
+        } else {
+            self.ejected += 1;
+        }
         match cause {
+            Cause::Policy { .. } if shadow => {
+                tracing::info!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    policy = reason.policy,
+                    reason = %reason,
+                    error_rate = reason.value,
+                    failed_checks,
+                    next_check_in = ?delay.unwrap_or_default(),
+                    "dry run: endpoint would be ejected; it stays in the balancer's set"
+                );
+            }
             Cause::Policy { .. } => {
                 tracing::warn!(
                     target: "tower_outlier",
@@ -271,23 +370,28 @@ where
                     target: "tower_outlier",
                     endpoint = ?key,
                     host = ?self.sharing.as_ref().and_then(|s| s.hosts.get(&id)),
+                    dry_run = shadow,
                     "endpoint ejected: its host is ejected in another service"
                 );
+            }
+            Cause::Operator => {
+                tracing::warn!(target: "tower_outlier", endpoint = ?key, "endpoint forced out by an operator");
             }
         }
         let shown_check = next_check;
         let event_reason = reason.clone();
         self.publish(key, shown_check, Some(reason));
-        self.queue.push_back(Change::Remove(key.clone()));
-        if let Cause::Policy { .. } = cause {
+        if !shadow {
+            self.queue.push_back(Change::Remove(key.clone()));
+        }
+        if let (Cause::Policy { .. }, false) = (cause, shadow) {
             self.share_host(id, true);
         }
         // After the monitor shows it: a callback reading a snapshot sees the ejection.
-        self.registry
-            .emit_about(self.roster, id, |key| Event::Ejected {
-                key,
-                reason: event_reason,
-                next_check_in: delay,
-            });
+        self.emit_for(id, shadow, |key| Event::Ejected {
+            key,
+            reason: event_reason,
+            next_check_in: delay,
+        });
     }
 }

@@ -8,10 +8,20 @@ use std::sync::{Arc, Weak};
 use tokio::time::Instant;
 use tower_outlier_core::{LockGuard, Reason};
 
+use crate::controls::Override;
 use crate::endpoint::HasRecord;
 use crate::events::{EndpointKey, Event};
 
 use super::*;
+
+/// Where an adaptor put an endpoint, as [`Registry::publish`] records it.
+pub(crate) struct Placement {
+    pub(crate) status: EndpointStatus,
+    // The status is what dry run would do: the endpoint is in the balancer's set.
+    pub(crate) dry_run: bool,
+    pub(crate) next_check: Option<Instant>,
+    pub(crate) failed_checks: u32,
+}
 
 impl Registry {
     pub(super) fn next_id(&self) -> u64 {
@@ -154,15 +164,13 @@ impl Registry {
 
     /// Records where the adaptor of `roster` put endpoint `id`, and `reason` if it has just been
     /// judged an outlier (the last reason stays otherwise).
-    pub(crate) fn publish(
-        &self,
-        roster: u64,
-        id: u64,
-        status: EndpointStatus,
-        next_check: Option<Instant>,
-        failed_checks: u32,
-        reason: Option<Reason>,
-    ) {
+    pub(crate) fn publish(&self, roster: u64, id: u64, placed: Placement, reason: Option<Reason>) {
+        let Placement {
+            status,
+            dry_run,
+            next_check,
+            failed_checks,
+        } = placed;
         let mut rosters = self.rosters();
         let Some(roster) = rosters.get_mut(&roster) else {
             return;
@@ -174,6 +182,7 @@ impl Registry {
             hash_map::Entry::Occupied(standing) => standing.into_mut(),
             hash_map::Entry::Vacant(vacant) => {
                 let initial = status == EndpointStatus::Available
+                    && !dry_run
                     && next_check.is_none()
                     && failed_checks == 0
                     && reason.is_none();
@@ -185,11 +194,38 @@ impl Registry {
             }
         };
         standing.status = status;
+        standing.dry_run = dry_run;
         standing.next_check = next_check;
         standing.failed_checks = failed_checks;
         if let Some(reason) = reason {
             standing.last_reason = Some(reason);
         }
+    }
+
+    /// Shows the operator's override of endpoint `id`, or (`None`) that it has none.
+    pub(crate) fn overridden(&self, roster: u64, id: u64, forced: Option<Override>) {
+        let mut rosters = self.rosters();
+        let Some(roster) = rosters.get_mut(&roster) else {
+            return;
+        };
+        if !roster.endpoints.contains_key(&id) {
+            return;
+        }
+        match roster.standings.entry(id) {
+            hash_map::Entry::Occupied(standing) => standing.into_mut().forced = forced,
+            hash_map::Entry::Vacant(vacant) if forced.is_some() => {
+                vacant.insert(Box::new(Standing {
+                    forced,
+                    ..Standing::INITIAL
+                }));
+            }
+            hash_map::Entry::Vacant(_) => {}
+        }
+    }
+
+    /// Shows the layer-wide dry run on or off, and the policies in dry run of their own.
+    pub(crate) fn dry_run(&self, on: bool, policies: Vec<&'static str>) {
+        *self.dry_run.lock() = (on, policies);
     }
 
     /// Shows endpoint `id` not ready (its service failed `poll_ready`), or ready again.

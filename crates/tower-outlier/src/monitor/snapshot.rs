@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use tower_outlier_core::{Reason, WindowCounts};
 
+use crate::controls::Override;
 use crate::events::EndpointKey;
 
 /// Where an endpoint stands.
@@ -92,7 +93,17 @@ pub struct EndpointSnapshot {
     /// available endpoint", or the budget, as "ejection budget of 0 for 3 endpoints at 20 %"
     /// (EDAS's 20 % rounds down to none below five endpoints) or "ejection budget of 1 for 5
     /// endpoints at 20 % is spent". Cleared once it is ejected or no longer judged an outlier.
+    /// "forced in by an operator" for one an operator keeps in; prefixed "dry run: " for a
+    /// refusal dry run reports.
     pub refused: Option<String>,
+    /// In dry run ([`RulesHandle::set_dry_run`](crate::RulesHandle::set_dry_run)), where the
+    /// rules would have the endpoint — `Ejected`, `Probing`, `Trial` — while it stays in the
+    /// balancer's set (its `status` says where it really is, and `next_check_in`,
+    /// `failed_checks` and `last_reason` are the dry run's). `None` when the rules would leave it
+    /// available, or when what they decide is enforced.
+    pub would_be: Option<EndpointStatus>,
+    /// An operator's override of the rules for it, if one is in force.
+    pub forced: Option<Override>,
 }
 
 /// All endpoints of a layer, sorted by key.
@@ -120,6 +131,10 @@ pub struct Snapshot {
     /// Envoy's 10 % of fewer than ten). Its policies may judge endpoints outliers; none is
     /// ejected, and failing ones are only avoided by the balancer.
     pub no_ejection: Option<String>,
+    /// Whether the layer-wide dry run is on: nothing is ejected, and `would_be` shows what would.
+    pub dry_run: bool,
+    /// The policies in dry run of their own ([`RulesHandle::set_policy_dry_run`](crate::RulesHandle::set_policy_dry_run)), by name.
+    pub dry_run_policies: Vec<&'static str>,
 }
 
 impl Snapshot {

@@ -30,14 +30,19 @@ fn snapshots_serialize_with_typed_keys_as_text() {
             avoided_for: None,
             refused: None,
             degraded: false,
+            would_be: None,
+            forced: Some(crate::controls::Override::ForcedOut),
         }],
         rules_version: 3,
         rules_error: None,
         rules_notes: Vec::new(),
         discover_errors: 0,
         no_ejection: None,
+        dry_run: false,
+        dry_run_policies: Vec::new(),
     };
     let json = serde_json::to_value(&snapshot).unwrap();
+    assert_eq!(json["endpoints"][0]["forced"], "ForcedOut");
     assert_eq!(json["endpoints"][0]["key"], "10.0.0.7:8080");
     assert_eq!(json["endpoints"][0]["status"], "Ejected");
     assert_eq!(json["endpoints"][0]["windows"][0]["counts"]["failures"], 6);

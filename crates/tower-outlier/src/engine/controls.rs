@@ -1,0 +1,297 @@
+//! The operator's controls in the detector: dry run switched on and off, overrides of single
+//! endpoints, back-off resets. Applied when published, on the adaptor's task like new rules.
+
+use tokio::time::Instant;
+use tower::discover::Change;
+use tower_outlier_core::{Reason, WindowCounts};
+
+use super::{DiscoverKey, Ejector, Engine, Stage, Status};
+use crate::controls::{OperatorAction, Override};
+use crate::events::{Event, Readmission};
+
+/// The policy name an operator's decisions are reported under.
+pub(super) const OPERATOR: &str = "operator";
+
+/// Why an endpoint forced out is out.
+pub(super) fn operator_reason() -> Reason {
+    Reason {
+        policy: OPERATOR,
+        measure: "forced out by an operator",
+        value: 1.0,
+        threshold: 1.0,
+        counts: WindowCounts::default(),
+    }
+}
+
+impl<K, S> Engine<K, S>
+where
+    K: DiscoverKey,
+    S: Clone,
+{
+    /// Applies the newest controls of the layer, if they changed since last applied: the dry
+    /// run's modes first, then the overrides and resets; then every endpoint in the balancer's
+    /// set is judged under them.
+    pub(crate) fn apply_controls(&mut self, now: Instant) {
+        let cell = self.settings.rules.clone();
+        if cell.controls_version() == self.controls_version {
+            return;
+        }
+        let (controls, version) = cell.controls();
+        let previous = std::mem::replace(&mut self.controls, controls);
+        self.controls_version = version;
+        if previous.dry_run != self.controls.dry_run
+            || previous.dry_policies != self.controls.dry_policies
+        {
+            let names: Vec<&'static str> = self
+                .controls
+                .dry_policies
+                .iter()
+                .filter_map(|&slot| self.names.get(slot).copied())
+                .collect();
+            tracing::info!(
+                target: "tower_outlier",
+                dry_run = self.controls.dry_run,
+                policies = ?names,
+                "dry run in force"
+            );
+            self.registry.dry_run(self.controls.dry_run, names);
+            self.switch_modes(now);
+        }
+        self.sync_overrides(now);
+        self.apply_resets();
+        self.enforce_budget(now);
+        for key in self.keys_where(|e| e.in_balancer()) {
+            self.consider(&key, now);
+        }
+        self.retry_refused(now);
+    }
+
+    /// Moves each ejection to the mode its ejector is now in: a real one whose policy went into
+    /// dry run comes back into the balancer's set and goes on as what dry run reports; one dry
+    /// run held out whose policy enforces again is forgotten, with the endpoint's history (as a
+    /// re-admission forgets it), so nothing is ejected on a verdict it may have outgrown.
+    fn switch_modes(&mut self, now: Instant) {
+        let _ = now;
+        for key in self.keys_where(|e| e.episode.is_some()) {
+            let Some(entry) = self.entries.get(&key) else {
+                continue;
+            };
+            let dry = match entry.ejected_by() {
+                Some(Ejector::Policy(index)) => self.is_dry(index),
+                Some(Ejector::Host) => self.controls.dry_run,
+                Some(Ejector::Operator) | None => continue,
+            };
+            let (id, shadow, out) = (entry.id, entry.is_shadow(), !entry.status().is_available());
+            let holds_host_out = entry.holds_host_out();
+            let probing = matches!(entry.status(), Status::Probing);
+            if dry == shadow {
+                continue;
+            }
+            if dry {
+                // Real until now: it comes back into the balancer's set.
+                if let Some(episode) = self
+                    .entries
+                    .get_mut(&key)
+                    .and_then(|e| e.episode.as_deref_mut())
+                {
+                    episode.shadow = true;
+                }
+                if out {
+                    if holds_host_out {
+                        self.share_host(id, false);
+                    }
+                    self.ejected -= 1;
+                    self.shadowed += 1;
+                    let Some(entry) = self.entries.get(&key) else {
+                        continue;
+                    };
+                    self.queue
+                        .push_back(Change::Insert(key.clone(), entry.endpoint()));
+                    tracing::info!(target: "tower_outlier", endpoint = ?key, "dry run: ejected endpoint back in the balancer's set");
+                    self.registry
+                        .emit_about(self.roster, id, |key| Event::Readmitted {
+                            key,
+                            cause: Readmission::DryRun,
+                            trial: None,
+                        });
+                }
+                let next = self.entries.get(&key).and_then(|e| e.status().deadline());
+                self.publish(&key, next, None);
+            } else {
+                // Dry run's until now: forgotten.
+                if probing {
+                    self.cancelled.push(id);
+                }
+                if out {
+                    self.shadowed -= 1;
+                }
+                if let Some(entry) = self.entries.get_mut(&key) {
+                    entry.record().reset();
+                    entry.episode = None;
+                }
+                if self.refused.remove(&id).is_some() {
+                    self.registry.refused(self.roster, id, None);
+                }
+                tracing::info!(target: "tower_outlier", endpoint = ?key, "dry run over: what it would have ejected is forgotten");
+                self.publish(&key, None, None);
+            }
+        }
+    }
+
+    /// Brings the overrides by endpoint in line with the published ones.
+    fn sync_overrides(&mut self, now: Instant) {
+        if self.controls.overrides.is_empty() && self.forced.is_empty() {
+            return;
+        }
+        let overrides = self.controls.overrides.clone();
+        // Every key is formatted to be matched: the cost of a change of the overrides, paid once.
+        for key in self.keys_where(|_| true) {
+            let Some(entry) = self.entries.get(&key) else {
+                continue;
+            };
+            let wanted = overrides.get(format!("{key:?}").as_str()).copied();
+            let held = self.forced.get(&entry.id).copied();
+            if wanted != held {
+                self.set_override(&key, held, wanted, now);
+            }
+        }
+    }
+
+    /// A new endpoint whose key has an override.
+    pub(super) fn override_joined(&mut self, key: &K, now: Instant) {
+        let wanted = self
+            .controls
+            .overrides
+            .get(format!("{key:?}").as_str())
+            .copied();
+        if wanted.is_some() {
+            self.set_override(key, None, wanted, now);
+        }
+    }
+
+    /// Moves `key`'s endpoint from override `held` to `wanted`.
+    fn set_override(
+        &mut self,
+        key: &K,
+        held: Option<Override>,
+        wanted: Option<Override>,
+        now: Instant,
+    ) {
+        let Some(entry) = self.entries.get(key) else {
+            return;
+        };
+        let id = entry.id;
+        match wanted {
+            Some(value) => {
+                self.forced.insert(id, value);
+            }
+            None => {
+                self.forced.remove(&id);
+            }
+        }
+        self.registry.overridden(self.roster, id, wanted);
+        if self.refused.remove(&id).is_some() {
+            self.registry.refused(self.roster, id, None);
+        }
+        let action = match wanted {
+            Some(Override::ForcedOut) => OperatorAction::ForceOut,
+            Some(Override::ForcedIn) => OperatorAction::ForceIn,
+            None => OperatorAction::Release,
+        };
+        tracing::warn!(target: "tower_outlier", endpoint = ?key, action = %action, "operator override in force");
+        self.registry
+            .emit_about(self.roster, id, |key| Event::Operator { key, action });
+        match wanted {
+            Some(Override::ForcedOut) => {
+                let Some(entry) = self.entries.get_mut(key) else {
+                    return;
+                };
+                if entry.is_out() {
+                    // Out already for real: held there, without a check, until released.
+                    if matches!(entry.status(), Status::Probing) {
+                        self.cancelled.push(id);
+                    }
+                    if entry.holds_host_out() {
+                        self.share_host(id, false);
+                    }
+                    let Some(entry) = self.entries.get_mut(key) else {
+                        return;
+                    };
+                    if let Some(episode) = entry.episode.as_deref_mut() {
+                        episode.ejected_by = Ejector::Operator;
+                        episode.schedule = None;
+                        episode.set_stage(Stage::HeldByOperator, key, id, &mut self.deadlines);
+                    }
+                    self.publish(key, None, Some(operator_reason()));
+                } else {
+                    let verdict = self.decide(key);
+                    self.apply(key, verdict, now);
+                }
+            }
+            Some(Override::ForcedIn) => {
+                let out = self
+                    .entries
+                    .get(key)
+                    .is_some_and(|e| !e.status().is_available());
+                if out {
+                    self.readmit(key, None, Readmission::Operator, now);
+                }
+            }
+            None => {
+                let forced_out = held == Some(Override::ForcedOut)
+                    && self
+                        .entries
+                        .get(key)
+                        .is_some_and(|e| matches!(e.status(), Status::HeldByOperator));
+                if forced_out {
+                    self.readmit(key, None, Readmission::Operator, now);
+                }
+            }
+        }
+    }
+
+    /// Applies the back-off resets not applied yet to the endpoints they name.
+    fn apply_resets(&mut self) {
+        let pending: Vec<(Box<str>, u64)> = self
+            .controls
+            .resets
+            .iter()
+            .filter(|(text, &count)| self.resets_applied.get(*text) != Some(&count))
+            .map(|(text, &count)| (text.clone(), count))
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        let mut named: std::collections::HashMap<Box<str>, K> = self
+            .keys_where(|_| true)
+            .into_iter()
+            .map(|key| (format!("{key:?}").into_boxed_str(), key))
+            .collect();
+        for (text, count) in pending {
+            self.resets_applied.insert(text.clone(), count);
+            let Some(key) = named.remove(&text) else {
+                continue;
+            };
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            if let Some(episode) = entry.episode.as_deref_mut() {
+                episode.failed_checks = 0;
+            }
+            for policy in entry.record().policies().iter() {
+                if let Some(timing) = policy.own_timing() {
+                    timing.reset_backoff();
+                }
+            }
+            let id = entry.id;
+            tracing::warn!(target: "tower_outlier", endpoint = ?key, "operator reset the endpoint's back-off");
+            let next = entry.status().deadline();
+            self.publish(&key, next, None);
+            self.registry
+                .emit_about(self.roster, id, |key| Event::Operator {
+                    key,
+                    action: OperatorAction::ResetBackoff,
+                });
+        }
+    }
+}
