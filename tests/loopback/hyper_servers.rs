@@ -43,6 +43,7 @@ async fn server(behaviour: Behaviour, served: Arc<AtomicUsize>) -> SocketAddr {
             };
             match behaviour {
                 Behaviour::Resets => {
+                    served.fetch_add(1, Ordering::SeqCst);
                     // Linger 0 turns the close into a reset (RST). The deprecation is about
                     // lingering closes blocking the thread, which a zero linger does not do.
                     #[allow(deprecated)]
@@ -197,4 +198,116 @@ async fn resetting_and_hanging_servers_are_ejected_behind_the_recommended_stack(
         assert_eq!(response.status(), 200);
     }
     assert_eq!(counters[3].load(Ordering::SeqCst), hung_before);
+}
+
+/// Dry run and an operator's override on real sockets, with serial traffic straight through p2c:
+/// in dry run a server resetting every connection is reported as would-be ejected and stays in
+/// the balancer's set; with dry run off it is ejected; a healthy server forced out gets no
+/// request until released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_keeps_a_failing_server_in_and_a_forced_out_server_gets_nothing() {
+    let behaviours = [
+        Behaviour::Healthy,
+        Behaviour::Healthy,
+        Behaviour::Healthy,
+        Behaviour::Resets,
+    ];
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let (tx, rx) = mpsc::unbounded::<Result<Change<SocketAddr, Backend>, Infallible>>();
+    let mut counters = Vec::new();
+    let mut addrs = Vec::new();
+    for behaviour in behaviours {
+        let served = Arc::new(AtomicUsize::new(0));
+        let addr = server(behaviour, served.clone()).await;
+        tx.unbounded_send(Ok(Change::Insert(
+            addr,
+            Backend {
+                addr,
+                client: client.clone(),
+            },
+        )))
+        .unwrap();
+        counters.push(served);
+        addrs.push(addr);
+    }
+    let outliers = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .min_calls(3)
+            .max_ejection_ratio(0.5)
+            .build()
+            .unwrap(),
+    ));
+    let rules = outliers.rules();
+    rules.set_dry_run(true);
+    let monitor = outliers.monitor();
+    let mut balance = Balance::new(tower::Layer::layer(&outliers, rx));
+    let request = || {
+        http::Request::get("http://placeholder/")
+            .body(Empty::new())
+            .unwrap()
+    };
+    let failing = format!("{:?}", addrs[3]);
+    let started = std::time::Instant::now();
+    loop {
+        let _ = balance.ready().await.unwrap().call(request()).await;
+        assert_eq!(balance.len(), 4, "dry run took a server out of the set");
+        let snapshot = monitor.snapshot();
+        let reset = snapshot.get(&failing).unwrap();
+        if reset.would_be == Some(EndpointStatus::Ejected) {
+            assert_eq!(reset.status, EndpointStatus::Available);
+            assert!(reset.last_reason.is_some());
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never judged: {snapshot:#?}"
+        );
+    }
+    for _ in 0..50 {
+        let _ = balance.ready().await.unwrap().call(request()).await;
+        assert_eq!(balance.len(), 4);
+    }
+    assert_eq!(monitor.snapshot().ejected(), 0);
+
+    // Enforcing again: the failing server's next failures eject it.
+    rules.set_dry_run(false);
+    let started = std::time::Instant::now();
+    while monitor.snapshot().get(&failing).unwrap().status != EndpointStatus::Ejected {
+        let _ = balance.ready().await.unwrap().call(request()).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not ejected once enforcing: {:#?}",
+            monitor.snapshot()
+        );
+    }
+    assert_eq!(balance.len(), 3);
+
+    // A healthy server forced out: no request reaches it until it is released.
+    rules.force_out(&addrs[0]);
+    let _ = balance.ready().await.unwrap().call(request()).await;
+    let before = counters[0].load(Ordering::SeqCst);
+    for _ in 0..100 {
+        let response = balance
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(
+        counters[0].load(Ordering::SeqCst),
+        before,
+        "forced out, yet served"
+    );
+    rules.release(&addrs[0]);
+    for _ in 0..100 {
+        let _ = balance.ready().await.unwrap().call(request()).await;
+    }
+    assert!(
+        counters[0].load(Ordering::SeqCst) > before,
+        "released, yet not served"
+    );
+    drop(tx);
 }
