@@ -311,3 +311,106 @@ async fn dry_run_keeps_a_failing_server_in_and_a_forced_out_server_gets_nothing(
     );
     drop(tx);
 }
+
+/// Serial traffic through p2c to real servers (two resetting) while an operator flips
+/// dry run, forces servers out and in and releases them at random: the set is never empty, it
+/// matches what the monitor shows, and nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_operator_controls_on_real_sockets_never_empty_the_set() {
+    let behaviours = [
+        Behaviour::Healthy,
+        Behaviour::Resets,
+        Behaviour::Healthy,
+        Behaviour::Resets,
+        Behaviour::Healthy,
+    ];
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let (tx, rx) = mpsc::unbounded::<Result<Change<SocketAddr, Backend>, Infallible>>();
+    let mut addrs = Vec::new();
+    for behaviour in behaviours {
+        let served = Arc::new(AtomicUsize::new(0));
+        let addr = server(behaviour, served.clone()).await;
+        tx.unbounded_send(Ok(Change::Insert(
+            addr,
+            Backend {
+                addr,
+                client: client.clone(),
+            },
+        )))
+        .unwrap();
+        addrs.push(addr);
+    }
+    let outliers = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .min_calls(3)
+            .window(Duration::from_secs(1))
+            .recovery_unit(Duration::from_millis(300))
+            .max_ejection_ratio(0.6)
+            .build()
+            .unwrap(),
+    ));
+    let rules = outliers.rules();
+    let monitor = outliers.monitor();
+    let mut balance = Balance::new(tower::Layer::layer(&outliers, rx));
+    let request = || {
+        http::Request::get("http://placeholder/")
+            .body(Empty::new())
+            .unwrap()
+    };
+    let mut state: u64 = 0x1234_5678;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut removed: Option<SocketAddr> = None;
+    let started = std::time::Instant::now();
+    let mut steps = 0;
+    while started.elapsed() < Duration::from_secs(8) {
+        steps += 1;
+        let addr = addrs[(next() % addrs.len() as u64) as usize];
+        match next() % 12 {
+            0 => rules.set_dry_run(next() % 2 == 0),
+            1 => rules.force_out(&addr),
+            2 => rules.force_in(&addr),
+            3 | 4 => rules.release(&addr),
+            5 => rules.reset_backoff(&addr),
+            6 => {
+                if let Some(back) = removed.take() {
+                    tx.unbounded_send(Ok(Change::Insert(
+                        back,
+                        Backend {
+                            addr: back,
+                            client: client.clone(),
+                        },
+                    )))
+                    .unwrap();
+                } else {
+                    removed = Some(addr);
+                    tx.unbounded_send(Ok(Change::Remove(addr))).unwrap();
+                }
+            }
+            _ => {}
+        }
+        for _ in 0..(next() % 5) {
+            let _ = balance.ready().await.unwrap().call(request()).await;
+        }
+        let _ = balance.ready().await.unwrap();
+        assert!(!balance.is_empty(), "step {steps}: empty set");
+        let snapshot = monitor.snapshot();
+        let in_set = snapshot
+            .endpoints
+            .iter()
+            .filter(|e| e.status.is_available() || e.status == EndpointStatus::Unready)
+            .count();
+        assert_eq!(
+            balance.len(),
+            in_set,
+            "step {steps}: p2c holds {} but the monitor shows {in_set} in the set: {snapshot:#?}",
+            balance.len()
+        );
+    }
+    eprintln!("redteam loopback: {steps} steps");
+    drop(tx);
+}

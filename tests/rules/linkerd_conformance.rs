@@ -17,7 +17,7 @@ use std::time::Duration;
 use support::Harness;
 use tower_outlier::detectors::{Detector, RecentSuccessRate};
 use tower_outlier::probe::PassiveTrial;
-use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
+use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer, WhenAllOut};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -218,8 +218,8 @@ async fn the_consecutive_only_accrual_is_kept_by_name() {
     assert!(!h.is_live(0));
 }
 
-// Found by review: a rate trip the layer refused (endpoint 0 was the last one in rotation)
-// must not switch the rate trigger off for good. Once its condemnation lapses (an interval)
+// Found by review: a rate trip the layer refused (endpoint 0 was the last one in rotation, kept
+// in by a layer that keeps the last) must not switch the rate trigger off for good. Once its condemnation lapses (an interval)
 // and there is room, a new trip ejects the gray endpoint. The back-off is longer than the
 // interval, so the stale condemnation cannot be what ejects it.
 #[tokio::test(start_paused = true)]
@@ -234,6 +234,7 @@ async fn a_refused_rate_trip_does_not_switch_the_trigger_off() {
             window: 10 * SECOND,
             min_requests: 5,
         }))
+        .when_all_out(WhenAllOut::KeepLast)
         .build()
         .unwrap();
     let policy = DetectorPolicy::seeded(config, 5);

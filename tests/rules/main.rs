@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod all_out;
 mod balance;
 mod detection;
 mod detectors;
@@ -16,6 +17,8 @@ mod hosts;
 mod invariants;
 mod linkerd_conformance;
 mod operator;
+mod operator_edges;
+mod operator_histories;
 mod reconfigure;
 mod semantics;
 mod slow_call;

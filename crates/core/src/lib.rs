@@ -59,7 +59,7 @@ pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
     Admit, BudgetFloor, CallsNeeded, Description, DynOutlierPolicy, EjectionBudget, EndpointPolicy,
     FleetMember, FleetPolicy, Judgement, OutlierPolicy, OwnTiming, ProbeGate, Reason,
-    RecoverySchedule, Signal, Weighting,
+    RecoverySchedule, Signal, Weighting, WhenAllOut,
 };
 pub use record::{
     store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,

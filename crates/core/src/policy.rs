@@ -63,6 +63,13 @@ pub trait OutlierPolicy: fmt::Debug + Send + Sync + 'static {
         None
     }
 
+    /// What the layer does when this policy's system would leave no endpoint to pick, if it has
+    /// an opinion. The layer uses the first policy's unless it is given one explicitly, and keeps
+    /// the last endpoint when no policy says.
+    fn when_all_out(&self) -> Option<WhenAllOut> {
+        None
+    }
+
     /// The capability to judge endpoints against each other on a timer (a service average), for
     /// a policy that implements [`FleetPolicy`]: return `Some(self)`. `None` (the default): the
     /// policy judges each endpoint on its own.

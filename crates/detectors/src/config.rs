@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tower_outlier_core::{BudgetFloor, EjectionBudget};
+use tower_outlier_core::{BudgetFloor, EjectionBudget, WhenAllOut};
 
 /// Whose rules decide the details on which Envoy, gRPC and linkerd differ.
 ///
@@ -154,6 +154,7 @@ pub struct DetectorConfig {
     pub(crate) success_rate: Option<SuccessRate>,
     pub(crate) failure_percentage: Option<FailurePercentage>,
     pub(crate) recent_success_rate: Option<RecentSuccessRate>,
+    pub(crate) when_all_out: WhenAllOut,
 }
 
 impl DetectorConfig {
@@ -186,6 +187,8 @@ impl DetectorConfig {
             consecutive_gateway_failure: OFF,
             consecutive_local_origin_failure: OFF,
             failure_percentage: None,
+            // A pick with every address ejected fails (UNAVAILABLE).
+            when_all_out: WhenAllOut::FailFast,
             ..DetectorBuilder::default()
         }
     }
@@ -221,6 +224,8 @@ impl DetectorConfig {
             consecutive_local_origin_failure: OFF,
             success_rate: None,
             failure_percentage: None,
+            // Requests fail fast while every endpoint's breaker is open.
+            when_all_out: WhenAllOut::FailFast,
             ..DetectorBuilder::default()
         }
     }
@@ -266,8 +271,27 @@ impl DetectorConfig {
             consecutive_local_origin_failure: OFF,
             success_rate: None,
             failure_percentage: None,
+            // Whatever the last endpoint still answers beats failing every call.
+            when_all_out: WhenAllOut::KeepLast,
             ..DetectorBuilder::default()
         }
+    }
+
+    /// What the layer does when these rules would leave no endpoint to pick (see
+    /// [`DetectorBuilder::when_all_out`]).
+    ///
+    /// ```
+    /// use tower_outlier_core::WhenAllOut;
+    /// use tower_outlier_detectors::DetectorConfig;
+    ///
+    /// assert_eq!(DetectorConfig::envoy().build()?.when_all_out(), WhenAllOut::PanicBelow(0.5));
+    /// assert_eq!(DetectorConfig::grpc().build()?.when_all_out(), WhenAllOut::FailFast);
+    /// assert_eq!(DetectorConfig::linkerd().build()?.when_all_out(), WhenAllOut::FailFast);
+    /// assert_eq!(DetectorConfig::recommended().build()?.when_all_out(), WhenAllOut::KeepLast);
+    /// # Ok::<(), tower_outlier_core::ConfigError>(())
+    /// ```
+    pub fn when_all_out(&self) -> WhenAllOut {
+        self.when_all_out
     }
 
     /// Whose rules decide the details.

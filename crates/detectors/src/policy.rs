@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tower_outlier_core::{
     duration_to_nanos, EjectionBudget, FleetMember, FleetPolicy, Nanos, OutlierPolicy,
-    RecoverySchedule,
+    RecoverySchedule, WhenAllOut,
 };
 
 use crate::config::{DetectorConfig, DetectorSemantics};
@@ -318,6 +318,10 @@ impl OutlierPolicy for DetectorPolicy {
 
     fn budget(&self) -> Option<EjectionBudget> {
         Some(self.shared.config.budget())
+    }
+
+    fn when_all_out(&self) -> Option<WhenAllOut> {
+        Some(self.shared.config.when_all_out())
     }
 
     fn fleet(&self) -> Option<&dyn FleetPolicy<State = DetectorEndpoint>> {

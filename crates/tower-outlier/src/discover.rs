@@ -205,6 +205,8 @@ where
                 this.aborts,
                 cx,
             );
+            // Panic may hand the balancer every endpoint, or take the ejected ones back.
+            this.engine.sync_all_out();
             if this.engine.has_changes() {
                 continue;
             }

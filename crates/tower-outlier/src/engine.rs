@@ -86,7 +86,7 @@ pub(crate) struct Engine<K, S> {
     signals: SignalBoard<K>,
     // Endpoints out only in dry run (ejected or probing as the rules would have them): still in
     // the balancer's set, counted apart from `ejected`.
-    shadowed: usize,
+    shadow_out: HashSet<u64>,
     // The operator's controls in force, and their version.
     controls: Arc<Controls>,
     controls_version: u64,
@@ -94,6 +94,12 @@ pub(crate) struct Engine<K, S> {
     forced: HashMap<u64, Override>,
     // The back-off resets applied, by key text: how many of each.
     resets_applied: HashMap<Box<str>, u64>,
+    // Envoy's panic: too few healthy, so the balancer has every endpoint, ejected ones included.
+    panicking: bool,
+    // The balancer has no endpoint to pick (fail fast), as the registry was last told.
+    nothing_to_pick: bool,
+    // What the monitor was last told of it.
+    all_out_shown: Option<String>,
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -171,8 +177,10 @@ impl<K, S> Engine<K, S> {
         }
         registry.rules_in_force(settings.version);
         let names: Arc<[&'static str]> = settings.policies.iter().map(|p| p.name()).collect();
-        // Applied on the first poll, as the rules' first version is: none at start.
+        // Applied on the first poll, as the rules' first version is: none at start. Resets asked
+        // for before this adaptor existed were for the endpoints of the adaptors then.
         let controls = Arc::new(Controls::default());
+        let resets_applied = settings.rules.controls().0.resets.clone();
         if settings.rules.controls_version() != 0 {
             notifier.notify();
         }
@@ -201,11 +209,14 @@ impl<K, S> Engine<K, S> {
             no_ejection: None,
             unready: HashSet::new(),
             signals: SignalBoard::new(),
-            shadowed: 0,
+            shadow_out: HashSet::new(),
             controls,
             controls_version: 0,
             forced: HashMap::new(),
-            resets_applied: HashMap::new(),
+            resets_applied,
+            panicking: false,
+            nothing_to_pick: false,
+            all_out_shown: None,
         }
     }
 
@@ -311,7 +322,7 @@ where
             return;
         }
         // An endpoint forced out needs only another endpoint to fall back on, whatever the budget.
-        let forced_pending = !self.forced.is_empty() && self.available() > 1;
+        let forced_pending = !self.forced.is_empty() && self.available() >= 1;
         if self.room().is_err() && !forced_pending {
             return;
         }
@@ -345,6 +356,11 @@ impl<K, S> Drop for Engine<K, S> {
     fn drop(&mut self) {
         // The monitor outlives the adaptor; it must not keep listing endpoints nobody tracks.
         let mut tracked = self.registry.leave(self.roster);
+        if self.nothing_to_pick {
+            self.registry
+                .nothing_to_pick
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
         if let Some(sharing) = &self.sharing {
             sharing.registry.leave(sharing.member);
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 use tower_outlier_core::{
     BudgetFloor, Clock, DynOutlierPolicy, EjectionBudget, EndpointRecord, NetworkErrors, Notifier,
-    OutlierPolicy,
+    OutlierPolicy, WhenAllOut,
 };
 
 use crate::discover::OutlierDetectionDiscover;
@@ -56,6 +56,7 @@ pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
     rules: Arc<RulesCell>,
     hosts: Option<(HostRegistry, HostOf)>,
     budget: Option<EjectionBudget>,
+    all_out: Option<WhenAllOut>,
     clock: Clock,
     classifier: C,
     probe: P,
@@ -77,6 +78,7 @@ impl OutlierDetectionLayer {
             rules,
             hosts: None,
             budget: None,
+            all_out: None,
             clock: Clock::auto(),
             classifier: NetworkErrors,
             probe: PassiveTrial,
@@ -106,6 +108,27 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         self
     }
 
+    /// Sets what the layer does when its rules would leave the balancer no endpoint to pick
+    /// ([`WhenAllOut`]): keep the last one (EDAS and HSF; the default when no policy says, and
+    /// this library's recommendation), fail fast (gRPC, linkerd; with
+    /// [`fail_fast`](Self::fail_fast) in front of the balancer), or Envoy's panic threshold. By
+    /// default the first policy's choice: each detector preset brings its system's.
+    ///
+    #[cfg_attr(feature = "detectors", doc = "```")]
+    #[cfg_attr(not(feature = "detectors"), doc = "```ignore")]
+    /// use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer, WhenAllOut};
+    ///
+    /// // gRPC's detector, but the last endpoint kept in rather than every pick failing.
+    /// let layer = OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::grpc().build()?))
+    ///     .when_all_out(WhenAllOut::KeepLast);
+    /// # let _ = layer;
+    /// # Ok::<(), tower_outlier::ConfigError>(())
+    /// ```
+    pub fn when_all_out(mut self, choice: WhenAllOut) -> Self {
+        self.all_out = Some(choice);
+        self
+    }
+
     /// Sets the clock calls are timed with. The default, [`Clock::auto`], chose when the layer was
     /// built: tokio's clock if it was paused (a test), else the CPU's time-stamp counter, which
     /// halves the per-call cost but ignores tokio's paused clock.
@@ -125,6 +148,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             rules: self.rules,
             hosts: self.hosts,
             budget: self.budget,
+            all_out: self.all_out,
             clock: self.clock,
             classifier,
             probe: self.probe,
@@ -140,6 +164,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             rules: self.rules,
             hosts: self.hosts,
             budget: self.budget,
+            all_out: self.all_out,
             clock: self.clock,
             classifier: self.classifier,
             probe,
@@ -164,6 +189,34 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     pub fn discover_errors(mut self, choice: DiscoverErrors) -> Self {
         self.discover_errors = choice;
         self
+    }
+
+    /// A guard for the front of this layer's balancer that fails calls at once, with
+    /// [`NoEndpointAvailable`](crate::fail_fast::NoEndpointAvailable), while the rules leave the
+    /// balancer no endpoint ([`WhenAllOut::FailFast`]); without it such calls wait for an
+    /// endpoint to come back.
+    ///
+    #[cfg_attr(feature = "detectors", doc = "```")]
+    #[cfg_attr(not(feature = "detectors"), doc = "```ignore")]
+    /// use std::convert::Infallible;
+    /// use tower::balance::p2c::Balance;
+    /// use tower::discover::Change;
+    /// use tower::{service_fn, ServiceBuilder};
+    /// use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
+    ///
+    /// let outliers = OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::grpc().build()?));
+    /// let backend = service_fn(|_: ()| async { Ok::<_, Infallible>(()) });
+    /// let discover = futures::stream::iter([Ok::<_, Infallible>(Change::Insert(0, backend))]);
+    /// let balancer = ServiceBuilder::new()
+    ///     .layer(outliers.fail_fast())
+    ///     .layer_fn(Balance::new)
+    ///     .layer(outliers)
+    ///     .service(discover);
+    /// # let _ = balancer;
+    /// # Ok::<(), tower_outlier::ConfigError>(())
+    /// ```
+    pub fn fail_fast(&self) -> crate::fail_fast::FailFastLayer {
+        crate::fail_fast::FailFastLayer::new(self.monitor.registry().clone())
     }
 
     /// A handle for reading per-endpoint state. Every adaptor this layer builds reports to it.
@@ -191,6 +244,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         Settings::new(
             &self.rules,
             self.budget,
+            self.all_out,
             self.clock.clone(),
             self.hosts.clone(),
         )
@@ -272,6 +326,7 @@ impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
             rules: self.rules.clone(),
             hosts: self.hosts.clone(),
             budget: self.budget,
+            all_out: self.all_out,
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),
             probe: self.probe.clone(),
@@ -285,6 +340,7 @@ impl<C: fmt::Debug, P: fmt::Debug> fmt::Debug for OutlierDetectionLayer<C, P> {
         f.debug_struct("OutlierDetectionLayer")
             .field("policies", &self.rules.current().policies)
             .field("budget", &self.budget)
+            .field("when_all_out", &self.all_out)
             .field("clock", &self.clock)
             .field("classifier", &self.classifier)
             .field("probe", &self.probe)

@@ -84,6 +84,7 @@ mod endpoint;
 mod engine;
 mod envoy_log;
 pub mod events;
+pub mod fail_fast;
 pub mod future;
 pub mod grpc;
 pub mod hosts;
@@ -127,7 +128,7 @@ pub use classify::{NetworkErrors, ServerErrors};
 pub use layer::{DiscoverErrors, OutlierDetectionLayer};
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, Snapshot};
 pub use reconfigure::RulesHandle;
-pub use tower_outlier_core::{Clock, ConfigError};
+pub use tower_outlier_core::{Clock, ConfigError, WhenAllOut};
 
 /// Error-rate ejection (EDAS and HSF semantics): everything of the `tower-outlier-error-rate`
 /// crate; the policy, its configuration and the HSF reader are also at this crate's root.

@@ -74,6 +74,8 @@ pub(crate) struct Registry {
     dry_run: Lock<(bool, Vec<&'static str>)>,
     pub(crate) events: EventHub,
     discover_errors: AtomicU64,
+    // Adaptors whose balancer has no endpoint to pick: the fail-fast guard fails calls then.
+    pub(crate) nothing_to_pick: AtomicUsize,
     // Adaptors waiting for `rosters`: a snapshot gives way to them between its batches (std's
     // lock is not fair: released and taken again at once, it went back to the snapshot about
     // every time, and an upstream change waited for the whole snapshot, 18 ms at 100 000).
@@ -92,6 +94,8 @@ struct Roster {
     standings: HashMap<u64, Box<Standing>>,
     // Why the adaptor can eject no endpoint at all now (its budget rounds to none), if so.
     no_ejection: Option<Box<str>>,
+    // Why the balancer has every endpoint or none (panic, fail fast), if so.
+    all_out: Option<Box<str>>,
 }
 
 pub(crate) struct Tracked {
@@ -148,6 +152,7 @@ impl Monitor {
             registry: Arc::new(Registry {
                 discover_errors: AtomicU64::new(0),
                 waiting: AtomicUsize::new(0),
+                nothing_to_pick: AtomicUsize::new(0),
                 next_id: AtomicU64::new(0),
                 rosters: Lock::new(HashMap::new()),
                 rules: Lock::new((0, None)),
@@ -292,12 +297,17 @@ impl Monitor {
             .collect();
         endpoints.sort_by(|a, b| a.key.cmp(&b.key));
         self.registry.give_way();
-        let no_ejection = self
-            .registry
-            .rosters
-            .lock()
-            .values()
-            .find_map(|roster| roster.no_ejection.as_deref().map(str::to_owned));
+        let (no_ejection, all_out) = {
+            let rosters = self.registry.rosters.lock();
+            (
+                rosters
+                    .values()
+                    .find_map(|roster| roster.no_ejection.as_deref().map(str::to_owned)),
+                rosters
+                    .values()
+                    .find_map(|roster| roster.all_out.as_deref().map(str::to_owned)),
+            )
+        };
         let (rules_version, rules_error) = self.registry.rules.lock().clone();
         let rules_notes = self.registry.rules_notes.lock().clone();
         let (dry_run, dry_run_policies) = self.registry.dry_run.lock().clone();
@@ -310,6 +320,7 @@ impl Monitor {
             rules_notes,
             discover_errors: self.registry.discover_errors.load(Ordering::Relaxed),
             no_ejection,
+            all_out,
         }
     }
 

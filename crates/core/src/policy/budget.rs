@@ -80,6 +80,65 @@ impl EjectionBudget {
     }
 }
 
+/// What the layer does when the rules would leave the balancer no endpoint to pick: the choice
+/// each system makes differently, and every layer makes explicitly.
+///
+/// ```
+/// use tower_outlier_core::WhenAllOut;
+///
+/// let envoy = WhenAllOut::panic_below(0.5).unwrap();
+/// assert!(envoy.panics(2, 5), "2 of 5 healthy is below half: all five get traffic");
+/// assert!(!envoy.panics(3, 5));
+/// assert!(WhenAllOut::panic_below(1.5).is_err());
+/// assert_eq!(WhenAllOut::default(), WhenAllOut::KeepLast);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub enum WhenAllOut {
+    /// Never eject the last endpoint the balancer can pick: it stays in and takes the traffic
+    /// (EDAS and HSF; SOFARPC and Sentinel never empty a service either). The default, and the
+    /// recommendation: a fleet the rules would empty is more likely failing as a whole than
+    /// failing everywhere at once, and callers get whatever it still answers.
+    #[default]
+    KeepLast,
+    /// Eject the last one too. With none to pick, calls fail at once when the balancer is behind
+    /// the layer's fail-fast guard (gRPC: a pick with every address ejected fails UNAVAILABLE;
+    /// linkerd: requests fail fast while every endpoint's breaker is open); without the guard
+    /// they wait until an endpoint is back (gRPC's wait-for-ready).
+    FailFast,
+    /// Envoy's `healthy_panic_threshold`: while fewer than this share of the endpoints are
+    /// healthy (neither ejected nor unready), the balancer gets every endpoint, ejected ones
+    /// included, and ejections go on being decided and timed as usual. The last endpoint may be
+    /// ejected (the fleet then panics); 0 turns panic off, and an emptied set then waits as
+    /// [`FailFast`](Self::FailFast) without its guard.
+    PanicBelow(f64),
+}
+
+impl WhenAllOut {
+    /// [`PanicBelow`](Self::PanicBelow) `healthy` (a share in `[0, 1]`): Envoy's default is 0.5.
+    pub fn panic_below(healthy: f64) -> Result<Self, ConfigError> {
+        Ok(WhenAllOut::PanicBelow(check_ratio(
+            "healthy_panic_threshold",
+            healthy,
+        )?))
+    }
+
+    /// Whether `healthy` of `endpoints` puts the fleet in panic.
+    pub fn panics(&self, healthy: usize, endpoints: usize) -> bool {
+        match *self {
+            WhenAllOut::PanicBelow(threshold) => {
+                endpoints > 0 && (healthy as f64) < threshold * endpoints as f64 - 1e-9
+            }
+            WhenAllOut::KeepLast | WhenAllOut::FailFast => false,
+        }
+    }
+
+    /// Whether the last endpoint the balancer can pick is kept in.
+    pub fn keeps_last(&self) -> bool {
+        matches!(self, WhenAllOut::KeepLast)
+    }
+}
+
 /// The linear recovery schedule of EDAS and HSF: the first check one `unit` after ejection, each
 /// failed check one `unit` longer than the last, up to `max_multiple` units, and back to one unit
 /// once the endpoint recovers.

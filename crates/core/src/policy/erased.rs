@@ -75,6 +75,9 @@ pub trait DynOutlierPolicy: fmt::Debug + Send + Sync + Any + sealed::Sealed {
     /// [`OutlierPolicy::budget`].
     fn budget(&self) -> Option<EjectionBudget>;
 
+    /// [`OutlierPolicy::when_all_out`].
+    fn when_all_out(&self) -> Option<WhenAllOut>;
+
     /// [`FleetPolicy::interval`], for a policy with the [`fleet`](OutlierPolicy::fleet)
     /// capability.
     fn fleet_interval(&self) -> Option<Duration>;
@@ -159,6 +162,10 @@ impl<P: OutlierPolicy> DynOutlierPolicy for Held<P> {
 
     fn budget(&self) -> Option<EjectionBudget> {
         self.0.budget()
+    }
+
+    fn when_all_out(&self) -> Option<WhenAllOut> {
+        self.0.when_all_out()
     }
 
     fn fleet_interval(&self) -> Option<Duration> {

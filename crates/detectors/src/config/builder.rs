@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tower_outlier_core::{check_nonzero_duration, ConfigError};
+use tower_outlier_core::{check_nonzero_duration, check_ratio, ConfigError, WhenAllOut};
 
 use super::*;
 
@@ -50,6 +50,7 @@ pub struct DetectorBuilder {
     pub(crate) success_rate: Option<SuccessRate>,
     pub(crate) failure_percentage: Option<FailurePercentage>,
     pub(crate) recent_success_rate: Option<RecentSuccessRate>,
+    pub(crate) when_all_out: WhenAllOut,
 }
 
 impl Default for DetectorBuilder {
@@ -79,6 +80,8 @@ impl Default for DetectorBuilder {
             success_rate: Some(ENVOY_SUCCESS_RATE),
             failure_percentage: Some(ENVOY_FAILURE_PERCENTAGE),
             recent_success_rate: None,
+            // Envoy's cluster default (`common_lb_config.healthy_panic_threshold`).
+            when_all_out: WhenAllOut::PanicBelow(0.5),
         }
     }
 }
@@ -119,6 +122,16 @@ impl DetectorBuilder {
     /// finite, as linkerd's `ExponentialBackoff` takes) of itself, never beyond the maximum.
     pub fn backoff_jitter(mut self, jitter: f64) -> Self {
         self.backoff_jitter = jitter;
+        self
+    }
+
+    /// What the layer does when these rules would leave no endpoint to pick
+    /// ([`WhenAllOut`]): each preset's is its system's (Envoy: panic below 50 % healthy; gRPC
+    /// and linkerd: fail fast), the recommended configuration keeps the last endpoint. The layer
+    /// follows its first policy's choice unless it is given one
+    /// (`OutlierDetectionLayer::when_all_out`).
+    pub fn when_all_out(mut self, choice: WhenAllOut) -> Self {
+        self.when_all_out = choice;
         self
     }
 
@@ -357,6 +370,9 @@ impl DetectorBuilder {
                 fp.local_origin_enforcement,
             )?;
         }
+        if let WhenAllOut::PanicBelow(threshold) = self.when_all_out {
+            check_ratio("healthy_panic_threshold", threshold)?;
+        }
         Ok(DetectorConfig {
             semantics: self.semantics,
             interval: self.interval,
@@ -373,6 +389,7 @@ impl DetectorBuilder {
             success_rate: self.success_rate,
             failure_percentage: self.failure_percentage,
             recent_success_rate: self.recent_success_rate,
+            when_all_out: self.when_all_out,
         })
     }
 }

@@ -1,6 +1,8 @@
 //! What the balancer can pick: the endpoints in its set and ready, kept in step with the
 //! handles that report themselves unready, and the room to eject that the records read.
 
+use tower::discover::Change;
+
 use crate::events::Refusal;
 
 use super::*;
@@ -28,19 +30,96 @@ where
     pub(super) fn room_for(&self, dry: bool) -> Result<(), Refusal> {
         let (out, available) = if dry {
             (
-                self.ejected + self.shadowed,
-                self.available().saturating_sub(self.shadowed),
+                self.ejected + self.shadow_out.len(),
+                self.hypothetically_available(),
             )
         } else {
             (self.ejected, self.available())
         };
-        if available <= 1 {
+        if available <= 1 && self.settings.all_out.keeps_last() {
             Err(Refusal::LastEndpoint)
         } else if out >= self.settings.budget.max_ejected(self.entries.len()) {
             Err(Refusal::Budget)
         } else {
             Ok(())
         }
+    }
+
+    /// Whether the balancer has `entry` in its set: available, out only in dry run, or out while
+    /// the fleet panics (an operator's forced out stays out even then).
+    pub(super) fn in_set(&self, entry: &Entry<S>) -> bool {
+        entry.in_balancer() || (self.panicking && !matches!(entry.status(), Status::HeldByOperator))
+    }
+
+    /// Follows what the layer does when the rules leave too few endpoints to pick
+    /// ([`WhenAllOut`](tower_outlier_core::WhenAllOut)): enters or leaves Envoy's panic, handing
+    /// the balancer every endpoint or taking the ejected ones back out, and tells the registry
+    /// whether the balancer has none to pick (for the fail-fast guard). Cheap when nothing
+    /// changed: run before every `Pending`.
+    pub(crate) fn sync_all_out(&mut self) {
+        let n = self.entries.len();
+        let healthy = self.available();
+        let panic = self.settings.all_out.panics(healthy, n);
+        if panic != self.panicking {
+            self.panicking = panic;
+            if panic {
+                tracing::warn!(
+                    target: "tower_outlier",
+                    healthy,
+                    endpoints = n,
+                    "panic: too few endpoints healthy; every endpoint gets traffic"
+                );
+            } else {
+                tracing::info!(target: "tower_outlier", healthy, endpoints = n, "panic over");
+            }
+            let held: Vec<K> =
+                self.keys_where(|e| e.is_out() && !matches!(e.status(), Status::HeldByOperator));
+            for key in held {
+                let Some(entry) = self.entries.get(&key) else {
+                    continue;
+                };
+                let change = if panic {
+                    Change::Insert(key.clone(), entry.endpoint())
+                } else {
+                    Change::Remove(key.clone())
+                };
+                self.queue.push_back(change);
+            }
+        }
+        let nothing = n > 0 && healthy == 0 && !self.panicking;
+        let why = if self.panicking {
+            let threshold = match self.settings.all_out {
+                tower_outlier_core::WhenAllOut::PanicBelow(t) => t * 100.0,
+                _ => 0.0,
+            };
+            Some(format!(
+                "panic: {healthy} of {n} endpoints healthy, below {threshold:.0} %: every endpoint gets traffic"
+            ))
+        } else if nothing {
+            Some(
+                "every endpoint is out: calls fail fast behind the fail-fast guard, or wait"
+                    .to_owned(),
+            )
+        } else {
+            None
+        };
+        if nothing != self.nothing_to_pick || why != self.all_out_shown {
+            let counted = (nothing != self.nothing_to_pick).then_some(nothing);
+            self.nothing_to_pick = nothing;
+            self.all_out_shown.clone_from(&why);
+            self.registry.all_out(self.roster, why, counted);
+        }
+    }
+
+    /// Endpoints the balancer could pick were dry run's ejections real: in its set, ready, and
+    /// not out in dry run.
+    pub(super) fn hypothetically_available(&self) -> usize {
+        let unready_in = self
+            .unready
+            .iter()
+            .filter(|id| !self.shadow_out.contains(id))
+            .count();
+        self.entries.len() - self.ejected - self.shadow_out.len() - unready_in
     }
 
     /// Whether the policy at `index` is in dry run.
@@ -53,7 +132,8 @@ where
         let Some(entry) = self.entries.get(key) else {
             return false;
         };
-        let unready = entry.status().is_available() && entry.record().is_unready();
+        // Out in dry run, it is still in the set: whether the balancer can pick it counts.
+        let unready = entry.in_balancer() && entry.record().is_unready();
         let id = entry.id;
         let changed = if unready {
             self.unready.insert(id)

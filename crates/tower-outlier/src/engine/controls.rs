@@ -101,12 +101,15 @@ where
                         self.share_host(id, false);
                     }
                     self.ejected -= 1;
-                    self.shadowed += 1;
+                    self.shadow_out.insert(id);
                     let Some(entry) = self.entries.get(&key) else {
                         continue;
                     };
-                    self.queue
-                        .push_back(Change::Insert(key.clone(), entry.endpoint()));
+                    // In the set already while the fleet panics.
+                    if !self.panicking {
+                        self.queue
+                            .push_back(Change::Insert(key.clone(), entry.endpoint()));
+                    }
                     tracing::info!(target: "tower_outlier", endpoint = ?key, "dry run: ejected endpoint back in the balancer's set");
                     self.registry
                         .emit_about(self.roster, id, |key| Event::Readmitted {
@@ -123,7 +126,7 @@ where
                     self.cancelled.push(id);
                 }
                 if out {
-                    self.shadowed -= 1;
+                    self.shadow_out.remove(&id);
                 }
                 if let Some(entry) = self.entries.get_mut(&key) {
                     entry.record().reset();
@@ -132,6 +135,8 @@ where
                 if self.refused.remove(&id).is_some() {
                     self.registry.refused(self.roster, id, None);
                 }
+                // A host another service holds out is held out here again, for real.
+                self.mirror_pending = true;
                 tracing::info!(target: "tower_outlier", endpoint = ?key, "dry run over: what it would have ejected is forgotten");
                 self.publish(&key, None, None);
             }
@@ -211,6 +216,10 @@ where
                     if matches!(entry.status(), Status::Probing) {
                         self.cancelled.push(id);
                     }
+                    if self.panicking {
+                        // Panic had it in the set; an operator's forced out is out even then.
+                        self.queue.push_back(Change::Remove(key.clone()));
+                    }
                     if entry.holds_host_out() {
                         self.share_host(id, false);
                     }
@@ -229,11 +238,14 @@ where
                 }
             }
             Some(Override::ForcedIn) => {
-                let out = self
-                    .entries
-                    .get(key)
-                    .is_some_and(|e| !e.status().is_available());
-                if out {
+                let Some(entry) = self.entries.get(key) else {
+                    return;
+                };
+                if !entry.status().is_available() {
+                    if matches!(entry.status(), Status::Probing) {
+                        // Its answer no longer matters: abandoned, as the budget abandons one.
+                        self.cancelled.push(id);
+                    }
                     self.readmit(key, None, Readmission::Operator, now);
                 }
             }
@@ -245,6 +257,8 @@ where
                         .is_some_and(|e| matches!(e.status(), Status::HeldByOperator));
                 if forced_out {
                     self.readmit(key, None, Readmission::Operator, now);
+                    // Its host may be held out by another service meanwhile.
+                    self.mirror_pending = true;
                 }
             }
         }

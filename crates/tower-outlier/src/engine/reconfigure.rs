@@ -31,6 +31,7 @@ where
         let settings = Arc::new(Settings::new(
             &cell,
             self.settings.explicit_budget,
+            self.settings.explicit_all_out,
             self.settings.clock.clone(),
             self.settings.hosts.clone(),
         ));
@@ -59,7 +60,9 @@ where
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
             records.push((entry.id, weak));
             replaced.push(std::mem::replace(&mut entry.shared, shared));
-            if entry.in_balancer() {
+            let in_set = entry.in_balancer()
+                || (self.panicking && !matches!(entry.status(), Status::HeldByOperator));
+            if in_set {
                 self.queue
                     .push_back(Change::Insert(key.clone(), entry.endpoint()));
             }

@@ -60,6 +60,10 @@ where
     /// last-endpoint rule keeps it in); it stays on trial and is ejected, with the longer
     /// interval, as soon as the rules allow.
     fn trial_ended(&mut self, key: &K, now: Instant) {
+        let judged = self
+            .entries
+            .get(key)
+            .is_some_and(|entry| self.judged(entry).is_some());
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
@@ -70,7 +74,7 @@ where
         let recorded_now = record.clock().now();
         let until = later(now, self.trial);
         let shadow = episode.shadow;
-        if record.judge(recorded_now).is_some() {
+        if judged {
             if let Some(failed_checks) = episode.breach_trial() {
                 let id = entry.id;
                 self.emit_for(id, shadow, |key| Event::TrialFailed { key, failed_checks });
@@ -277,6 +281,11 @@ where
         }
         // Out only in dry run: the balancer has it already, and dry run reports its return.
         let shadow = entry.is_shadow();
+        // In the set already while the fleet panics.
+        let panicked_in = self.panicking && !matches!(entry.status(), Status::HeldByOperator);
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
         entry.record().reset();
         if entry.holds_host_out() {
             let id = entry.id;
@@ -295,7 +304,7 @@ where
         };
         entry.readmit(key, trial_until, &mut self.deadlines);
         if shadow {
-            self.shadowed -= 1;
+            self.shadow_out.remove(&entry.id);
         } else {
             self.ejected -= 1;
         }
@@ -310,7 +319,7 @@ where
         );
         let trial = trial_until.map(|at| at.saturating_duration_since(now));
         let id = entry.id;
-        if !shadow {
+        if !shadow && !panicked_in {
             let endpoint = entry.endpoint();
             self.queue.push_back(Change::Insert(key.clone(), endpoint));
         }
@@ -325,46 +334,69 @@ where
     /// the same for what dry run holds out, counted with the real ejections as an enforcing
     /// layer would count them (dry run takes back only its own).
     pub(super) fn enforce_budget(&mut self, now: Instant) {
-        loop {
+        // Only a layer that keeps the last endpoint brings one back for want of any.
+        let keeps_last = self.settings.all_out.keeps_last();
+        'again: loop {
             let max = self.settings.budget.max_ejected(self.entries.len());
-            let hypothetical = self.available().saturating_sub(self.shadowed);
-            let (cause, shadow) = if self.ejected > 0 && self.available() == 0 {
-                (Readmission::LastEndpoint, false)
-            } else if self.ejected > max {
-                (Readmission::BudgetShrank, false)
-            } else if self.shadowed > 0 && hypothetical == 0 {
-                (Readmission::LastEndpoint, true)
-            } else if self.shadowed > 0 && self.ejected + self.shadowed > max {
-                (Readmission::BudgetShrank, true)
-            } else {
-                return;
-            };
-            let soonest = self
-                .entries
-                .iter()
-                .filter(|(_, e)| !e.status().is_available() && e.is_shadow() == shadow)
-                // Forced out is over the budget by design; only no endpoint at all takes it back.
-                .filter(|(_, e)| {
-                    cause == Readmission::LastEndpoint
-                        || !matches!(e.status(), Status::HeldByOperator)
-                })
-                .min_by_key(|(_, e)| (readmission_order(e.status()), e.id))
-                .map(|(k, _)| k.clone());
-            let Some(key) = soonest else { return };
-            let mut forced_out = false;
-            if let Some(entry) = self.entries.get(&key) {
-                forced_out = matches!(entry.status(), Status::HeldByOperator);
-                if matches!(entry.status(), Status::Probing) {
-                    self.cancelled.push(entry.id);
+            let shadowed = self.shadow_out.len();
+            // In order: the real set first, then what dry run holds out.
+            // An operator's forced out never leaves the balancer nothing, whatever the choice.
+            let wanted = [
+                (
+                    self.ejected > 0 && self.available() == 0,
+                    Readmission::LastEndpoint,
+                    false,
+                ),
+                (self.ejected > max, Readmission::BudgetShrank, false),
+                (
+                    keeps_last && shadowed > 0 && self.hypothetically_available() == 0,
+                    Readmission::LastEndpoint,
+                    true,
+                ),
+                (
+                    shadowed > 0 && self.ejected + shadowed > max,
+                    Readmission::BudgetShrank,
+                    true,
+                ),
+            ];
+            for (due, cause, shadow) in wanted {
+                if !due {
+                    continue;
                 }
+                let soonest = self
+                    .entries
+                    .iter()
+                    .filter(|(_, e)| !e.status().is_available() && e.is_shadow() == shadow)
+                    // Forced out is over the budget by design; only no endpoint at all takes it
+                    // back.
+                    .filter(|(_, e)| {
+                        let forced_out = matches!(e.status(), Status::HeldByOperator);
+                        match cause {
+                            Readmission::LastEndpoint => keeps_last || forced_out,
+                            _ => !forced_out,
+                        }
+                    })
+                    .min_by_key(|(_, e)| (readmission_order(e.status()), e.id))
+                    .map(|(k, _)| k.clone());
+                // None to take back for this rule (forced out only): the next rule may have.
+                let Some(key) = soonest else { continue };
+                let mut forced_out = false;
+                if let Some(entry) = self.entries.get(&key) {
+                    forced_out = matches!(entry.status(), Status::HeldByOperator);
+                    if matches!(entry.status(), Status::Probing) {
+                        self.cancelled.push(entry.id);
+                    }
+                }
+                let until = later(now, self.trial);
+                self.readmit(&key, Some(until), cause, now);
+                if forced_out {
+                    // Still forced out: kept in as the last endpoint, out again once another is.
+                    let verdict = self.decide(&key);
+                    self.apply(&key, verdict, now);
+                }
+                continue 'again;
             }
-            let until = later(now, self.trial);
-            self.readmit(&key, Some(until), cause, now);
-            if forced_out {
-                // Still forced out: kept in as the last endpoint, out again once another is.
-                let verdict = self.decide(&key);
-                self.apply(&key, verdict, now);
-            }
+            return;
         }
     }
 }

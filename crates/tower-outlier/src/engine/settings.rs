@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_outlier_core::{duration_to_nanos, Clock, DynOutlierPolicy, EjectionBudget};
+use tower_outlier_core::{duration_to_nanos, Clock, DynOutlierPolicy, EjectionBudget, WhenAllOut};
 
 use super::later;
 use crate::hosts::{HostOf, HostRegistry};
@@ -17,6 +17,10 @@ pub(crate) struct Settings {
     pub(crate) budget: EjectionBudget,
     // The budget the layer was given, if any: otherwise each version of the rules brings its own.
     pub(crate) explicit_budget: Option<EjectionBudget>,
+    // What the layer does when the rules would leave no endpoint to pick, and the choice the
+    // layer was given, if any (otherwise the first policy's that has one).
+    pub(crate) all_out: WhenAllOut,
+    pub(crate) explicit_all_out: Option<WhenAllOut>,
     pub(crate) clock: Clock,
     pub(crate) rules: Arc<RulesCell>,
     // The version of the rules these settings hold.
@@ -30,6 +34,7 @@ impl Settings {
     pub(crate) fn new(
         cell: &Arc<RulesCell>,
         explicit_budget: Option<EjectionBudget>,
+        explicit_all_out: Option<WhenAllOut>,
         clock: Clock,
         hosts: Option<(HostRegistry, HostOf)>,
     ) -> Self {
@@ -41,10 +46,19 @@ impl Settings {
                 .find_map(|p| p.budget())
                 .unwrap_or(DEFAULT_BUDGET)
         });
+        let all_out = explicit_all_out.unwrap_or_else(|| {
+            rules
+                .policies
+                .iter()
+                .find_map(|p| p.when_all_out())
+                .unwrap_or_default()
+        });
         Settings {
             policies: rules.policies.clone(),
             budget,
             explicit_budget,
+            all_out,
+            explicit_all_out,
             clock,
             rules: cell.clone(),
             version: rules.version,

@@ -22,7 +22,12 @@ where
     pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.service = service;
-            if entry.in_balancer() {
+            let in_set = entry.in_balancer()
+                || (self.panicking && !matches!(entry.status(), Status::HeldByOperator));
+            if in_set {
+                let Some(entry) = self.entries.get(&key) else {
+                    return;
+                };
                 self.queue
                     .push_back(Change::Insert(key.clone(), entry.endpoint()));
             }
@@ -100,11 +105,11 @@ where
         if matches!(status, Status::Probing) {
             self.cancelled.push(entry.id);
         }
-        if entry.in_balancer() {
+        if self.in_set(&entry) {
             self.queue.push_back(Change::Remove(key.clone()));
         }
         if entry.is_shadow_out() {
-            self.shadowed -= 1;
+            self.shadow_out.remove(&entry.id);
         } else if entry.is_out() {
             self.ejected -= 1;
         }

@@ -67,7 +67,9 @@ where
         if forced == Some(Override::ForcedOut) {
             let cause = Cause::Operator;
             let reason = super::controls::operator_reason();
-            return if self.available() > 1 {
+            // One the balancer cannot pick (unready) takes nothing from it by going.
+            let pickable = usize::from(!self.unready.contains(&entry.id));
+            return if self.available().saturating_sub(pickable) >= 1 {
                 Verdict::Eject { cause, reason }
             } else {
                 Verdict::Refuse {
@@ -77,26 +79,7 @@ where
                 }
             };
         }
-        let record = entry.record();
-        let now = record.clock().now();
-        let judged = if !self.controls.any_dry() {
-            record.judge(now)
-        } else {
-            let judge = |dry: bool| {
-                record
-                    .policies()
-                    .iter()
-                    .enumerate()
-                    .filter(|(index, _)| self.is_dry(*index) == dry)
-                    .find_map(|(index, policy)| match policy.judge(now) {
-                        Judgement::Outlier(reason) => Some((index, reason)),
-                        Judgement::Healthy => None,
-                    })
-            };
-            // Out in dry run already: only an enforcing policy has anything to add.
-            judge(false).or_else(|| if shadow_out { None } else { judge(true) })
-        };
-        let Some((index, reason)) = judged else {
+        let Some((index, reason)) = self.judged(entry) else {
             return Verdict::Keep;
         };
         let cause = Cause::Policy { index };
@@ -117,10 +100,48 @@ where
         }
     }
 
+    /// The first policy that judges `entry` an outlier, and why. The policies that enforce are
+    /// asked first; those in dry run only for an endpoint whose ejection they could report: not
+    /// one out in dry run already, nor one on trial after a real ejection (a dry-run policy
+    /// never fails a real trial).
+    pub(super) fn judged(&self, entry: &super::Entry<S>) -> Option<(usize, Reason)> {
+        let record = entry.record();
+        let now = record.clock().now();
+        if !self.controls.any_dry() {
+            return record.judge(now);
+        }
+        let judge = |dry: bool| {
+            record
+                .policies()
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| self.is_dry(*index) == dry)
+                .find_map(|(index, policy)| match policy.judge(now) {
+                    Judgement::Outlier(reason) => Some((index, reason)),
+                    Judgement::Healthy => None,
+                })
+        };
+        let real_episode = entry.episode.is_some() && !entry.is_shadow();
+        judge(false).or_else(|| {
+            if entry.is_shadow_out() || real_episode {
+                None
+            } else {
+                judge(true)
+            }
+        })
+    }
+
     /// The verdict on `key`, available and on a host another adaptor holds out: ejected if
     /// [`room`](Self::room) allows, else refused until there is room.
     pub(super) fn decide_for_host(&self, key: &K) -> Verdict {
-        if !self.entries.contains_key(key) {
+        let Some(entry) = self.entries.get(key) else {
+            return Verdict::Keep;
+        };
+        // Out already (ejected, forced out, or in dry run when that is what this would be), or
+        // forced in: the host's ejection changes nothing.
+        let dry = self.controls.dry_run;
+        let candidate = entry.status().is_available() || (entry.is_shadow_out() && !dry);
+        if !candidate || self.forced.contains_key(&entry.id) {
             return Verdict::Keep;
         }
         let reason = super::hosts::host_reason();
@@ -291,7 +312,8 @@ where
         if self.refused.remove(&id).is_some() {
             self.registry.refused(self.roster, id, None);
         }
-        if self.unready.remove(&id) {
+        // Out in dry run, it stays in the set, where its readiness still counts.
+        if !shadow && self.unready.remove(&id) {
             self.registry.unready(self.roster, id, false);
         }
         let Some(entry) = self.entries.get_mut(key) else {
@@ -320,6 +342,17 @@ where
                         .recovery()
                         .delay(failed_checks),
                 };
+                if shadow {
+                    // Kept in the set: a state of another policy holding calls back until the
+                    // layer acts (linkerd's breaker after a failed probe) must serve them.
+                    for (other, policy) in record.policies().iter().enumerate() {
+                        if other != index {
+                            if let Some(timing) = policy.own_timing() {
+                                timing.ejection_refused(recorded_now);
+                            }
+                        }
+                    }
+                }
                 (Ejector::Policy(index), Some(later(now, delay)), Some(delay))
             }
             // No check of its own: it comes back when its host does.
@@ -332,10 +365,10 @@ where
             episode.schedule = Some(self.settings.policies[index].recovery());
         }
         if was_shadow_out {
-            self.shadowed -= 1;
+            self.shadow_out.remove(&id);
         }
         if shadow {
-            self.shadowed += 1;
+            self.shadow_out.insert(id);
         } else {
             self.ejected += 1;
         }
@@ -381,7 +414,9 @@ where
         let shown_check = next_check;
         let event_reason = reason.clone();
         self.publish(key, shown_check, Some(reason));
-        if !shadow {
+        // While the fleet panics the balancer keeps every endpoint, but an operator's.
+        let kept_by_panic = self.panicking && cause != Cause::Operator;
+        if !shadow && !kept_by_panic {
             self.queue.push_back(Change::Remove(key.clone()));
         }
         if let (Cause::Policy { .. }, false) = (cause, shadow) {

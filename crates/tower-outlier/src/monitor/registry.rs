@@ -60,6 +60,7 @@ impl Registry {
             endpoints: HashMap::new(),
             standings: HashMap::new(),
             no_ejection: None,
+            all_out: None,
         };
         self.rosters().insert(roster, joined);
         roster
@@ -258,6 +259,23 @@ impl Registry {
     pub(crate) fn no_ejection(&self, roster: u64, why: Option<String>) {
         if let Some(roster) = self.rosters().get_mut(&roster) {
             roster.no_ejection = why.map(String::into_boxed_str);
+        }
+    }
+
+    /// Shows why the balancer of the adaptor of `roster` has every endpoint or none, or (`None`)
+    /// that it has the ones the rules leave in; `nothing` counts it as having none to pick.
+    pub(crate) fn all_out(&self, roster: u64, why: Option<String>, nothing: Option<bool>) {
+        if let Some(roster) = self.rosters().get_mut(&roster) {
+            roster.all_out = why.map(String::into_boxed_str);
+        }
+        match nothing {
+            Some(true) => {
+                self.nothing_to_pick.fetch_add(1, Ordering::AcqRel);
+            }
+            Some(false) => {
+                self.nothing_to_pick.fetch_sub(1, Ordering::AcqRel);
+            }
+            None => {}
         }
     }
 

@@ -131,6 +131,10 @@ pub struct Snapshot {
     /// Envoy's 10 % of fewer than ten). Its policies may judge endpoints outliers; none is
     /// ejected, and failing ones are only avoided by the balancer.
     pub no_ejection: Option<String>,
+    /// Set while the rules leave the balancer no endpoint it would pick otherwise, with what the
+    /// layer does about it ([`WhenAllOut`](crate::WhenAllOut)): "panic: 1 of 4 endpoints healthy,
+    /// below 50 %: every endpoint gets traffic", or "every endpoint is out: calls fail fast".
+    pub all_out: Option<String>,
     /// Whether the layer-wide dry run is on: nothing is ejected, and `would_be` shows what would.
     pub dry_run: bool,
     /// The policies in dry run of their own ([`RulesHandle::set_policy_dry_run`](crate::RulesHandle::set_policy_dry_run)), by name.

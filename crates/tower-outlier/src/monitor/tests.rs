@@ -38,6 +38,7 @@ fn snapshots_serialize_with_typed_keys_as_text() {
         rules_notes: Vec::new(),
         discover_errors: 0,
         no_ejection: None,
+        all_out: None,
         dry_run: false,
         dry_run_policies: Vec::new(),
     };
