@@ -206,6 +206,19 @@ fn scenarios() -> Vec<Scenario> {
             )
         },
         scenario("two of five down", &[0, 1], Fault::Down),
+        // Every endpoint down at once (a bad deploy, a shared dependency), then healed: what
+        // each layer does when its rules would leave no endpoint (`WhenAllOut`).
+        Scenario {
+            schedule: Schedule::Window {
+                start: FAULT_AT,
+                end: Some(FAULT_AT + 20.0),
+            },
+            ..scenario(
+                "whole fleet down 20 s, then healthy",
+                &[0, 1, 2, 3, 4],
+                Fault::Down,
+            )
+        },
         scenario("two of five black holes", &[0, 1], Fault::BlackHole),
         Scenario {
             noise: 0.01,
@@ -290,11 +303,12 @@ async fn detect<P>(
     let detected = layer
         .layer(discover)
         .inspect_ok(move |change| observer.observe_change(change, &mut seen));
-    sim::drive(
-        world.clone(),
-        Balance::from_rng(detected, sim::Rng::new(!SEED)),
-    )
-    .await;
+    // A layer whose rules may empty the set (linkerd's, gRPC's fail fast) fails calls at once
+    // then, as those systems do; the guard does nothing while the balancer has an endpoint.
+    let guarded = layer
+        .fail_fast()
+        .layer(Balance::from_rng(detected, sim::Rng::new(!SEED)));
+    sim::drive(world.clone(), guarded).await;
     if let Some(watcher) = watcher {
         watcher.abort();
         let _ = watcher.await;

@@ -36,7 +36,20 @@
 //!   Envoy's rule is EDAS's (`(ejected + 1) / n` within the ratio), or HSF's with
 //!   `always_eject_one_host`; gRPC's rounds up (an ejection is allowed while fewer than
 //!   `n × ratio` are out, so the first always is).
-//! * The last available endpoint is never ejected.
+//! * The last available endpoint is never ejected — under the default
+//!   [`WhenAllOut::KeepLast`](crate::WhenAllOut), EDAS's and HSF's rule and this library's
+//!   recommendation. A layer may choose otherwise
+//!   ([`when_all_out`](crate::OutlierDetectionLayer::when_all_out); each detector preset brings
+//!   its system's): [`FailFast`](crate::WhenAllOut::FailFast) (gRPC, linkerd) ejects the last
+//!   one too, and calls then fail at once behind the layer's
+//!   [`fail_fast`](crate::OutlierDetectionLayer::fail_fast) guard, or wait for an endpoint to come
+//!   back without it; [`PanicBelow`](crate::WhenAllOut::PanicBelow) (Envoy's
+//!   `healthy_panic_threshold`, 50 %) hands the balancer every endpoint, ejected ones included,
+//!   while fewer than that share are healthy, and takes the still-ejected ones back out when
+//!   enough are ([`Snapshot::all_out`](crate::Snapshot) says which holds). Why keep the last: a
+//!   fleet the rules would empty is far more often failing as a whole (a bad deploy, a shared
+//!   dependency) than failing everywhere at once, and whatever it still answers reaches callers;
+//!   failing fast only helps a caller with a fallback of its own.
 //! * A refusal is said in the log and in the monitor
 //!   ([`EndpointSnapshot::refused`](crate::EndpointSnapshot), with the budget's arithmetic:
 //!   "ejection budget of 1 for 5 endpoints at 20 % is spent"); a budget that allows no ejection at
@@ -169,8 +182,9 @@
 //! # 9. Invariants
 //!
 //! Every change keeps these, and the tests check them:
-//! 1. While the upstream holds endpoints, at least one is available (rule 3): in the balancer's
-//!    set and ready. An endpoint whose service failed `poll_ready` is held in the set but reports
+//! 1. While the upstream holds endpoints, at least one is available (rule 3; under
+//!    `WhenAllOut::KeepLast`, and always when only an operator's overrides would take the last
+//!    one): in the balancer's set and ready. An endpoint whose service failed `poll_ready` is held in the set but reports
 //!    itself not ready, asks its service again after a back-off (100 ms doubling to 30 s), and is
 //!    shown `Unready`; it does not count as one to fall back on, and if no endpoint is left to
 //!    pick an ejected one comes back on trial.
@@ -231,8 +245,9 @@
 //!   (`Pending`) until the probe answers, and after a failed probe until the layer ejects it
 //!   again or keeps it in. A successful probe ends the trip (the next starts at
 //!   `base`); a failed one ejects it for the next back-off.
-//! * All of it inside the layer's one budget and never-the-last rule (section 3): Envoy's
-//!   panic threshold and linkerd's fail-fast are not reproduced; the last endpoint stays in.
+//! * All of it inside the layer's one budget. When every endpoint would be out each preset does
+//!   what its system does (section 3): Envoy's panics below 50 % healthy, gRPC's and linkerd's
+//!   fail fast; the recommended configuration keeps the last.
 //!
 //! # 11. Rules that change while the layer runs
 //!
@@ -282,3 +297,20 @@
 //! there is room) — and re-admits them on trial once no layer holds the host out. Such an
 //! endpoint has no recovery check of its own. A layer that does not share is unaffected, and an
 //! adaptor that is dropped releases what it held out.
+//!
+//! # 13. Operators above the rules
+//!
+//! Through the [`RulesHandle`](crate::RulesHandle), applied by every adaptor on its next poll:
+//! * **Dry run**, layer-wide or per policy: the policies judge and every decision about an
+//!   ejection is made as it would be — the budget and the last-endpoint rule counting what dry
+//!   run holds out, recovery checks, trials, probes, re-admissions — and reported as
+//!   [`Event::DryRun`](crate::events::Event::DryRun) and
+//!   [`EndpointSnapshot::would_be`](crate::EndpointSnapshot), with no endpoint leaving the
+//!   balancer's set. Enforcing policies are asked first; a dry-run policy neither keeps one from
+//!   ejecting nor fails a real trial. On: endpoints ejected before come back into the set. Off:
+//!   what dry run held out is forgotten with those endpoints' histories.
+//! * **Overrides** by key: forced out (no recovery check; counted in the budget, never refused
+//!   by it, never the last endpoint the balancer can pick), forced in (back at once, exempt from
+//!   ejection: a policy's verdict is refused as `ForcedIn`, a host held out elsewhere does not
+//!   take it out), released; and back-off resets. They hold through new rules, and an override
+//!   of a key not yet discovered applies when it appears.
