@@ -91,7 +91,9 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     /// outlier ejects it, and all ejections spend from the one budget.
     ///
     /// A [`monitor`](Self::monitor) taken before or after shows the same endpoints, each with
-    /// the windows of all the policies of the layer that built its adaptor.
+    /// the windows of all the policies of the layer that built its adaptor. A
+    /// [`rules`](Self::rules) handle belongs to the policies it was taken with: take it after
+    /// the last `with_policy` (dry run and overrides set through an earlier one stay with it).
     pub fn with_policy(mut self, policy: impl OutlierPolicy) -> Self {
         // A new set of rules of its own: a clone of this layer, or a handle taken before, keeps
         // the policies it had.
