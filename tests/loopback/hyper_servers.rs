@@ -414,3 +414,116 @@ async fn random_operator_controls_on_real_sockets_never_empty_the_set() {
     eprintln!("redteam loopback: {steps} steps");
     drop(tx);
 }
+
+/// A hyper server on loopback that answers its first request 503 with `Retry-After: 5` and the
+/// rest 200, beside two healthy ones, with serial traffic straight through p2c: it receives no
+/// request for the 5 s it asked for, and traffic again right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_answering_503_with_retry_after_is_left_alone_that_long() {
+    use std::sync::Mutex;
+    use tower_outlier::ServerErrors;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let busy_addr = listener.local_addr().unwrap();
+    let arrivals: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let seen = arrivals.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_: hyper::Request<Incoming>| {
+                    let first = {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(std::time::Instant::now());
+                        seen.len() == 1
+                    };
+                    async move {
+                        let response = if first {
+                            hyper::Response::builder()
+                                .status(503)
+                                .header("retry-after", "5")
+                                .body(Empty::<Bytes>::new())
+                                .unwrap()
+                        } else {
+                            hyper::Response::new(Empty::<Bytes>::new())
+                        };
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let (tx, rx) = mpsc::unbounded::<Result<Change<SocketAddr, Backend>, Infallible>>();
+    let mut addrs = vec![busy_addr];
+    for _ in 0..2 {
+        addrs.push(server(Behaviour::Healthy, Arc::default()).await);
+    }
+    for &addr in &addrs {
+        tx.unbounded_send(Ok(Change::Insert(
+            addr,
+            Backend {
+                addr,
+                client: client.clone(),
+            },
+        )))
+        .unwrap();
+    }
+    let outliers = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .max_ejection_ratio(0.4)
+            .build()
+            .unwrap(),
+    ))
+    .classifier(ServerErrors);
+    let monitor = outliers.monitor();
+    let mut balance = Balance::new(tower::Layer::layer(&outliers, rx));
+    let request = || {
+        http::Request::get("http://placeholder/")
+            .body(Empty::new())
+            .unwrap()
+    };
+    let started = std::time::Instant::now();
+    while arrivals.lock().unwrap().is_empty() {
+        let _ = balance.ready().await.unwrap().call(request()).await;
+        assert!(started.elapsed() < Duration::from_secs(10), "never picked");
+    }
+    let asked = arrivals.lock().unwrap()[0];
+    // Serial traffic, a request every 10 ms, until 7 s after the 503.
+    while asked.elapsed() < Duration::from_secs(7) {
+        let _ = balance.ready().await.unwrap().call(request()).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let arrivals = arrivals.lock().unwrap().clone();
+    let next = arrivals
+        .get(1)
+        .map(|at| at.duration_since(asked))
+        .expect("no request after the 5 s it asked for");
+    // The check lands on the 5 s: within one scheduling slice either side of it.
+    assert!(
+        next >= Duration::from_millis(4_950) && next <= Duration::from_millis(5_500),
+        "the next request came {next:?} after the 503"
+    );
+    let after = arrivals
+        .iter()
+        .filter(|at| at.duration_since(asked) > Duration::from_secs(5))
+        .count();
+    // Back in the set with a fresh history, it earns its share again as p2c measures it (a new
+    // connection's first call is slower than the kept ones'): some traffic at once, not all.
+    eprintln!("requests to the server in the 2 s after its 5 s: {after}");
+    assert!(
+        after >= 5,
+        "{after} requests in the 2 s after: traffic is not back"
+    );
+    let snapshot = monitor.snapshot();
+    let busy = snapshot.get(&format!("{busy_addr:?}")).unwrap();
+    assert_eq!(busy.status, EndpointStatus::Available, "{busy:#?}");
+    assert_eq!(busy.last_reason.as_ref().unwrap().policy, "pushback");
+    drop(tx);
+}

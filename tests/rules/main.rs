@@ -19,6 +19,7 @@ mod linkerd_conformance;
 mod operator;
 mod operator_edges;
 mod operator_histories;
+mod pushback;
 mod reconfigure;
 mod semantics;
 mod slow_call;

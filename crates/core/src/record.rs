@@ -45,6 +45,9 @@ pub struct EndpointRecord {
     // A handle's `poll_ready` failed and it holds the endpoint out of its balancer's picks until
     // the service is ready again (cold path: written on the transitions only).
     unready: AtomicBool,
+    // Until when the server asked to be left alone (a `Retry-After`, gRPC's pushback), on the
+    // record's clock; 0: it has not (cold path: written when a response asks).
+    pushback: AtomicU64,
     notifier: Arc<Notifier>,
 }
 
@@ -86,6 +89,7 @@ impl EndpointRecord {
             flagged: AtomicBool::new(false),
             signal_slot: OnceLock::new(),
             unready: AtomicBool::new(false),
+            pushback: AtomicU64::new(0),
             notifier,
         }
     }
@@ -130,6 +134,8 @@ impl EndpointRecord {
         );
         next.weight
             .store(self.weight.load(Ordering::Relaxed), Ordering::Relaxed);
+        next.pushback
+            .store(self.pushback.load(Ordering::Relaxed), Ordering::Relaxed);
         next
     }
 
@@ -303,6 +309,27 @@ impl EndpointRecord {
         self.weight.store(weight.to_bits(), Ordering::Relaxed);
     }
 
+    /// The server asked to be left alone until `until` (on the record's clock): a 429 or 503 with
+    /// `Retry-After`, a gRPC status with `grpc-retry-pushback-ms`. The layer is asked to act; a
+    /// later request never shortens an earlier one (cold path).
+    pub fn push_back(&self, until: Nanos) {
+        self.pushback.fetch_max(until, Ordering::AcqRel);
+        self.request_evaluation();
+    }
+
+    /// Shortens the server's request to end by `latest` at the latest (the layer's cap; 0 drops
+    /// it). Cold path.
+    pub fn cap_pushback(&self, latest: Nanos) {
+        self.pushback.fetch_min(latest, Ordering::AcqRel);
+    }
+
+    /// Until when the server asked to be left alone, if that is still ahead of `now`.
+    #[inline]
+    pub fn pushed_back_until(&self, now: Nanos) -> Option<Nanos> {
+        let until = self.pushback.load(Ordering::Relaxed);
+        (until > now).then_some(until)
+    }
+
     /// Asks the layer to judge this endpoint soon, as a call that crossed a threshold does: for a
     /// fleet policy whose evaluation found the endpoint an outlier (cold path).
     pub fn request_evaluation(&self) {
@@ -364,6 +391,7 @@ impl EndpointRecord {
             policy.reset();
         }
         self.flagged.store(false, Ordering::Release);
+        self.pushback.store(0, Ordering::Relaxed);
         let flags = self.latency.flags.load(Ordering::Relaxed);
         self.latency.flags.store(
             flags & !(LAST_MASK | PEAK_UNCONFIRMED | REPEATED),

@@ -123,13 +123,15 @@ enum Ejector {
     Host,
     /// An operator forced it out.
     Operator,
+    /// Its server asked to be left alone for a while (`Retry-After`, gRPC's pushback).
+    Pushback,
 }
 
 impl Ejector {
     fn policy(self) -> Option<usize> {
         match self {
             Ejector::Policy(index) => Some(index),
-            Ejector::Host | Ejector::Operator => None,
+            Ejector::Host | Ejector::Operator | Ejector::Pushback => None,
         }
     }
 }

@@ -144,6 +144,8 @@ pub enum Readmission {
     /// Dry run was turned on for the policy that ejected it: it is back in the balancer's set,
     /// and the rest of its ejection is reported as [`Event::DryRun`].
     DryRun,
+    /// The time its server asked to be left alone for is up ([`crate::pushback`]).
+    PushbackOver,
 }
 
 impl fmt::Display for Readmission {
@@ -157,6 +159,7 @@ impl fmt::Display for Readmission {
             Readmission::HostBack => "its host is back in the services that share it",
             Readmission::Operator => "an operator brought it back",
             Readmission::DryRun => "dry run turned on for the policy that ejected it",
+            Readmission::PushbackOver => "the time its server asked for is up",
         })
     }
 }

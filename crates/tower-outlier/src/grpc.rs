@@ -199,7 +199,17 @@ fn complete<B, E: 'static>(
     });
     let recorder = match code {
         Some(code) => {
-            sink.record(classifier.outcome(code));
+            let outcome = classifier.outcome(code);
+            if outcome.is_failure() {
+                // A trailers-only status with gRPC's pushback, or a proxy's 429 / 503 with
+                // Retry-After.
+                let wait = crate::pushback::grpc_pushback(response.headers())
+                    .or_else(|| crate::pushback::retry_after(&response));
+                if let Some(wait) = wait {
+                    sink.push_back(wait);
+                }
+            }
+            sink.record(outcome);
             None
         }
         None => {
@@ -254,6 +264,15 @@ impl Sink {
             Sink::Layer(recorder) => recorder.freeze_latency(),
             #[cfg(feature = "slow-call")]
             Sink::Breaker(call) => call.freeze_latency(),
+        }
+    }
+
+    /// The server's pushback, for the layer (a standalone breaker keeps its own open time).
+    fn push_back(&self, wait: Duration) {
+        match self {
+            Sink::Layer(recorder) => recorder.push_back(wait),
+            #[cfg(feature = "slow-call")]
+            Sink::Breaker(_) => {}
         }
     }
 
@@ -341,7 +360,17 @@ impl<B: Body> Body for GrpcBody<B> {
             Some(Ok(frame)) => frame.trailers_ref().map(|trailers| {
                 let recorder = recorder_slot.as_ref();
                 match recorder.map(|r| (*r.classifier(), r.classifier().status_in(trailers))) {
-                    Some((classifier, Some(code))) => classifier.outcome(code),
+                    Some((classifier, Some(code))) => {
+                        let outcome = classifier.outcome(code);
+                        if let (true, Some(wait), Some(sink)) = (
+                            outcome.is_failure(),
+                            crate::pushback::grpc_pushback(trailers),
+                            recorder,
+                        ) {
+                            sink.push_back(wait);
+                        }
+                        outcome
+                    }
                     // Trailers without a status are as bad as none at all.
                     Some((classifier, None)) => classifier.outcome(Code::Unavailable),
                     None => Outcome::Success,

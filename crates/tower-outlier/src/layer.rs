@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tower_layer::Layer;
 use tower_outlier_core::{
@@ -57,6 +58,7 @@ pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
     hosts: Option<(HostRegistry, HostOf)>,
     budget: Option<EjectionBudget>,
     all_out: Option<WhenAllOut>,
+    max_pushback: Duration,
     clock: Clock,
     classifier: C,
     probe: P,
@@ -79,6 +81,7 @@ impl OutlierDetectionLayer {
             hosts: None,
             budget: None,
             all_out: None,
+            max_pushback: DEFAULT_MAX_PUSHBACK,
             clock: Clock::auto(),
             classifier: NetworkErrors,
             probe: PassiveTrial,
@@ -131,6 +134,31 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         self
     }
 
+    /// Sets the longest a server's pushback keeps its endpoint out (default 300 s, linkerd's
+    /// cap; `Duration::ZERO` ignores pushback). A 429 or 503 with `Retry-After`, or a gRPC
+    /// status with `grpc-retry-pushback-ms`, read by [`ServerErrors`](crate::ServerErrors) and
+    /// [`GrpcErrors`](crate::grpc::GrpcErrors), asks the layer to leave the endpoint alone that
+    /// long ([`pushback`](crate::pushback)): it is ejected for the time asked, within the budget
+    /// and never the last, and comes back without a trial when the time is up; where the budget
+    /// keeps it in, its load is infinite for that long, so p2c picks it only against another
+    /// endpoint that asked too.
+    ///
+    #[cfg_attr(feature = "error-rate", doc = "```")]
+    #[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]
+    /// use std::time::Duration;
+    /// use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, ServerErrors};
+    ///
+    /// let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?))
+    ///     .classifier(ServerErrors)
+    ///     .max_pushback(Duration::from_secs(30));
+    /// # let _ = layer;
+    /// # Ok::<(), tower_outlier::ConfigError>(())
+    /// ```
+    pub fn max_pushback(mut self, longest: Duration) -> Self {
+        self.max_pushback = longest;
+        self
+    }
+
     /// Sets the clock calls are timed with. The default, [`Clock::auto`], chose when the layer was
     /// built: tokio's clock if it was paused (a test), else the CPU's time-stamp counter, which
     /// halves the per-call cost but ignores tokio's paused clock.
@@ -151,6 +179,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             hosts: self.hosts,
             budget: self.budget,
             all_out: self.all_out,
+            max_pushback: self.max_pushback,
             clock: self.clock,
             classifier,
             probe: self.probe,
@@ -167,6 +196,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             hosts: self.hosts,
             budget: self.budget,
             all_out: self.all_out,
+            max_pushback: self.max_pushback,
             clock: self.clock,
             classifier: self.classifier,
             probe,
@@ -247,6 +277,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             &self.rules,
             self.budget,
             self.all_out,
+            self.max_pushback,
             self.clock.clone(),
             self.hosts.clone(),
         )
@@ -275,6 +306,9 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         OutlierEndpoint::new(service, Shared::new(record), self.classifier.clone())
     }
 }
+
+/// The longest a server's pushback keeps its endpoint out by default: linkerd's cap.
+pub(crate) const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(300);
 
 pub(crate) const DEFAULT_BUDGET: EjectionBudget =
     match EjectionBudget::const_new(0.2, BudgetFloor::One) {
@@ -329,6 +363,7 @@ impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
             hosts: self.hosts.clone(),
             budget: self.budget,
             all_out: self.all_out,
+            max_pushback: self.max_pushback,
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),
             probe: self.probe.clone(),
@@ -343,6 +378,7 @@ impl<C: fmt::Debug, P: fmt::Debug> fmt::Debug for OutlierDetectionLayer<C, P> {
             .field("policies", &self.rules.current().policies)
             .field("budget", &self.budget)
             .field("when_all_out", &self.all_out)
+            .field("max_pushback", &self.max_pushback)
             .field("clock", &self.clock)
             .field("classifier", &self.classifier)
             .field("probe", &self.probe)

@@ -98,6 +98,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod policy;
 pub mod probe;
+pub mod pushback;
 mod reconfigure;
 mod response;
 pub mod rules;

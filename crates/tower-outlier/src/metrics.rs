@@ -284,6 +284,7 @@ impl Counters {
             Readmission::HostBack,
             Readmission::Operator,
             Readmission::DryRun,
+            Readmission::PushbackOver,
         ] {
             let _ = self
                 .readmissions
@@ -375,6 +376,7 @@ fn cause_label(cause: Readmission) -> &'static str {
         Readmission::HostBack => "host_back",
         Readmission::Operator => "operator",
         Readmission::DryRun => "dry_run",
+        Readmission::PushbackOver => "pushback_over",
     }
 }
 

@@ -287,9 +287,11 @@ impl Monitor {
                     avoided_for,
                     // Only while a policy still judges it an outlier: an endpoint that healed
                     // sends the layer no signal, so the refusal the engine noted can outlive it.
-                    refused: copied
-                        .refused
-                        .filter(|_| copied.forced.is_some() || record.judge(at).is_some()),
+                    refused: copied.refused.filter(|_| {
+                        copied.forced.is_some()
+                            || record.pushed_back_until(at).is_some()
+                            || record.judge(at).is_some()
+                    }),
                     would_be,
                     forced: copied.forced,
                 }

@@ -82,9 +82,38 @@ macro_rules! immediate {
 immediate! {
     Immediate<C>, C;
     NetworkErrors;
-    ServerErrors;
     Predicate<F>, F;
     ClassifyFn<F>, F;
+}
+
+/// [`ServerErrors`] also reads what the server asks of the client: a 429 or 503 with
+/// `Retry-After` asks the layer to leave the endpoint alone that long
+/// ([`pushback`](crate::pushback)).
+impl<B, E: 'static> ResponseClassifier<http::Response<B>, E> for ServerErrors {
+    type Response = http::Response<B>;
+
+    #[inline]
+    fn complete(
+        result: Result<http::Response<B>, E>,
+        recorder: Recorder<Self>,
+    ) -> Result<http::Response<B>, E> {
+        let classify =
+            std::panic::AssertUnwindSafe(|| recorder.classifier().classify(result.as_ref()));
+        match std::panic::catch_unwind(classify) {
+            Ok(outcome) => {
+                if let Ok(response) = &result {
+                    if outcome.is_failure() {
+                        if let Some(wait) = crate::pushback::retry_after(response) {
+                            recorder.push_back(wait);
+                        }
+                    }
+                }
+                recorder.record(outcome);
+            }
+            Err(panic) => classifier_panicked(panic),
+        }
+        result
+    }
 }
 
 #[cold]
@@ -147,6 +176,15 @@ impl<C> Recorder<C> {
     pub fn freeze_latency(&mut self) {
         let now = self.lane.owner().record.clock().now();
         self.latency = Some(now.saturating_sub(self.start));
+    }
+
+    /// The server asked to be left alone for `wait` (a `Retry-After`, gRPC's pushback): the
+    /// layer avoids the endpoint that long, capped by its
+    /// [`max_pushback`](crate::OutlierDetectionLayer::max_pushback). Record the outcome as well.
+    pub fn push_back(&self, wait: std::time::Duration) {
+        let record = &self.lane.owner().record;
+        let now = record.clock().now();
+        record.push_back(now.saturating_add(tower_outlier_core::duration_to_nanos(wait)));
     }
 
     /// Records the call's outcome now. [`Outcome::Cancelled`] records nothing.

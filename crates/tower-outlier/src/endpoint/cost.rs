@@ -8,7 +8,8 @@ use tower_outlier_core::{EndpointRecord, Nanos};
 use super::*;
 
 /// The load of an [`OutlierEndpoint`]: (latency estimate + 1 µs) × (in-flight + 1) ÷ relative weight,
-/// in nanoseconds — or zero while the endpoint needs calls to be judged.
+/// in nanoseconds — or zero while the endpoint needs calls to be judged, or infinite while its
+/// server asked to be left alone ([`pushback`](crate::pushback)) and the layer kept it in.
 ///
 /// Lower is better. The microsecond keeps requests in flight and weights meaningful between
 /// endpoints whose measured latency rounds to zero (an in-process service, or tokio's paused
@@ -64,6 +65,11 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
             return EndpointCost(f64::INFINITY);
         }
         let now = record.clock().now();
+        // Its server asked to be left alone and the budget kept it in: picked only against
+        // another that asked too.
+        if record.pushed_back_until(now).is_some() {
+            return EndpointCost(f64::INFINITY);
+        }
         let in_flight = self.in_flight();
         let draws = &self.holder.draws;
         if weight >= 1.0

@@ -12,6 +12,21 @@ use crate::events::{Event, Readmission};
 /// The policy name an operator's decisions are reported under.
 pub(super) const OPERATOR: &str = "operator";
 
+/// The policy name a server's pushback is reported under.
+pub(super) const PUSHBACK: &str = "pushback";
+
+/// Why an endpoint whose server asked to be left alone is out: the time asked (capped), in
+/// seconds, as the measure's value.
+pub(super) fn pushback_reason(wait: std::time::Duration) -> Reason {
+    Reason {
+        policy: PUSHBACK,
+        measure: "server asked to wait (seconds)",
+        value: wait.as_secs_f64(),
+        threshold: 0.0,
+        counts: WindowCounts::default(),
+    }
+}
+
 /// Why an endpoint forced out is out.
 pub(super) fn operator_reason() -> Reason {
     Reason {
@@ -78,7 +93,7 @@ where
             };
             let dry = match entry.ejected_by() {
                 Some(Ejector::Policy(index)) => self.is_dry(index),
-                Some(Ejector::Host) => self.controls.dry_run,
+                Some(Ejector::Host | Ejector::Pushback) => self.controls.dry_run,
                 Some(Ejector::Operator) | None => continue,
             };
             let (id, shadow, out) = (entry.id, entry.is_shadow(), !entry.status().is_available());

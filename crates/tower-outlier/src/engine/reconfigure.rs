@@ -32,6 +32,7 @@ where
             &cell,
             self.settings.explicit_budget,
             self.settings.explicit_all_out,
+            self.settings.max_pushback,
             self.settings.clock.clone(),
             self.settings.hosts.clone(),
         ));

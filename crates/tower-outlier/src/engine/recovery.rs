@@ -199,6 +199,11 @@ where
         let Some(episode) = entry.episode.as_deref_mut() else {
             return;
         };
+        if episode.ejected_by == super::Ejector::Pushback {
+            // The time its server asked for is up: back without a check of its own.
+            self.readmit(&key, None, Readmission::PushbackOver, now);
+            return;
+        }
         match probe(&key, &entry.service) {
             Some(probe) => {
                 // A probe that hangs longer than one recovery unit is a failed check.

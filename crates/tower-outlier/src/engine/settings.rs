@@ -21,6 +21,8 @@ pub(crate) struct Settings {
     // layer was given, if any (otherwise the first policy's that has one).
     pub(crate) all_out: WhenAllOut,
     pub(crate) explicit_all_out: Option<WhenAllOut>,
+    // The longest a server's pushback keeps its endpoint out (zero: pushback is ignored).
+    pub(crate) max_pushback: Duration,
     pub(crate) clock: Clock,
     pub(crate) rules: Arc<RulesCell>,
     // The version of the rules these settings hold.
@@ -35,6 +37,7 @@ impl Settings {
         cell: &Arc<RulesCell>,
         explicit_budget: Option<EjectionBudget>,
         explicit_all_out: Option<WhenAllOut>,
+        max_pushback: Duration,
         clock: Clock,
         hosts: Option<(HostRegistry, HostOf)>,
     ) -> Self {
@@ -59,6 +62,7 @@ impl Settings {
             explicit_budget,
             all_out,
             explicit_all_out,
+            max_pushback,
             clock,
             rules: cell.clone(),
             version: rules.version,

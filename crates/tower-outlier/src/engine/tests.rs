@@ -130,7 +130,14 @@ fn settings(
     registry: &Arc<crate::monitor::Registry>,
 ) -> Settings {
     let cell = crate::reconfigure::RulesCell::new(vec![policy], registry.clone());
-    Settings::new(&cell, Some(budget), None, Clock::tokio(), None)
+    Settings::new(
+        &cell,
+        Some(budget),
+        None,
+        crate::layer::DEFAULT_MAX_PUSHBACK,
+        Clock::tokio(),
+        None,
+    )
 }
 
 /// The engine, the switches of its endpoints (in insertion order), and the balancer's view.

@@ -25,6 +25,9 @@ pub(super) enum Cause {
     Host,
     /// An operator forced it out: it comes back when released.
     Operator,
+    /// Its server asked to be left alone (`Retry-After`, gRPC's pushback): it comes back, without
+    /// a trial, when the time asked is up.
+    Pushback,
 }
 
 /// What the engine makes of one endpoint.
@@ -79,6 +82,11 @@ where
                 }
             };
         }
+        if forced != Some(Override::ForcedIn) && !shadow_out {
+            if let Some(verdict) = self.pushback_verdict(entry) {
+                return verdict;
+            }
+        }
         let Some((index, reason)) = self.judged(entry) else {
             return Verdict::Keep;
         };
@@ -98,6 +106,31 @@ where
                 refusal,
             },
         }
+    }
+
+    /// The verdict on an endpoint whose server asked to be left alone, if it did and the time
+    /// asked (capped by the layer's `max_pushback`) is still ahead.
+    fn pushback_verdict(&self, entry: &super::Entry<S>) -> Option<Verdict> {
+        let record = entry.record();
+        let now = record.clock().now();
+        let cap = tower_outlier_core::duration_to_nanos(self.settings.max_pushback);
+        if cap == 0 {
+            // Ignored: and no load penalty either.
+            record.cap_pushback(0);
+            return None;
+        }
+        record.cap_pushback(now.saturating_add(cap));
+        let until = record.pushed_back_until(now)?;
+        let cause = Cause::Pushback;
+        let reason = super::controls::pushback_reason(Duration::from_nanos(until - now));
+        Some(match self.room_for(self.controls.dry_run) {
+            Ok(()) => Verdict::Eject { cause, reason },
+            Err(refusal) => Verdict::Refuse {
+                cause,
+                reason,
+                refusal,
+            },
+        })
     }
 
     /// The first policy that judges `entry` an outlier, and why. The policies that enforce are
@@ -163,7 +196,7 @@ where
     pub(super) fn cause_is_dry(&self, cause: Cause) -> bool {
         match cause {
             Cause::Policy { index } => self.is_dry(index),
-            Cause::Host => self.controls.dry_run,
+            Cause::Host | Cause::Pushback => self.controls.dry_run,
             Cause::Operator => false,
         }
     }
@@ -201,7 +234,7 @@ where
                 }
             }
             Verdict::Refuse {
-                cause: cause @ (Cause::Policy { .. } | Cause::Operator),
+                cause: cause @ (Cause::Policy { .. } | Cause::Operator | Cause::Pushback),
                 reason,
                 refusal,
             } => {
@@ -245,10 +278,15 @@ where
         };
         let record = entry.record();
         let recorded_now = record.clock().now();
+        // A policy's verdict: the policies learn it was kept in (not for an operator's or a
+        // server's request, which no policy made).
+        let policies_judged = reason.policy != super::controls::OPERATOR
+            && reason.policy != super::controls::PUSHBACK;
         for timing in record
             .policies()
             .iter()
             .filter_map(|state| state.own_timing())
+            .filter(|_| policies_judged)
         {
             timing.ejection_refused(recorded_now);
         }
@@ -359,6 +397,16 @@ where
             Cause::Host => (Ejector::Host, None, None),
             // No check either: it comes back when released.
             Cause::Operator => (Ejector::Operator, None, None),
+            // Back when the time the server asked for is up.
+            Cause::Pushback => {
+                let record = entry.record();
+                let recorded_now = record.clock().now();
+                let until = record
+                    .pushed_back_until(recorded_now)
+                    .unwrap_or(recorded_now);
+                let delay = Duration::from_nanos(until - recorded_now);
+                (Ejector::Pushback, Some(later(now, delay)), Some(delay))
+            }
         };
         let episode = entry.eject(key, ejector, next_check, shadow, &mut self.deadlines);
         if let Cause::Policy { index, .. } = cause {
@@ -409,6 +457,15 @@ where
             }
             Cause::Operator => {
                 tracing::warn!(target: "tower_outlier", endpoint = ?key, "endpoint forced out by an operator");
+            }
+            Cause::Pushback => {
+                tracing::info!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    next_check_in = ?delay.unwrap_or_default(),
+                    dry_run = shadow,
+                    "endpoint out: its server asked to be left alone"
+                );
             }
         }
         let shown_check = next_check;

@@ -1,0 +1,230 @@
+//! What servers say (`tower_outlier::pushback`), on tokio's paused clock through a real p2c
+//! `Balance`: a 503 with `Retry-After` takes its endpoint out for the time asked, within the
+//! budget; beyond the budget its load keeps p2c away for that long; the layer's cap bounds it.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tower::balance::p2c::Balance;
+use tower::discover::Change;
+use tower::{Service, ServiceExt};
+use tower_outlier::events::{Event, Readmission};
+use tower_outlier::{
+    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, ServerErrors,
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// A server that answers 503 with `Retry-After: <wait>` while `busy`, 200 otherwise, and counts
+/// the requests it gets.
+#[derive(Clone)]
+struct Server {
+    busy: Arc<Mutex<Option<&'static str>>>,
+    served: Arc<AtomicUsize>,
+}
+
+impl Server {
+    fn new() -> Self {
+        Server {
+            busy: Arc::new(Mutex::new(None)),
+            served: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn busy(&self, retry_after: Option<&'static str>) {
+        *self.busy.lock().unwrap() = retry_after;
+    }
+
+    fn served(&self) -> usize {
+        self.served.load(Ordering::SeqCst)
+    }
+}
+
+impl Service<()> for Server {
+    type Response = http::Response<()>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<http::Response<()>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: ()) -> Self::Future {
+        self.served.fetch_add(1, Ordering::SeqCst);
+        let response = match *self.busy.lock().unwrap() {
+            Some(wait) => http::Response::builder()
+                .status(503)
+                .header("retry-after", wait)
+                .body(())
+                .unwrap(),
+            None => http::Response::new(()),
+        };
+        std::future::ready(Ok(response))
+    }
+}
+
+fn layer(ratio: f64) -> OutlierDetectionLayer<ServerErrors> {
+    OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .max_ejection_ratio(ratio)
+            .build()
+            .unwrap(),
+    ))
+    .classifier(ServerErrors)
+}
+
+fn balance(
+    layer: &OutlierDetectionLayer<ServerErrors>,
+    servers: &[Server],
+) -> impl Service<(), Response = http::Response<()>, Error = tower::BoxError> {
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    for (id, server) in servers.iter().enumerate() {
+        tx.unbounded_send(Ok::<_, Infallible>(Change::Insert(id, server.clone())))
+            .unwrap();
+    }
+    std::mem::forget(tx);
+    Balance::new(tower::Layer::layer(layer, rx))
+}
+
+/// Serial calls, one every 10 ms, for `span`.
+async fn traffic<B>(balancer: &mut B, span: Duration)
+where
+    B: Service<(), Response = http::Response<()>, Error = tower::BoxError>,
+{
+    let until = tokio::time::Instant::now() + span;
+    while tokio::time::Instant::now() < until {
+        let _ = balancer.ready().await.unwrap().call(()).await;
+        tokio::time::advance(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_that_asks_for_five_seconds_gets_no_request_for_five_seconds() {
+    let layer = layer(0.4);
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let _callback = layer.monitor().on_event(move |event| {
+        sink.lock()
+            .unwrap()
+            .push((tokio::time::Instant::now(), event.clone()));
+    });
+    let servers: Vec<Server> = (0..3).map(|_| Server::new()).collect();
+    let mut balancer = balance(&layer, &servers);
+    servers[0].busy(Some("5"));
+    // Until #0 has answered once: one 503, which asks for 5 s.
+    while servers[0].served() == 0 {
+        let _ = balancer.ready().await.unwrap().call(()).await;
+    }
+    servers[0].busy(None);
+    let asked = tokio::time::Instant::now();
+    let served = servers[0].served();
+    let _ = balancer.ready().await.unwrap().call(()).await;
+    let one = layer.monitor().snapshot().get("0").unwrap().clone();
+    assert_eq!(one.status, EndpointStatus::Ejected, "{one:#?}");
+    assert_eq!(one.last_reason.as_ref().unwrap().policy, "pushback");
+    assert_eq!(one.next_check_in, Some(5 * SECOND));
+    traffic(&mut balancer, 4900 * Duration::from_millis(1)).await;
+    assert_eq!(
+        servers[0].served(),
+        served,
+        "a request within the 5 s asked for"
+    );
+    traffic(&mut balancer, 2 * SECOND).await;
+    assert!(servers[0].served() > served, "no traffic after the 5 s");
+    let back = events
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|(at, event)| match event {
+            Event::Readmitted {
+                cause: Readmission::PushbackOver,
+                trial: None,
+                ..
+            } => Some(*at - asked),
+            _ => None,
+        })
+        .expect("re-admitted when the time was up");
+    assert_eq!(back, 5 * SECOND);
+}
+
+#[tokio::test(start_paused = true)]
+async fn beyond_the_budget_a_server_that_asked_is_avoided_by_its_load() {
+    // One of three may be out.
+    let layer = layer(0.2);
+    let servers: Vec<Server> = (0..3).map(|_| Server::new()).collect();
+    let mut balancer = balance(&layer, &servers);
+    servers[0].busy(Some("5"));
+    servers[1].busy(Some("5"));
+    while servers[0].served() == 0 || servers[1].served() == 0 {
+        let _ = balancer.ready().await.unwrap().call(()).await;
+    }
+    servers[0].busy(None);
+    servers[1].busy(None);
+    let _ = balancer.ready().await.unwrap().call(()).await;
+    let snapshot = layer.monitor().snapshot();
+    let out: Vec<&str> = snapshot
+        .endpoints
+        .iter()
+        .filter(|e| e.status == EndpointStatus::Ejected)
+        .map(|e| e.key.as_str())
+        .collect();
+    assert_eq!(out.len(), 1, "{snapshot:#?}");
+    let kept = if out[0] == "0" { 1 } else { 0 };
+    let refused = snapshot.get(&kept.to_string()).unwrap().refused.clone();
+    assert!(
+        refused.as_deref().is_some_and(|why| why.contains("budget")),
+        "{refused:?}"
+    );
+    let before = servers[kept].served();
+    traffic(&mut balancer, 4 * SECOND).await;
+    assert_eq!(
+        servers[kept].served(),
+        before,
+        "the one kept in asked too: p2c never picks it against #2"
+    );
+    traffic(&mut balancer, 3 * SECOND).await;
+    assert!(
+        servers[kept].served() > before,
+        "served again after the 5 s"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_layers_cap_bounds_what_a_server_asks_and_zero_ignores_it() {
+    let capped = layer(0.4).max_pushback(2 * SECOND);
+    let servers: Vec<Server> = (0..3).map(|_| Server::new()).collect();
+    let mut balancer = balance(&capped, &servers);
+    servers[0].busy(Some("3600"));
+    while servers[0].served() == 0 {
+        let _ = balancer.ready().await.unwrap().call(()).await;
+    }
+    servers[0].busy(None);
+    let _ = balancer.ready().await.unwrap().call(()).await;
+    let zero = capped.monitor().snapshot().get("0").unwrap().clone();
+    assert_eq!(
+        zero.next_check_in,
+        Some(2 * SECOND),
+        "an hour asked, two seconds given"
+    );
+
+    let ignoring = layer(0.4).max_pushback(Duration::ZERO);
+    let servers: Vec<Server> = (0..3).map(|_| Server::new()).collect();
+    let mut balancer = balance(&ignoring, &servers);
+    servers[0].busy(Some("5"));
+    while servers[0].served() == 0 {
+        let _ = balancer.ready().await.unwrap().call(()).await;
+    }
+    servers[0].busy(None);
+    let served = servers[0].served();
+    traffic(&mut balancer, 2 * SECOND).await;
+    assert!(servers[0].served() > served, "pushback ignored");
+    assert_eq!(
+        ignoring.monitor().snapshot().get("0").unwrap().status,
+        EndpointStatus::Available
+    );
+}
