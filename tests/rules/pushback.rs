@@ -228,3 +228,64 @@ async fn the_layers_cap_bounds_what_a_server_asks_and_zero_ignores_it() {
         EndpointStatus::Available
     );
 }
+
+/// A gRPC server answering UNAVAILABLE with `grpc-retry-pushback-ms` (a trailers-only response,
+/// the status in the headers), read by `GrpcErrors`: out for exactly the time it asked.
+#[tokio::test(start_paused = true)]
+async fn grpc_pushback_in_a_trailers_only_response_is_honoured() {
+    use tower_outlier::grpc::GrpcErrors;
+
+    /// Calls so far, and whether its first call answers UNAVAILABLE with pushback.
+    #[derive(Clone)]
+    struct Unavailable(Arc<AtomicUsize>, bool);
+
+    impl Service<()> for Unavailable {
+        type Response = http::Response<http_body_util::Empty<bytes::Bytes>>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Infallible>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: ()) -> Self::Future {
+            let first = self.0.fetch_add(1, Ordering::SeqCst) == 0 && self.1;
+            let mut response = http::Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", if first { "14" } else { "0" });
+            if first {
+                response = response.header("grpc-retry-pushback-ms", "1500");
+            }
+            std::future::ready(Ok(response.body(http_body_util::Empty::new()).unwrap()))
+        }
+    }
+
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .max_ejection_ratio(0.4)
+            .build()
+            .unwrap(),
+    ))
+    .classifier(GrpcErrors::default());
+    let calls: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::default()).collect();
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    for (id, count) in calls.iter().enumerate() {
+        tx.unbounded_send(Ok::<_, Infallible>(Change::Insert(
+            id,
+            Unavailable(count.clone(), id == 0),
+        )))
+        .unwrap();
+    }
+    let mut balancer = Balance::new(tower::Layer::layer(&layer, rx));
+    while calls[0].load(Ordering::SeqCst) == 0 {
+        let _ = balancer.ready().await.unwrap().call(()).await;
+    }
+    let _ = balancer.ready().await.unwrap().call(()).await;
+    let zero = layer.monitor().snapshot().get("0").unwrap().clone();
+    assert_eq!(zero.status, EndpointStatus::Ejected, "{zero:#?}");
+    assert_eq!(zero.next_check_in, Some(Duration::from_millis(1500)));
+    drop(tx);
+}
