@@ -23,6 +23,8 @@ const SECOND: Duration = Duration::from_secs(1);
 struct Server {
     busy: Arc<Mutex<Option<&'static str>>>,
     served: Arc<AtomicUsize>,
+    // How long it takes to answer, on tokio's clock.
+    latency: Duration,
 }
 
 impl Server {
@@ -30,6 +32,14 @@ impl Server {
         Server {
             busy: Arc::new(Mutex::new(None)),
             served: Arc::new(AtomicUsize::new(0)),
+            latency: Duration::ZERO,
+        }
+    }
+
+    fn slow(latency: Duration) -> Self {
+        Server {
+            latency,
+            ..Server::new()
         }
     }
 
@@ -45,7 +55,7 @@ impl Server {
 impl Service<()> for Server {
     type Response = http::Response<()>;
     type Error = Infallible;
-    type Future = std::future::Ready<Result<http::Response<()>, Infallible>>;
+    type Future = futures::future::BoxFuture<'static, Result<http::Response<()>, Infallible>>;
 
     fn poll_ready(
         &mut self,
@@ -64,7 +74,13 @@ impl Service<()> for Server {
                 .unwrap(),
             None => http::Response::new(()),
         };
-        std::future::ready(Ok(response))
+        let latency = self.latency;
+        Box::pin(async move {
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            Ok(response)
+        })
     }
 }
 
@@ -288,4 +304,48 @@ async fn grpc_pushback_in_a_trailers_only_response_is_honoured() {
     assert_eq!(zero.status, EndpointStatus::Ejected, "{zero:#?}");
     assert_eq!(zero.next_check_in, Some(Duration::from_millis(1500)));
     drop(tx);
+}
+
+/// In dry run the server's request is reported as what would happen, and changes nothing: the
+/// endpoint keeps its traffic (no ejection, no load penalty).
+#[tokio::test(start_paused = true)]
+async fn in_dry_run_pushback_is_reported_and_changes_nothing() {
+    let layer = layer(0.4);
+    layer.rules().set_dry_run(true);
+    let reported = Arc::new(AtomicUsize::new(0));
+    let count = reported.clone();
+    let _callback = layer.monitor().on_event(move |event| {
+        if let Event::DryRun(inner) = event {
+            if let Event::Ejected { reason, .. } = &**inner {
+                assert_eq!(reason.policy, "pushback");
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    // #0 answers at once, the others in 5 ms: p2c prefers #0 even with the cost of its one
+    // failure, unless a load penalty keeps it away.
+    let servers = vec![
+        Server::new(),
+        Server::slow(Duration::from_millis(5)),
+        Server::slow(Duration::from_millis(5)),
+    ];
+    let mut balancer = balance(&layer, &servers);
+    servers[0].busy(Some("5"));
+    while servers[0].served() == 0 {
+        let _ = balancer.ready().await.unwrap().call(()).await;
+    }
+    servers[0].busy(None);
+    let served = servers[0].served();
+    traffic(&mut balancer, 2 * SECOND).await;
+    assert_eq!(reported.load(Ordering::SeqCst), 1);
+    assert!(
+        servers[0].served() > served + 20,
+        "dry run kept it from its traffic: {} calls in 2 s",
+        servers[0].served() - served
+    );
+    let zero = layer.monitor().snapshot().get("0").unwrap().clone();
+    assert_eq!(
+        (zero.status, zero.would_be),
+        (EndpointStatus::Available, Some(EndpointStatus::Ejected))
+    );
 }

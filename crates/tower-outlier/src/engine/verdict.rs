@@ -25,9 +25,9 @@ pub(super) enum Cause {
     Host,
     /// An operator forced it out: it comes back when released.
     Operator,
-    /// Its server asked to be left alone (`Retry-After`, gRPC's pushback): it comes back, without
-    /// a trial, when the time asked is up.
-    Pushback,
+    /// Its server asked to be left alone (`Retry-After`, gRPC's pushback) until `until`, on the
+    /// record's clock: it comes back, without a trial, when the time asked is up.
+    Pushback { until: tower_outlier_core::Nanos },
 }
 
 /// What the engine makes of one endpoint.
@@ -121,7 +121,11 @@ where
         }
         record.cap_pushback(now.saturating_add(cap));
         let until = record.pushed_back_until(now)?;
-        let cause = Cause::Pushback;
+        if self.controls.dry_run {
+            // Dry run changes nothing for real: no load penalty either, only what it reports.
+            record.cap_pushback(0);
+        }
+        let cause = Cause::Pushback { until };
         let reason = super::controls::pushback_reason(Duration::from_nanos(until - now));
         Some(match self.room_for(self.controls.dry_run) {
             Ok(()) => Verdict::Eject { cause, reason },
@@ -196,7 +200,7 @@ where
     pub(super) fn cause_is_dry(&self, cause: Cause) -> bool {
         match cause {
             Cause::Policy { index } => self.is_dry(index),
-            Cause::Host | Cause::Pushback => self.controls.dry_run,
+            Cause::Host | Cause::Pushback { .. } => self.controls.dry_run,
             Cause::Operator => false,
         }
     }
@@ -234,7 +238,7 @@ where
                 }
             }
             Verdict::Refuse {
-                cause: cause @ (Cause::Policy { .. } | Cause::Operator | Cause::Pushback),
+                cause: cause @ (Cause::Policy { .. } | Cause::Operator | Cause::Pushback { .. }),
                 reason,
                 refusal,
             } => {
@@ -398,13 +402,9 @@ where
             // No check either: it comes back when released.
             Cause::Operator => (Ejector::Operator, None, None),
             // Back when the time the server asked for is up.
-            Cause::Pushback => {
-                let record = entry.record();
-                let recorded_now = record.clock().now();
-                let until = record
-                    .pushed_back_until(recorded_now)
-                    .unwrap_or(recorded_now);
-                let delay = Duration::from_nanos(until - recorded_now);
+            Cause::Pushback { until } => {
+                let recorded_now = entry.record().clock().now();
+                let delay = Duration::from_nanos(until.saturating_sub(recorded_now));
                 (Ejector::Pushback, Some(later(now, delay)), Some(delay))
             }
         };
@@ -458,7 +458,7 @@ where
             Cause::Operator => {
                 tracing::warn!(target: "tower_outlier", endpoint = ?key, "endpoint forced out by an operator");
             }
-            Cause::Pushback => {
+            Cause::Pushback { .. } => {
                 tracing::info!(
                     target: "tower_outlier",
                     endpoint = ?key,
