@@ -6,6 +6,7 @@
 mod support;
 
 mod all_out;
+mod all_out_and_pushback_edges;
 mod balance;
 mod detection;
 mod detectors;

@@ -48,6 +48,9 @@ pub struct EndpointRecord {
     // Until when the server asked to be left alone (a `Retry-After`, gRPC's pushback), on the
     // record's clock; 0: it has not (cold path: written when a response asks).
     pushback: AtomicU64,
+    // Until when the layer, having kept the endpoint in (the budget), has its load avoided for
+    // the server's request, capped; 0: it does not.
+    avoid: AtomicU64,
     notifier: Arc<Notifier>,
 }
 
@@ -90,6 +93,7 @@ impl EndpointRecord {
             signal_slot: OnceLock::new(),
             unready: AtomicBool::new(false),
             pushback: AtomicU64::new(0),
+            avoid: AtomicU64::new(0),
             notifier,
         }
     }
@@ -136,6 +140,8 @@ impl EndpointRecord {
             .store(self.weight.load(Ordering::Relaxed), Ordering::Relaxed);
         next.pushback
             .store(self.pushback.load(Ordering::Relaxed), Ordering::Relaxed);
+        next.avoid
+            .store(self.avoid.load(Ordering::Relaxed), Ordering::Relaxed);
         next
     }
 
@@ -323,6 +329,20 @@ impl EndpointRecord {
         self.pushback.fetch_min(latest, Ordering::AcqRel);
     }
 
+    /// The layer kept the endpoint in although its server asked to be left alone: its load is to
+    /// be avoided until `until` (the request as the layer caps it). Cold path.
+    pub fn avoid_until(&self, until: Nanos) {
+        self.avoid.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// Until when the endpoint's load is to be avoided ([`avoid_until`](Self::avoid_until)), if
+    /// that is still ahead of `now`.
+    #[inline]
+    pub fn avoided_until(&self, now: Nanos) -> Option<Nanos> {
+        let until = self.avoid.load(Ordering::Relaxed);
+        (until > now).then_some(until)
+    }
+
     /// Until when the server asked to be left alone, if that is still ahead of `now`.
     #[inline]
     pub fn pushed_back_until(&self, now: Nanos) -> Option<Nanos> {
@@ -392,6 +412,7 @@ impl EndpointRecord {
         }
         self.flagged.store(false, Ordering::Release);
         self.pushback.store(0, Ordering::Relaxed);
+        self.avoid.store(0, Ordering::Relaxed);
         let flags = self.latency.flags.load(Ordering::Relaxed);
         self.latency.flags.store(
             flags & !(LAST_MASK | PEAK_UNCONFIRMED | REPEATED),

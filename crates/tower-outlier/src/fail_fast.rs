@@ -52,7 +52,9 @@ impl<S> Layer<S> for FailFastLayer {
 /// endpoint to pick, instead of waiting for one. It still polls the balancer every time (which
 /// drives the layer's timers and re-admissions), and serves through it as soon as it is ready.
 /// With one adaptor per layer, as a `ServiceBuilder` stack builds, "no endpoint" is that
-/// balancer's; a layer shared by several balancers fails calls while any of them has none.
+/// balancer's; a layer shared by several balancers fails calls while any of them has none. An
+/// upstream that holds no endpoint at all (before discovery's first answer, say) is the
+/// upstream's state, not the rules': the guard waits with the balancer then.
 #[derive(Clone)]
 pub struct FailFast<S> {
     inner: S,

@@ -67,7 +67,7 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         let now = record.clock().now();
         // Its server asked to be left alone and the budget kept it in: picked only against
         // another that asked too.
-        if record.pushed_back_until(now).is_some() {
+        if record.avoided_until(now).is_some() {
             return EndpointCost(f64::INFINITY);
         }
         let in_flight = self.in_flight();

@@ -97,7 +97,7 @@ where
             ))
         } else if nothing {
             Some(
-                "every endpoint is out: calls fail fast behind the fail-fast guard, or wait"
+                "no endpoint to pick (every one ejected or unready): calls fail fast behind the fail-fast guard, or wait"
                     .to_owned(),
             )
         } else {

@@ -129,11 +129,17 @@ where
         let reason = super::controls::pushback_reason(Duration::from_nanos(until - now));
         Some(match self.room_for(self.controls.dry_run) {
             Ok(()) => Verdict::Eject { cause, reason },
-            Err(refusal) => Verdict::Refuse {
-                cause,
-                reason,
-                refusal,
-            },
+            Err(refusal) => {
+                if !self.controls.dry_run {
+                    // Kept in: p2c keeps away by its load for the time asked, as capped.
+                    record.avoid_until(until);
+                }
+                Verdict::Refuse {
+                    cause,
+                    reason,
+                    refusal,
+                }
+            }
         })
     }
 

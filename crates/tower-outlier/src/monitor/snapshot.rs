@@ -132,8 +132,9 @@ pub struct Snapshot {
     /// ejected, and failing ones are only avoided by the balancer.
     pub no_ejection: Option<String>,
     /// Set while the rules leave the balancer no endpoint it would pick otherwise, with what the
-    /// layer does about it ([`WhenAllOut`](crate::WhenAllOut)): "panic: 1 of 4 endpoints healthy,
-    /// below 50 %: every endpoint gets traffic", or "every endpoint is out: calls fail fast".
+    /// layer does about it ([`WhenAllOut`](crate::WhenAllOut)): "panic: 1 of 4 endpoints
+    /// healthy, below 50 %: every endpoint gets traffic", or "no endpoint to pick (every one
+    /// ejected or unready): calls fail fast behind the fail-fast guard, or wait".
     pub all_out: Option<String>,
     /// Whether the layer-wide dry run is on: nothing is ejected, and `would_be` shows what would.
     pub dry_run: bool,
