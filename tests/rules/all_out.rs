@@ -18,7 +18,7 @@ use tower_outlier::{
 
 const SECOND: Duration = Duration::from_secs(1);
 
-fn linkerd() -> OutlierDetectionLayer {
+pub(crate) fn linkerd() -> OutlierDetectionLayer {
     OutlierDetectionLayer::new(DetectorPolicy::seeded(
         DetectorConfig::linkerd_consecutive()
             .consecutive_5xx(3)

@@ -6,7 +6,6 @@ use crate::support;
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,8 +15,7 @@ use tower::discover::Change;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_outlier::fail_fast::NoEndpointAvailable;
 use tower_outlier::{
-    DetectorConfig, DetectorPolicy, EndpointStatus, ErrorRateConfig, ErrorRatePolicy,
-    OutlierDetectionLayer, ServerErrors,
+    DetectorConfig, DetectorPolicy, EndpointStatus, OutlierDetectionLayer, ServerErrors,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -307,17 +305,7 @@ async fn panic_single_endpoint_forced_out_then_released() {
 
 // ---------------------------------------------------------------- fail fast
 
-fn linkerd() -> OutlierDetectionLayer {
-    OutlierDetectionLayer::new(DetectorPolicy::seeded(
-        DetectorConfig::linkerd_consecutive()
-            .consecutive_5xx(3)
-            .backoff_jitter(0.0)
-            .base_ejection_time(10 * SECOND)
-            .build()
-            .unwrap(),
-        3,
-    ))
-}
+use crate::all_out::linkerd;
 
 type Tx = futures::channel::mpsc::UnboundedSender<Result<Change<usize, Backend>, Infallible>>;
 type Rx = futures::channel::mpsc::UnboundedReceiver<Result<Change<usize, Backend>, Infallible>>;
@@ -485,74 +473,7 @@ async fn fail_fast_shared_layer_other_balancer_busy() {
 
 // ---------------------------------------------------------------- pushback
 
-#[derive(Clone)]
-struct Server {
-    busy: Arc<Mutex<Option<&'static str>>>,
-    served: Arc<AtomicUsize>,
-    latency: Duration,
-}
-
-impl Server {
-    fn new() -> Self {
-        Server {
-            busy: Arc::default(),
-            served: Arc::default(),
-            latency: Duration::ZERO,
-        }
-    }
-    fn slow(latency: Duration) -> Self {
-        Server {
-            latency,
-            ..Server::new()
-        }
-    }
-    fn busy(&self, r: Option<&'static str>) {
-        *self.busy.lock().unwrap() = r;
-    }
-    fn served(&self) -> usize {
-        self.served.load(Ordering::SeqCst)
-    }
-}
-
-impl Service<()> for Server {
-    type Response = http::Response<()>;
-    type Error = Infallible;
-    type Future = futures::future::BoxFuture<'static, Result<http::Response<()>, Infallible>>;
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-    fn call(&mut self, _: ()) -> Self::Future {
-        self.served.fetch_add(1, Ordering::SeqCst);
-        let response = match *self.busy.lock().unwrap() {
-            Some(wait) => http::Response::builder()
-                .status(503)
-                .header("retry-after", wait)
-                .body(())
-                .unwrap(),
-            None => http::Response::new(()),
-        };
-        let latency = self.latency;
-        Box::pin(async move {
-            if !latency.is_zero() {
-                tokio::time::sleep(latency).await;
-            }
-            Ok(response)
-        })
-    }
-}
-
-fn player(ratio: f64) -> OutlierDetectionLayer<ServerErrors> {
-    OutlierDetectionLayer::new(ErrorRatePolicy::new(
-        ErrorRateConfig::hsf()
-            .max_ejection_ratio(ratio)
-            .build()
-            .unwrap(),
-    ))
-    .classifier(ServerErrors)
-}
+use crate::pushback::{layer as player, Server};
 
 type PTx = futures::channel::mpsc::UnboundedSender<Result<Change<usize, Server>, Infallible>>;
 

@@ -20,7 +20,7 @@ const SECOND: Duration = Duration::from_secs(1);
 /// A server that answers 503 with `Retry-After: <wait>` while `busy`, 200 otherwise, and counts
 /// the requests it gets.
 #[derive(Clone)]
-struct Server {
+pub(crate) struct Server {
     busy: Arc<Mutex<Option<&'static str>>>,
     served: Arc<AtomicUsize>,
     // How long it takes to answer, on tokio's clock.
@@ -28,7 +28,7 @@ struct Server {
 }
 
 impl Server {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Server {
             busy: Arc::new(Mutex::new(None)),
             served: Arc::new(AtomicUsize::new(0)),
@@ -36,18 +36,18 @@ impl Server {
         }
     }
 
-    fn slow(latency: Duration) -> Self {
+    pub(crate) fn slow(latency: Duration) -> Self {
         Server {
             latency,
             ..Server::new()
         }
     }
 
-    fn busy(&self, retry_after: Option<&'static str>) {
+    pub(crate) fn busy(&self, retry_after: Option<&'static str>) {
         *self.busy.lock().unwrap() = retry_after;
     }
 
-    fn served(&self) -> usize {
+    pub(crate) fn served(&self) -> usize {
         self.served.load(Ordering::SeqCst)
     }
 }
@@ -84,7 +84,7 @@ impl Service<()> for Server {
     }
 }
 
-fn layer(ratio: f64) -> OutlierDetectionLayer<ServerErrors> {
+pub(crate) fn layer(ratio: f64) -> OutlierDetectionLayer<ServerErrors> {
     OutlierDetectionLayer::new(ErrorRatePolicy::new(
         ErrorRateConfig::hsf()
             .max_ejection_ratio(ratio)

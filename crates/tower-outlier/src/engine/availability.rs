@@ -48,7 +48,7 @@ where
     /// Whether the balancer has `entry` in its set: available, out only in dry run, or out while
     /// the fleet panics (an operator's forced out stays out even then).
     pub(super) fn in_set(&self, entry: &Entry<S>) -> bool {
-        entry.in_balancer() || (self.panicking && !matches!(entry.status(), Status::HeldByOperator))
+        entry.in_set(self.panicking)
     }
 
     /// Follows what the layer does when the rules leave too few endpoints to pick
@@ -124,7 +124,7 @@ where
 
     /// Whether the policy at `index` is in dry run.
     pub(super) fn is_dry(&self, index: usize) -> bool {
-        self.controls.any_dry() && self.controls.is_dry(index)
+        self.controls.is_dry(index)
     }
 
     /// Follows `key`'s readiness as its balancer handle reported it; true if that changed.

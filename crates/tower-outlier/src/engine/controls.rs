@@ -54,9 +54,9 @@ where
         let (controls, version) = cell.controls();
         let previous = std::mem::replace(&mut self.controls, controls);
         self.controls_version = version;
-        if previous.dry_run != self.controls.dry_run
-            || previous.dry_policies != self.controls.dry_policies
-        {
+        let modes_changed = previous.dry_run != self.controls.dry_run
+            || previous.dry_policies != self.controls.dry_policies;
+        if modes_changed {
             let names: Vec<&'static str> = self
                 .controls
                 .dry_policies
@@ -72,10 +72,21 @@ where
             self.registry.dry_run(self.controls.dry_run, names);
             self.switch_modes(now);
         }
-        self.sync_overrides(now);
+        // A reset alone changes no verdict; new overrides change those of their endpoints, new
+        // modes every one (at 100 000 endpoints, judging them all is the cost of a mode change).
+        let overridden = if previous.overrides == self.controls.overrides {
+            Vec::new()
+        } else {
+            self.sync_overrides(now)
+        };
         self.apply_resets();
         self.enforce_budget(now);
-        for key in self.keys_where(|e| e.in_balancer()) {
+        let judged = if modes_changed {
+            self.keys_where(|e| e.in_balancer())
+        } else {
+            overridden
+        };
+        for key in judged {
             self.consider(&key, now);
         }
         self.retry_refused(now);
@@ -158,10 +169,12 @@ where
         }
     }
 
-    /// Brings the overrides by endpoint in line with the published ones.
-    fn sync_overrides(&mut self, now: Instant) {
+    /// Brings the overrides by endpoint in line with the published ones; the keys whose override
+    /// changed.
+    fn sync_overrides(&mut self, now: Instant) -> Vec<K> {
+        let mut changed = Vec::new();
         if self.controls.overrides.is_empty() && self.forced.is_empty() {
-            return;
+            return changed;
         }
         let overrides = self.controls.overrides.clone();
         // Every key is formatted to be matched: the cost of a change of the overrides, paid once.
@@ -173,8 +186,10 @@ where
             let held = self.forced.get(&entry.id).copied();
             if wanted != held {
                 self.set_override(&key, held, wanted, now);
+                changed.push(key);
             }
         }
+        changed
     }
 
     /// A new endpoint whose key has an override.

@@ -178,6 +178,12 @@ impl<S> Entry<S> {
         self.status().is_available() || self.is_shadow()
     }
 
+    /// Whether the balancer has the endpoint in its set, `panicking` or not: while the fleet
+    /// panics it has every endpoint but one an operator forced out.
+    pub(super) fn in_set(&self, panicking: bool) -> bool {
+        self.in_balancer() || (panicking && !matches!(self.status(), Status::HeldByOperator))
+    }
+
     /// Whether the endpoint is out of the balancer's set for real.
     pub(super) fn is_out(&self) -> bool {
         !self.in_balancer()

@@ -61,9 +61,7 @@ where
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
             records.push((entry.id, weak));
             replaced.push(std::mem::replace(&mut entry.shared, shared));
-            let in_set = entry.in_balancer()
-                || (self.panicking && !matches!(entry.status(), Status::HeldByOperator));
-            if in_set {
+            if entry.in_set(self.panicking) {
                 self.queue
                     .push_back(Change::Insert(key.clone(), entry.endpoint()));
             }

@@ -287,7 +287,7 @@ where
         // Out only in dry run: the balancer has it already, and dry run reports its return.
         let shadow = entry.is_shadow();
         // In the set already while the fleet panics.
-        let panicked_in = self.panicking && !matches!(entry.status(), Status::HeldByOperator);
+        let panicked_in = entry.in_set(self.panicking);
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };

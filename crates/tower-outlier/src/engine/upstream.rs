@@ -22,9 +22,7 @@ where
     pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.service = service;
-            let in_set = entry.in_balancer()
-                || (self.panicking && !matches!(entry.status(), Status::HeldByOperator));
-            if in_set {
+            if entry.in_set(self.panicking) {
                 let Some(entry) = self.entries.get(&key) else {
                     return;
                 };
