@@ -24,5 +24,6 @@ mod pushback;
 mod reconfigure;
 mod semantics;
 mod slow_call;
+mod slow_start;
 mod starvation;
 mod weight;

@@ -45,6 +45,7 @@ mod lock;
 mod outcome;
 mod policy;
 mod record;
+mod slow_start;
 mod sync;
 pub mod text;
 mod user_code;
@@ -65,6 +66,7 @@ pub use record::{
     store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,
 };
 /// The boxed error type of tower middleware (`tower::BoxError`).
+pub use slow_start::{SlowStart, SlowStartBuilder};
 pub use tower::BoxError;
 pub use user_code::{drop_panic, panic_message};
 pub use window::{SharedWindow, Window, WindowCounts, WindowShape};

@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::clock::{duration_to_nanos, Clock, Nanos};
 use crate::outcome::{FailureKind, Observation, Outcome};
 use crate::policy::{Admit, EndpointPolicy, Judgement, ProbeGate, Reason, Signal};
+use crate::slow_start::SlowStart;
 use crate::window::SharedWindow;
 
 /// Probe permits an endpoint handle or a call holds: bit `i` for the record's policy `i`. Policies
@@ -51,6 +52,12 @@ pub struct EndpointRecord {
     // Until when the layer, having kept the endpoint in (the budget), has its load avoided for
     // the server's request, capped; 0: it does not.
     avoid: AtomicU64,
+    // Slow start: when the endpoint's ramp began, on the record's clock (`Nanos::MAX`: it is not
+    // ramping), the size of the set it joined then, and the layer's ramp (cold path: written when
+    // a ramp starts and once when it ends).
+    ramp_since: AtomicU64,
+    ramp_fleet: AtomicU64,
+    ramp: OnceLock<SlowStart>,
     notifier: Arc<Notifier>,
 }
 
@@ -94,6 +101,9 @@ impl EndpointRecord {
             unready: AtomicBool::new(false),
             pushback: AtomicU64::new(0),
             avoid: AtomicU64::new(0),
+            ramp_since: AtomicU64::new(Nanos::MAX),
+            ramp_fleet: AtomicU64::new(1),
+            ramp: OnceLock::new(),
             notifier,
         }
     }
@@ -142,6 +152,13 @@ impl EndpointRecord {
             .store(self.pushback.load(Ordering::Relaxed), Ordering::Relaxed);
         next.avoid
             .store(self.avoid.load(Ordering::Relaxed), Ordering::Relaxed);
+        if let Some(ramp) = self.ramp.get() {
+            let _ = next.ramp.set(*ramp);
+        }
+        next.ramp_since
+            .store(self.ramp_since.load(Ordering::Relaxed), Ordering::Relaxed);
+        next.ramp_fleet
+            .store(self.ramp_fleet.load(Ordering::Relaxed), Ordering::Relaxed);
         next
     }
 
@@ -348,6 +365,61 @@ impl EndpointRecord {
     pub fn pushed_back_until(&self, now: Nanos) -> Option<Nanos> {
         let until = self.pushback.load(Ordering::Relaxed);
         (until > now).then_some(until)
+    }
+
+    /// Starts the endpoint's slow start at `now`, in a balancer's set of `fleet` endpoints (this
+    /// one included): its share ramps up as `ramp` says. A record ramps by the first `ramp` it
+    /// was given. Cold path.
+    pub fn start_ramp(&self, ramp: SlowStart, fleet: usize, now: Nanos) {
+        let _ = self.ramp.set(ramp);
+        self.ramp_fleet
+            .store(fleet.max(1) as u64, Ordering::Relaxed);
+        self.ramp_since.store(now, Ordering::Relaxed);
+    }
+
+    /// The fraction of the balancer's draws the endpoint takes part in at `now` while it ramps
+    /// up, in `(0, 1]`: 1 once the ramp is over (or there is none). In a set of `n` endpoints, a
+    /// p2c balancer that draws an endpoint in `p` of the pairs it is in gives it `p·(n−1)/(n−p)`
+    /// of a full endpoint's share when the costs are even, so for the share `s` of the ramp's
+    /// formula `p = s·n / (n − 1 + s)`. One atomic load while the endpoint is not ramping.
+    #[inline]
+    pub fn ramp_draws(&self, now: Nanos) -> f64 {
+        let since = self.ramp_since.load(Ordering::Relaxed);
+        if since == Nanos::MAX {
+            return 1.0;
+        }
+        self.ramping_draws(since, now)
+    }
+
+    #[cold]
+    fn ramping_draws(&self, since: Nanos, now: Nanos) -> f64 {
+        let Some(ramp) = self.ramp.get() else {
+            return 1.0;
+        };
+        let share = ramp.share_at(now.saturating_sub(since));
+        if share >= 1.0 {
+            // Over: later reads are one load again. A ramp started meanwhile is kept.
+            let _ = self.ramp_since.compare_exchange(
+                since,
+                Nanos::MAX,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            return 1.0;
+        }
+        let n = self.ramp_fleet.load(Ordering::Relaxed) as f64;
+        (share * n / (n - 1.0 + share)).min(1.0)
+    }
+
+    /// The ramp's share of a full endpoint's traffic at `now` (`None` while not ramping), for
+    /// snapshots.
+    pub fn ramp_share(&self, now: Nanos) -> Option<f64> {
+        let since = self.ramp_since.load(Ordering::Relaxed);
+        if since == Nanos::MAX {
+            return None;
+        }
+        let share = self.ramp.get()?.share_at(now.saturating_sub(since));
+        (share < 1.0).then_some(share)
     }
 
     /// Asks the layer to judge this endpoint soon, as a call that crossed a threshold does: for a

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tower_layer::Layer;
 use tower_outlier_core::{
     BudgetFloor, Clock, DynOutlierPolicy, EjectionBudget, EndpointRecord, NetworkErrors, Notifier,
-    OutlierPolicy, WhenAllOut,
+    OutlierPolicy, SlowStart, WhenAllOut,
 };
 
 use crate::discover::OutlierDetectionDiscover;
@@ -59,6 +59,7 @@ pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
     budget: Option<EjectionBudget>,
     all_out: Option<WhenAllOut>,
     max_pushback: Duration,
+    slow_start: Option<SlowStart>,
     clock: Clock,
     classifier: C,
     probe: P,
@@ -82,6 +83,7 @@ impl OutlierDetectionLayer {
             budget: None,
             all_out: None,
             max_pushback: DEFAULT_MAX_PUSHBACK,
+            slow_start: None,
             clock: Clock::auto(),
             classifier: NetworkErrors,
             probe: PassiveTrial,
@@ -159,6 +161,32 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         self
     }
 
+    /// Ramps up the traffic of an endpoint that joins a fleet already serving, or is re-admitted
+    /// after an ejection, over `ramp`'s window (Envoy's slow start; off by default). While it
+    /// ramps, the endpoint takes part in only a share of the balancer's power-of-two-choices
+    /// draws and loses the others, so that with even costs it gets
+    /// `max(min_weight, (t / window)^(1 / aggression))` of a full endpoint's share; where it wins
+    /// or loses the draws it takes part in on cost (more calls in flight elsewhere, a weight), its
+    /// share moves as that cost says. A warming server (a JIT, cold caches, a pool still filling)
+    /// is not handed a full share at once, and one that fails again after its re-admission fails
+    /// fewer calls before it is judged. Endpoints present from the start do not ramp (they would
+    /// all ramp together), nor does one re-admitted in dry run (it never left the balancer).
+    ///
+    #[cfg_attr(feature = "detectors", doc = "```")]
+    #[cfg_attr(not(feature = "detectors"), doc = "```ignore")]
+    /// use std::time::Duration;
+    /// use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer, SlowStart};
+    ///
+    /// let layer = OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::recommended().build()?))
+    ///     .slow_start(SlowStart::new(Duration::from_secs(30)).build()?);
+    /// # let _ = layer;
+    /// # Ok::<(), tower_outlier::ConfigError>(())
+    /// ```
+    pub fn slow_start(mut self, ramp: SlowStart) -> Self {
+        self.slow_start = Some(ramp);
+        self
+    }
+
     /// Sets the clock calls are timed with. The default, [`Clock::auto`], chose when the layer was
     /// built: tokio's clock if it was paused (a test), else the CPU's time-stamp counter, which
     /// halves the per-call cost but ignores tokio's paused clock.
@@ -180,6 +208,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             budget: self.budget,
             all_out: self.all_out,
             max_pushback: self.max_pushback,
+            slow_start: self.slow_start,
             clock: self.clock,
             classifier,
             probe: self.probe,
@@ -197,6 +226,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             budget: self.budget,
             all_out: self.all_out,
             max_pushback: self.max_pushback,
+            slow_start: self.slow_start,
             clock: self.clock,
             classifier: self.classifier,
             probe,
@@ -273,14 +303,16 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     }
 
     fn settings(&self) -> Settings {
-        Settings::new(
+        let mut settings = Settings::new(
             &self.rules,
             self.budget,
             self.all_out,
             self.max_pushback,
             self.clock.clone(),
             self.hosts.clone(),
-        )
+        );
+        settings.slow_start = self.slow_start;
+        settings
     }
 
     /// Wraps one service as an endpoint tracked by no adaptor: its calls are recorded and it
@@ -364,6 +396,7 @@ impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
             budget: self.budget,
             all_out: self.all_out,
             max_pushback: self.max_pushback,
+            slow_start: self.slow_start,
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),
             probe: self.probe.clone(),
@@ -379,6 +412,7 @@ impl<C: fmt::Debug, P: fmt::Debug> fmt::Debug for OutlierDetectionLayer<C, P> {
             .field("budget", &self.budget)
             .field("when_all_out", &self.all_out)
             .field("max_pushback", &self.max_pushback)
+            .field("slow_start", &self.slow_start)
             .field("clock", &self.clock)
             .field("classifier", &self.classifier)
             .field("probe", &self.probe)

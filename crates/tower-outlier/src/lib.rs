@@ -129,7 +129,7 @@ pub use classify::{NetworkErrors, ServerErrors};
 pub use layer::{DiscoverErrors, OutlierDetectionLayer};
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, Snapshot};
 pub use reconfigure::RulesHandle;
-pub use tower_outlier_core::{Clock, ConfigError, WhenAllOut};
+pub use tower_outlier_core::{Clock, ConfigError, SlowStart, SlowStartBuilder, WhenAllOut};
 
 /// Error-rate ejection (EDAS and HSF semantics): everything of the `tower-outlier-error-rate`
 /// crate; the policy, its configuration and the HSF reader are also at this crate's root.

@@ -282,6 +282,7 @@ impl Monitor {
                     failed_checks: copied.failed_checks,
                     last_reason: copied.last_reason,
                     weight: record.weight(),
+                    ramp_share: record.ramp_share(at),
                     in_flight,
                     latency_estimate: Duration::from_nanos(record.rtt_estimate(at) as u64),
                     avoided_for,

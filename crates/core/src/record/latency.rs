@@ -246,6 +246,11 @@ impl EndpointRecord {
         rtt * decay(idle)
     }
 
+    /// Whether a call has succeeded since the endpoint joined or was re-admitted.
+    pub fn has_served(&self) -> bool {
+        self.latency.flags.load(Ordering::Relaxed) & SERVED != 0
+    }
+
     /// Whether the last recorded call failed (in any way).
     pub fn last_call_failed(&self) -> bool {
         self.latency.flags.load(Ordering::Relaxed) & LAST_MASK != LAST_SUCCEEDED

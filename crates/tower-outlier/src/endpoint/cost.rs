@@ -9,7 +9,9 @@ use super::*;
 
 /// The load of an [`OutlierEndpoint`]: (latency estimate + 1 µs) × (in-flight + 1) ÷ relative weight,
 /// in nanoseconds — or zero while the endpoint needs calls to be judged, or infinite while its
-/// server asked to be left alone ([`pushback`](crate::pushback)) and the layer kept it in.
+/// server asked to be left alone ([`pushback`](crate::pushback)) and the layer kept it in, and
+/// in the draws a slow-starting endpoint sits out
+/// ([`OutlierDetectionLayer::slow_start`](crate::OutlierDetectionLayer::slow_start)).
 ///
 /// Lower is better. The microsecond keeps requests in flight and weights meaningful between
 /// endpoints whose measured latency rounds to zero (an in-process service, or tokio's paused
@@ -78,6 +80,13 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         {
             return EndpointCost(0.0);
         }
+        // Slow start: while it ramps up, the endpoint takes part in only its share of the draws
+        // and loses the others, whatever its cost (the evidence and exploration above come
+        // first: they ask for a few calls a policy needs).
+        let draws_share = record.ramp_draws(now);
+        if draws_share < 1.0 && !draws.takes_part(draws_share) {
+            return EndpointCost(f64::INFINITY);
+        }
         let mut rtt = record.rtt_estimate(now);
         if in_flight > 0 {
             // Calls in flight count at their age so far: one that has waited far longer than
@@ -124,6 +133,10 @@ pub(super) struct Draws {
     wanted: AtomicU64,
     wanted_at: AtomicU64,
     wanted_in_flight: AtomicU64,
+    // Slow start's credit (f64 bits): each draw adds the endpoint's share of draws, and it takes
+    // part in one whenever a whole draw's credit is there, so it takes part in exactly that share
+    // of its draws, evenly spread and without a random number.
+    ramp_credit: AtomicU64,
 }
 
 impl Default for Draws {
@@ -134,6 +147,7 @@ impl Default for Draws {
             wanted: AtomicU64::new(0),
             wanted_at: AtomicU64::new(Nanos::MAX),
             wanted_in_flight: AtomicU64::new(0),
+            ramp_credit: AtomicU64::new(0f64.to_bits()),
         }
     }
 }
@@ -188,6 +202,16 @@ impl Draws {
         self.follow_up_refused_at
             .store(if wanted { Nanos::MAX } else { now }, Ordering::Relaxed);
         wanted
+    }
+
+    /// Counts one draw of a ramping endpoint that takes part in `share` of them; whether it
+    /// takes part in this one.
+    pub(super) fn takes_part(&self, share: f64) -> bool {
+        let credit = f64::from_bits(self.ramp_credit.load(Ordering::Relaxed)) + share;
+        let part = credit >= 1.0;
+        let left = if part { credit - 1.0 } else { credit };
+        self.ramp_credit.store(left.to_bits(), Ordering::Relaxed);
+        part
     }
 
     #[inline]

@@ -28,14 +28,16 @@ where
         if cell.version() == self.settings.version {
             return;
         }
-        let settings = Arc::new(Settings::new(
+        let mut settings = Settings::new(
             &cell,
             self.settings.explicit_budget,
             self.settings.explicit_all_out,
             self.settings.max_pushback,
             self.settings.clock.clone(),
             self.settings.hosts.clone(),
-        ));
+        );
+        settings.slow_start = self.settings.slow_start;
+        let settings = Arc::new(settings);
         let policies = settings.policies.clone();
         // The handle replaces policies slot by slot, and a layer's cell is never shared by a
         // layer with other policies (`with_policy` makes a new one).

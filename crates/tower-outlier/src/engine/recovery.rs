@@ -304,6 +304,9 @@ where
         }
         let shared = entry.shared.clone();
         self.seed_rtt(&shared.record);
+        if !shadow && !panicked_in {
+            self.start_ramp(&shared.record);
+        }
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_outlier_core::{duration_to_nanos, Clock, DynOutlierPolicy, EjectionBudget, WhenAllOut};
+use tower_outlier_core::{
+    duration_to_nanos, Clock, DynOutlierPolicy, EjectionBudget, SlowStart, WhenAllOut,
+};
 
 use super::later;
 use crate::hosts::{HostOf, HostRegistry};
@@ -23,6 +25,8 @@ pub(crate) struct Settings {
     pub(crate) explicit_all_out: Option<WhenAllOut>,
     // The longest a server's pushback keeps its endpoint out (zero: pushback is ignored).
     pub(crate) max_pushback: Duration,
+    // How a joining or re-admitted endpoint's share ramps up, if it does (set by the layer).
+    pub(crate) slow_start: Option<SlowStart>,
     pub(crate) clock: Clock,
     pub(crate) rules: Arc<RulesCell>,
     // The version of the rules these settings hold.
@@ -63,6 +67,7 @@ impl Settings {
             all_out,
             explicit_all_out,
             max_pushback,
+            slow_start: None,
             clock,
             rules: cell.clone(),
             version: rules.version,

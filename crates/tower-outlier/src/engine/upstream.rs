@@ -52,6 +52,10 @@ where
             }
         }
         self.seed_rtt(&shared.record);
+        // Joining a fleet that serves already: ramped up (the first endpoints do not ramp).
+        if self.fleet_serves() {
+            self.start_ramp(&shared.record);
+        }
         self.queue.push_back(Change::Insert(
             key.clone(),
             EndpointParts::new(service.clone(), shared.clone()),
@@ -127,6 +131,28 @@ where
         }
         self.enforce_budget(now);
         self.retry_refused(now);
+    }
+
+    /// Starts `record`'s slow start, if the layer has one, in a set of the available endpoints
+    /// and this one.
+    pub(super) fn start_ramp(&self, record: &EndpointRecord) {
+        if let Some(ramp) = self.settings.slow_start {
+            let now = record.clock().now();
+            record.start_ramp(ramp, self.available() + 1, now);
+        }
+    }
+
+    /// Whether an available endpoint has served a call (among a sample, as in
+    /// [`seed_rtt`](Self::seed_rtt)): endpoints that join then are new to a serving fleet.
+    fn fleet_serves(&self) -> bool {
+        const SAMPLE: usize = 32;
+        self.settings.slow_start.is_some()
+            && self
+                .entries
+                .values()
+                .filter(|e| e.status().is_available())
+                .take(SAMPLE)
+                .any(|e| e.record().has_served())
     }
 
     /// Starts `endpoint`'s latency estimate at the mean of the available endpoints', so it

@@ -81,6 +81,10 @@ pub struct EndpointSnapshot {
     pub absolute_weight: Option<f64>,
     /// Whether a weight policy holds it degraded.
     pub degraded: bool,
+    /// While it ramps up after joining a serving fleet or after its re-admission
+    /// ([`OutlierDetectionLayer::slow_start`](crate::OutlierDetectionLayer::slow_start)): its
+    /// share of a full endpoint's traffic by the ramp's formula, at the snapshot's time.
+    pub ramp_share: Option<f64>,
     /// Set while the endpoint is in the balancer's set, its last call failed at least a second ago
     /// and no call has completed since: the balancer is **avoiding** it, since its latency
     /// estimate carries the failures, and its policies have not judged it (a policy that judges

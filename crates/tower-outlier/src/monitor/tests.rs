@@ -30,6 +30,7 @@ fn snapshots_serialize_with_typed_keys_as_text() {
             avoided_for: None,
             refused: None,
             degraded: false,
+            ramp_share: None,
             would_be: None,
             forced: Some(crate::controls::Override::ForcedOut),
         }],
