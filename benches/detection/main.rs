@@ -28,7 +28,7 @@ use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
 use tower_outlier::{
     DetectorConfig, DetectorPolicy, ErrorRateConfig, ErrorRatePolicy, NetworkErrors,
-    OutlierDetectionLayer,
+    OutlierDetectionLayer, SlowStart,
 };
 
 use sim::{Backend, Event, Fault, Log, Request, Scenario, Schedule, World, BIN};
@@ -64,9 +64,11 @@ enum Config {
     Recommended,
     /// `DetectorConfig::recommended()` recovering by probation (one real request) instead.
     RecommendedPassive,
+    /// `DetectorConfig::recommended()` with an active probe and a 10 s slow start.
+    RecommendedSlowStart,
 }
 
-const CONFIGS: [Config; 13] = [
+const CONFIGS: [Config; 14] = [
     Config::Baseline,
     Config::Edas,
     Config::EdasProbe,
@@ -80,6 +82,7 @@ const CONFIGS: [Config; 13] = [
     Config::Linkerd,
     Config::Recommended,
     Config::RecommendedPassive,
+    Config::RecommendedSlowStart,
 ];
 
 impl Config {
@@ -98,6 +101,7 @@ impl Config {
             Config::Linkerd => "linkerd preset",
             Config::Recommended => "recommended + active probe",
             Config::RecommendedPassive => "recommended, passive",
+            Config::RecommendedSlowStart => "recommended + active probe + slow start 10 s",
         }
     }
 
@@ -136,6 +140,8 @@ impl Config {
             Config::Recommended | Config::RecommendedPassive => {
                 detectors(DetectorConfig::recommended())
             }
+            Config::RecommendedSlowStart => detectors(DetectorConfig::recommended())
+                .slow_start(SlowStart::new(Duration::from_secs(10)).build().unwrap()),
         })
     }
 }
@@ -155,6 +161,7 @@ fn scenario(name: &'static str, bad: &[usize], fault: Fault) -> Scenario {
         noise: 0.0,
         latency: Duration::from_millis(10),
         one_slow_call: None,
+        warm_up: 0.0,
     }
 }
 
@@ -203,6 +210,20 @@ fn scenarios() -> Vec<Scenario> {
                 "recovery from a black hole (20 s, then healthy)",
                 &[0],
                 Fault::BlackHole,
+            )
+        },
+        // A server back from an outage that is not warm yet: its failures fall from all to
+        // none over 20 s. What a slow start is for.
+        Scenario {
+            schedule: Schedule::Window {
+                start: FAULT_AT,
+                end: Some(FAULT_AT + 20.0),
+            },
+            warm_up: 20.0,
+            ..scenario(
+                "recovery while warming up (down 20 s, then failing 100 % → 0 % over 20 s)",
+                &[0],
+                Fault::Down,
             )
         },
         scenario("two of five down", &[0, 1], Fault::Down),
@@ -271,7 +292,12 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
                 )
                 .await;
             }
-            Some(layer) if matches!(config, Config::EdasProbe | Config::Recommended) => {
+            Some(layer)
+                if matches!(
+                    config,
+                    Config::EdasProbe | Config::Recommended | Config::RecommendedSlowStart
+                ) =>
+            {
                 // The check is one request of the caller's kind, sent through a clone of the
                 // ejected endpoint's service; no caller's request is risked on it.
                 let layer = layer.probe(request_probe(Request::default, NetworkErrors));
@@ -515,6 +541,7 @@ fn fairness(out: &mut String) {
         noise: 0.0,
         latency: Duration::from_millis(1),
         one_slow_call: Some(3),
+        warm_up: 0.0,
     };
     let _ = writeln!(
         out,

@@ -25,6 +25,7 @@ pub fn incident_scenario() -> Scenario {
         noise: 0.0,
         latency: Duration::from_millis(10),
         one_slow_call: None,
+        warm_up: 0.0,
     }
 }
 

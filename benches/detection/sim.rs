@@ -105,6 +105,10 @@ pub struct Scenario {
     pub latency: Duration,
     /// `Some(n)`: the `n`-th call (counting from 1) to endpoint 0 takes one second, once.
     pub one_slow_call: Option<usize>,
+    /// For this many seconds after a `Window` fault ends, a bad endpoint is still warming up (a
+    /// JIT, cold caches, a pool filling): a call fails with a probability falling linearly from 1
+    /// to 0.
+    pub warm_up: f64,
 }
 
 impl Scenario {
@@ -290,6 +294,12 @@ impl Service<Request> for Backend {
         let mut fail = noise_fails < scenario.noise;
         if self.id == 0 && scenario.one_slow_call == Some(nth) {
             latency = Duration::from_secs(1);
+        }
+        if let Schedule::Window { end: Some(end), .. } = scenario.schedule {
+            let cold = t - end;
+            if scenario.is_bad(self.id) && cold >= 0.0 && cold < scenario.warm_up {
+                fail |= gray_fails < 1.0 - cold / scenario.warm_up;
+            }
         }
         if scenario.is_bad(self.id) && scenario.schedule.active(t) {
             match scenario.fault {
