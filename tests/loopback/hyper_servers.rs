@@ -527,3 +527,119 @@ async fn a_server_answering_503_with_retry_after_is_left_alone_that_long() {
     assert_eq!(busy.last_reason.as_ref().unwrap().policy, "pushback");
     drop(tx);
 }
+
+/// A hyper server on loopback that says it is degraded (`x-envoy-degraded`) beside two healthy
+/// ones, serial traffic through p2c with `detect_degraded(2 s)`: it gets one request per 2 s hold
+/// while it says so, and its share back once it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_saying_it_is_degraded_gets_only_what_the_others_cannot_take() {
+    use std::sync::atomic::AtomicBool;
+    use tower_outlier::ServerErrors;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let degraded_addr = listener.local_addr().unwrap();
+    let degraded = Arc::new(AtomicBool::new(true));
+    let served = Arc::new(AtomicUsize::new(0));
+    let (says, count) = (degraded.clone(), served.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (says, count) = (says.clone(), count.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_: hyper::Request<Incoming>| {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let mut response = hyper::Response::builder();
+                    if says.load(Ordering::SeqCst) {
+                        response = response.header("x-envoy-degraded", "");
+                    }
+                    let response = response.body(Empty::<Bytes>::new()).unwrap();
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let (tx, rx) = mpsc::unbounded::<Result<Change<SocketAddr, Backend>, Infallible>>();
+    let mut addrs = vec![degraded_addr];
+    let healthy: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::default()).collect();
+    for count in &healthy {
+        addrs.push(server(Behaviour::Healthy, count.clone()).await);
+    }
+    for &addr in &addrs {
+        tx.unbounded_send(Ok(Change::Insert(
+            addr,
+            Backend {
+                addr,
+                client: client.clone(),
+            },
+        )))
+        .unwrap();
+    }
+    let outliers = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf()
+            .max_ejection_ratio(0.4)
+            .build()
+            .unwrap(),
+    ))
+    .classifier(ServerErrors)
+    .detect_degraded(Duration::from_secs(2));
+    let monitor = outliers.monitor();
+    let mut balance = Balance::new(tower::Layer::layer(&outliers, rx));
+    let request = || {
+        http::Request::get("http://placeholder/")
+            .body(Empty::new())
+            .unwrap()
+    };
+    let started = std::time::Instant::now();
+    while served.load(Ordering::SeqCst) == 0 {
+        let _ = balance.ready().await.unwrap().call(request()).await;
+        assert!(started.elapsed() < Duration::from_secs(10), "never picked");
+    }
+    let said = std::time::Instant::now();
+    let first = served.load(Ordering::SeqCst);
+    let mut failed = 0;
+    // Serial traffic, a request every 5 ms, for 5 s: the hold runs out twice.
+    while said.elapsed() < Duration::from_secs(5) {
+        if balance
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .is_err()
+        {
+            failed += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let while_degraded = served.load(Ordering::SeqCst) - first;
+    let others: usize = healthy.iter().map(|c| c.load(Ordering::SeqCst)).sum();
+    assert_eq!(failed, 0);
+    assert!(
+        while_degraded <= 4,
+        "the degraded server got {while_degraded} requests in 5 s (the others {others})"
+    );
+    let snapshot = monitor.snapshot();
+    let shown = snapshot.get(&format!("{degraded_addr:?}")).unwrap();
+    assert_eq!(shown.status, EndpointStatus::Available);
+    assert!(shown.degraded_by_server.is_some(), "{shown:#?}");
+    // It stops saying so: back to a share once its next response says so.
+    degraded.store(false, Ordering::SeqCst);
+    let stopped = std::time::Instant::now();
+    let before = served.load(Ordering::SeqCst);
+    while stopped.elapsed() < Duration::from_secs(5) {
+        let _ = balance.ready().await.unwrap().call(request()).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let after = served.load(Ordering::SeqCst) - before;
+    eprintln!("degraded: {while_degraded} requests in 5 s; after: {after} in 5 s");
+    assert!(
+        after >= 50,
+        "only {after} requests in the 5 s after it stopped saying so"
+    );
+}

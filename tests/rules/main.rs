@@ -8,6 +8,7 @@ mod support;
 mod all_out;
 mod all_out_and_pushback_edges;
 mod balance;
+mod degraded;
 mod detection;
 mod detectors;
 mod envoy_conformance;

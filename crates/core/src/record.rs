@@ -58,6 +58,11 @@ pub struct EndpointRecord {
     ramp_since: AtomicU64,
     ramp_fleet: AtomicU64,
     ramp: OnceLock<SlowStart>,
+    // Until when its server said it is degraded (`x-envoy-degraded`), on the record's clock; 0:
+    // it is not. And how long one such response holds it so (0: the layer does not read the
+    // signal). Cold path: written only while the server says so, and when that changes.
+    degraded_until: AtomicU64,
+    degraded_hold: AtomicU64,
     notifier: Arc<Notifier>,
 }
 
@@ -104,6 +109,8 @@ impl EndpointRecord {
             ramp_since: AtomicU64::new(Nanos::MAX),
             ramp_fleet: AtomicU64::new(1),
             ramp: OnceLock::new(),
+            degraded_until: AtomicU64::new(0),
+            degraded_hold: AtomicU64::new(0),
             notifier,
         }
     }
@@ -159,6 +166,14 @@ impl EndpointRecord {
             .store(self.ramp_since.load(Ordering::Relaxed), Ordering::Relaxed);
         next.ramp_fleet
             .store(self.ramp_fleet.load(Ordering::Relaxed), Ordering::Relaxed);
+        next.degraded_until.store(
+            self.degraded_until.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.degraded_hold.store(
+            self.degraded_hold.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         next
     }
 
@@ -420,6 +435,47 @@ impl EndpointRecord {
         }
         let share = self.ramp.get()?.share_at(now.saturating_sub(since));
         (share < 1.0).then_some(share)
+    }
+
+    /// Reads what the endpoint's server says of its own state: a response saying it is degraded
+    /// holds it so for `hold` (zero: the signal is ignored, the default). Cold path.
+    pub fn watch_degraded(&self, hold: Duration) {
+        self.degraded_hold
+            .store(duration_to_nanos(hold), Ordering::Relaxed);
+    }
+
+    /// Whether the layer reads the server's degraded signal (one load).
+    #[inline]
+    pub fn watches_degraded(&self) -> bool {
+        self.degraded_hold.load(Ordering::Relaxed) != 0
+    }
+
+    /// A response at `now` said the endpoint is degraded, or (`false`) did not: degraded until
+    /// the hold after the last response that said so, or until a response that does not. Ignored
+    /// unless [`watch_degraded`](Self::watch_degraded) set a hold. Whether the endpoint's state
+    /// changed. Writes only while the server says so, and when that ends.
+    pub fn set_degraded(&self, degraded: bool, now: Nanos) -> bool {
+        let hold = self.degraded_hold.load(Ordering::Relaxed);
+        if hold == 0 {
+            return false;
+        }
+        let until = self.degraded_until.load(Ordering::Relaxed);
+        let was = until > now;
+        if degraded {
+            self.degraded_until
+                .store(now.saturating_add(hold).max(1), Ordering::Relaxed);
+        } else if until != 0 {
+            self.degraded_until.store(0, Ordering::Relaxed);
+        }
+        was != degraded
+    }
+
+    /// Until when the endpoint is degraded by its server's word, if that is still ahead of
+    /// `now`.
+    #[inline]
+    pub fn degraded_until(&self, now: Nanos) -> Option<Nanos> {
+        let until = self.degraded_until.load(Ordering::Relaxed);
+        (until > now).then_some(until)
     }
 
     /// Asks the layer to judge this endpoint soon, as a call that crossed a threshold does: for a

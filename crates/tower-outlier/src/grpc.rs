@@ -192,6 +192,9 @@ fn complete<B, E: 'static>(
             return Err(error);
         }
     };
+    if let Sink::Layer(recorder) = &sink {
+        recorder.read_degraded(response.headers());
+    }
     let classifier = *sink.classifier();
     let code = classifier.status_in(response.headers()).or_else(|| {
         (response.status() != http::StatusCode::OK)

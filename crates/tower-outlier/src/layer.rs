@@ -60,6 +60,7 @@ pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
     all_out: Option<WhenAllOut>,
     max_pushback: Duration,
     slow_start: Option<SlowStart>,
+    degraded_hold: Duration,
     clock: Clock,
     classifier: C,
     probe: P,
@@ -84,6 +85,7 @@ impl OutlierDetectionLayer {
             all_out: None,
             max_pushback: DEFAULT_MAX_PUSHBACK,
             slow_start: None,
+            degraded_hold: Duration::ZERO,
             clock: Clock::auto(),
             classifier: NetworkErrors,
             probe: PassiveTrial,
@@ -187,6 +189,34 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         self
     }
 
+    /// Reads what servers say of their own state (Envoy's `detect_degraded_hosts`; off by
+    /// default): a response carrying `x-envoy-degraded`, read by
+    /// [`ServerErrors`](crate::ServerErrors) and [`GrpcErrors`](crate::grpc::GrpcErrors) (or
+    /// reported by a classifier of your own through
+    /// [`Recorder::degraded`](crate::classify::Recorder::degraded)), marks its endpoint degraded
+    /// for `hold`, or until a response without it. A degraded endpoint stays in the balancer's
+    /// set but is picked only when no endpoint that is not can take the call: p2c takes it only
+    /// against another degraded endpoint, or when the others are not ready (at a concurrency
+    /// limit, reconnecting). Once `hold` has passed it competes again, and its next response says
+    /// whether it still is. Its failures still count: ejection wins over degradation.
+    /// `Duration::ZERO` turns it off.
+    ///
+    #[cfg_attr(feature = "detectors", doc = "```")]
+    #[cfg_attr(not(feature = "detectors"), doc = "```ignore")]
+    /// use std::time::Duration;
+    /// use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer, ServerErrors};
+    ///
+    /// let layer = OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::envoy().build()?))
+    ///     .classifier(ServerErrors)
+    ///     .detect_degraded(Duration::from_secs(10));
+    /// # let _ = layer;
+    /// # Ok::<(), tower_outlier::ConfigError>(())
+    /// ```
+    pub fn detect_degraded(mut self, hold: Duration) -> Self {
+        self.degraded_hold = hold;
+        self
+    }
+
     /// Sets the clock calls are timed with. The default, [`Clock::auto`], chose when the layer was
     /// built: tokio's clock if it was paused (a test), else the CPU's time-stamp counter, which
     /// halves the per-call cost but ignores tokio's paused clock.
@@ -209,6 +239,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             all_out: self.all_out,
             max_pushback: self.max_pushback,
             slow_start: self.slow_start,
+            degraded_hold: self.degraded_hold,
             clock: self.clock,
             classifier,
             probe: self.probe,
@@ -227,6 +258,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             all_out: self.all_out,
             max_pushback: self.max_pushback,
             slow_start: self.slow_start,
+            degraded_hold: self.degraded_hold,
             clock: self.clock,
             classifier: self.classifier,
             probe,
@@ -312,6 +344,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             self.hosts.clone(),
         );
         settings.slow_start = self.slow_start;
+        settings.degraded_hold = self.degraded_hold;
         settings
     }
 
@@ -397,6 +430,7 @@ impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
             all_out: self.all_out,
             max_pushback: self.max_pushback,
             slow_start: self.slow_start,
+            degraded_hold: self.degraded_hold,
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),
             probe: self.probe.clone(),
@@ -413,6 +447,7 @@ impl<C: fmt::Debug, P: fmt::Debug> fmt::Debug for OutlierDetectionLayer<C, P> {
             .field("when_all_out", &self.all_out)
             .field("max_pushback", &self.max_pushback)
             .field("slow_start", &self.slow_start)
+            .field("degraded_hold", &self.degraded_hold)
             .field("clock", &self.clock)
             .field("classifier", &self.classifier)
             .field("probe", &self.probe)

@@ -78,6 +78,7 @@
 pub mod admin;
 pub mod controls;
 mod deadlines;
+pub mod degraded;
 pub mod dialect;
 pub mod discover;
 mod endpoint;

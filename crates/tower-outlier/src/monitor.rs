@@ -283,6 +283,9 @@ impl Monitor {
                     last_reason: copied.last_reason,
                     weight: record.weight(),
                     ramp_share: record.ramp_share(at),
+                    degraded_by_server: record
+                        .degraded_until(at)
+                        .map(|until| Duration::from_nanos(until - at)),
                     in_flight,
                     latency_estimate: Duration::from_nanos(record.rtt_estimate(at) as u64),
                     avoided_for,

@@ -102,6 +102,7 @@ impl<B, E: 'static> ResponseClassifier<http::Response<B>, E> for ServerErrors {
         match std::panic::catch_unwind(classify) {
             Ok(outcome) => {
                 if let Ok(response) = &result {
+                    recorder.read_degraded(response.headers());
                     if outcome.is_failure() {
                         if let Some(wait) = crate::pushback::retry_after(response) {
                             recorder.push_back(wait);
@@ -113,6 +114,15 @@ impl<B, E: 'static> ResponseClassifier<http::Response<B>, E> for ServerErrors {
             Err(panic) => classifier_panicked(panic),
         }
         result
+    }
+}
+
+#[cold]
+fn log_degraded(degraded: bool) {
+    if degraded {
+        tracing::info!(target: "tower_outlier", "the server says its endpoint is degraded: picked only when no other can take a call");
+    } else {
+        tracing::info!(target: "tower_outlier", "the server no longer says its endpoint is degraded");
     }
 }
 
@@ -185,6 +195,27 @@ impl<C> Recorder<C> {
         let record = &self.lane.owner().record;
         let now = record.clock().now();
         record.push_back(now.saturating_add(tower_outlier_core::duration_to_nanos(wait)));
+    }
+
+    /// The server says the endpoint is degraded (Envoy's `x-envoy-degraded`, or a signal of
+    /// your own) or, `false`, that it is not. With
+    /// [`OutlierDetectionLayer::detect_degraded`](crate::OutlierDetectionLayer::detect_degraded)
+    /// on, a degraded endpoint is picked only when no endpoint that is not can take the call;
+    /// off, this does nothing. Record the outcome as well: a degraded endpoint's failures still
+    /// count, and ejection wins over degradation.
+    pub fn degraded(&self, degraded: bool) {
+        let record = &self.lane.owner().record;
+        if record.set_degraded(degraded, record.clock().now()) {
+            log_degraded(degraded);
+        }
+    }
+
+    /// Reads `x-envoy-degraded` in `headers` when the layer watches for it: one load otherwise.
+    #[inline]
+    pub(crate) fn read_degraded(&self, headers: &http::HeaderMap) {
+        if self.lane.owner().record.watches_degraded() {
+            self.degraded(crate::degraded::says_degraded(headers));
+        }
     }
 
     /// Records the call's outcome now. [`Outcome::Cancelled`] records nothing.

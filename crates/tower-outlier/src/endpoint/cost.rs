@@ -8,10 +8,12 @@ use tower_outlier_core::{EndpointRecord, Nanos};
 use super::*;
 
 /// The load of an [`OutlierEndpoint`]: (latency estimate + 1 µs) × (in-flight + 1) ÷ relative weight,
-/// in nanoseconds — or zero while the endpoint needs calls to be judged, or infinite while its
-/// server asked to be left alone ([`pushback`](crate::pushback)) and the layer kept it in, and
-/// in the draws a slow-starting endpoint sits out
-/// ([`OutlierDetectionLayer::slow_start`](crate::OutlierDetectionLayer::slow_start)).
+/// in nanoseconds — or zero while the endpoint needs calls to be judged; infinite while its
+/// server asked to be left alone ([`pushback`](crate::pushback)) and the layer kept it in, and in
+/// the draws a slow-starting endpoint sits out
+/// ([`OutlierDetectionLayer::slow_start`](crate::OutlierDetectionLayer::slow_start)); 10²⁰ more
+/// while its server says it is degraded ([`degraded`](crate::degraded)), so that it wins a draw
+/// only against another degraded endpoint (or one avoided altogether).
 ///
 /// Lower is better. The microsecond keeps requests in flight and weights meaningful between
 /// endpoints whose measured latency rounds to zero (an in-process service, or tokio's paused
@@ -57,6 +59,11 @@ impl EndpointCost {
 
 pub(super) const COST_FLOOR_NANOS: f64 = 1_000.0;
 
+/// Added to the cost of an endpoint its server says is degraded: more than any cost a live
+/// endpoint reaches (a thousand calls in flight at a latency of a year), less than the infinite
+/// cost of one avoided altogether.
+pub(super) const DEGRADED_COST: f64 = 1e20;
+
 impl<S, C> Load for OutlierEndpoint<S, C> {
     type Metric = EndpointCost;
 
@@ -96,7 +103,13 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
             rtt = rtt.max(self.holder.waiting(record, now) as f64);
         }
         let rtt = rtt + COST_FLOOR_NANOS;
-        EndpointCost(rtt * (in_flight as f64 + 1.0) / weight)
+        let cost = rtt * (in_flight as f64 + 1.0) / weight;
+        if record.degraded_until(now).is_some() {
+            // Its server says it is degraded: behind every endpoint that is not, ordered by its
+            // own cost among the degraded ones.
+            return EndpointCost(DEGRADED_COST + cost);
+        }
+        EndpointCost(cost)
     }
 }
 

@@ -27,6 +27,9 @@ pub(crate) struct Settings {
     pub(crate) max_pushback: Duration,
     // How a joining or re-admitted endpoint's share ramps up, if it does (set by the layer).
     pub(crate) slow_start: Option<SlowStart>,
+    // How long a server's word that its endpoint is degraded holds (zero: not read; set by the
+    // layer).
+    pub(crate) degraded_hold: Duration,
     pub(crate) clock: Clock,
     pub(crate) rules: Arc<RulesCell>,
     // The version of the rules these settings hold.
@@ -68,6 +71,7 @@ impl Settings {
             explicit_all_out,
             max_pushback,
             slow_start: None,
+            degraded_hold: Duration::ZERO,
             clock,
             rules: cell.clone(),
             version: rules.version,

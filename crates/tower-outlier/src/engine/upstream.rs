@@ -38,6 +38,9 @@ where
             settings.policies.iter().map(|p| p.new_endpoint()).collect(),
             self.notifier.clone(),
         );
+        if !settings.degraded_hold.is_zero() {
+            record.watch_degraded(settings.degraded_hold);
+        }
         let shared = Shared::new(record);
         let weak: std::sync::Weak<dyn HasRecord> =
             Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));

@@ -85,6 +85,10 @@ pub struct EndpointSnapshot {
     /// ([`OutlierDetectionLayer::slow_start`](crate::OutlierDetectionLayer::slow_start)): its
     /// share of a full endpoint's traffic by the ramp's formula, at the snapshot's time.
     pub ramp_share: Option<f64>,
+    /// While its server says it is degraded
+    /// ([`OutlierDetectionLayer::detect_degraded`](crate::OutlierDetectionLayer::detect_degraded)):
+    /// how long that holds without another response saying so.
+    pub degraded_by_server: Option<Duration>,
     /// Set while the endpoint is in the balancer's set, its last call failed at least a second ago
     /// and no call has completed since: the balancer is **avoiding** it, since its latency
     /// estimate carries the failures, and its policies have not judged it (a policy that judges

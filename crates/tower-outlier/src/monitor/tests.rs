@@ -31,6 +31,7 @@ fn snapshots_serialize_with_typed_keys_as_text() {
             refused: None,
             degraded: false,
             ramp_share: None,
+            degraded_by_server: None,
             would_be: None,
             forced: Some(crate::controls::Override::ForcedOut),
         }],
