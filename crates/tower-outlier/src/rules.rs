@@ -169,6 +169,22 @@
 //!   failure (its estimate doubled), and a server killed then would be left avoided and unjudged,
 //!   and once restarted unfed until its estimate decayed. Policies that judge on a tick or a
 //!   window are not sent the call: it would only fail again.
+//! * **Slow start** (off unless
+//!   [`OutlierDetectionLayer::slow_start`](crate::OutlierDetectionLayer::slow_start) sets it).
+//!   An endpoint that joins while an available endpoint has served, or is re-admitted (not in dry
+//!   run, not while the fleet panics), ramps up over the window by Envoy's formula: its share of a
+//!   full endpoint's traffic is `s = max(min_weight, (max(t, 1 s) / window)^(1 / aggression))`.
+//!   It takes part in `s·n / (n − 1 + s)` of its power-of-two-choices draws (`n`: the available
+//!   endpoints when the ramp began, itself included), evenly spread, and its load is infinite in
+//!   the others; with even costs that gives it `s` of a full share. The evidence and exploration
+//!   rules above come first.
+//! * **Degraded by its server** (off unless
+//!   [`OutlierDetectionLayer::detect_degraded`](crate::OutlierDetectionLayer::detect_degraded)
+//!   sets a hold). A response with `x-envoy-degraded` (or a classifier's
+//!   [`Recorder::degraded`](crate::classify::Recorder::degraded)) marks the endpoint degraded for
+//!   the hold, a response without it ends the mark. A degraded endpoint's load is 10²⁰ more: p2c
+//!   picks it only against another degraded endpoint, or when no other is ready. It is not
+//!   ejected for it and its outcomes count as usual, so a policy ejects it as any other.
 //!
 //! # 8. Upstream changes
 //!
