@@ -9,6 +9,7 @@ mod hyper_servers;
 mod network_faults;
 mod new_user;
 mod pinned_client;
+mod rebuild;
 mod tonic_servers;
 
 /// Tests that time a recovery or count calls against a deadline take turns. Run beside each other

@@ -22,6 +22,7 @@ mod operator;
 mod operator_edges;
 mod operator_histories;
 mod pushback;
+mod rebuild;
 mod reconfigure;
 mod semantics;
 mod slow_call;

@@ -63,6 +63,9 @@ pub struct EndpointRecord {
     // signal). Cold path: written only while the server says so, and when that changes.
     degraded_until: AtomicU64,
     degraded_hold: AtomicU64,
+    // A call timed out or failed in transport since the endpoint joined or was re-admitted: its
+    // connections may be dead (cold path: written once per episode).
+    connection_failed: AtomicBool,
     notifier: Arc<Notifier>,
 }
 
@@ -111,6 +114,7 @@ impl EndpointRecord {
             ramp: OnceLock::new(),
             degraded_until: AtomicU64::new(0),
             degraded_hold: AtomicU64::new(0),
+            connection_failed: AtomicBool::new(false),
             notifier,
         }
     }
@@ -168,6 +172,10 @@ impl EndpointRecord {
             .store(self.ramp_fleet.load(Ordering::Relaxed), Ordering::Relaxed);
         next.degraded_until.store(
             self.degraded_until.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.connection_failed.store(
+            self.connection_failed.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
         next.degraded_hold.store(
@@ -280,7 +288,14 @@ impl EndpointRecord {
             return;
         }
         let last = match observation.outcome {
-            Outcome::Failure(FailureKind::Timeout) => LAST_TIMED_OUT,
+            Outcome::Failure(FailureKind::Timeout) => {
+                self.connection_failed();
+                LAST_TIMED_OUT
+            }
+            Outcome::Failure(FailureKind::Transport) => {
+                self.connection_failed();
+                LAST_FAILED
+            }
             Outcome::Failure(_) => LAST_FAILED,
             Outcome::Success | Outcome::Cancelled => LAST_SUCCEEDED,
         };
@@ -437,6 +452,20 @@ impl EndpointRecord {
         (share < 1.0).then_some(share)
     }
 
+    #[cold]
+    fn connection_failed(&self) {
+        if !self.connection_failed.load(Ordering::Relaxed) {
+            self.connection_failed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a call timed out or failed in transport (refused, reset, a protocol error) since
+    /// the endpoint joined, was re-admitted or this was last asked; asking forgets it.
+    pub fn take_connection_failed(&self) -> bool {
+        self.connection_failed.load(Ordering::Relaxed)
+            && self.connection_failed.swap(false, Ordering::Relaxed)
+    }
+
     /// Reads what the endpoint's server says of its own state: a response saying it is degraded
     /// holds it so for `hold` (zero: the signal is ignored, the default). Cold path.
     pub fn watch_degraded(&self, hold: Duration) {
@@ -541,6 +570,7 @@ impl EndpointRecord {
         self.flagged.store(false, Ordering::Release);
         self.pushback.store(0, Ordering::Relaxed);
         self.avoid.store(0, Ordering::Relaxed);
+        self.connection_failed.store(false, Ordering::Relaxed);
         let flags = self.latency.flags.load(Ordering::Relaxed);
         self.latency.flags.store(
             flags & !(LAST_MASK | PEAK_UNCONFIRMED | REPEATED),

@@ -113,6 +113,14 @@ where
         self
     }
 
+    pub(crate) fn with_rebuild(
+        mut self,
+        rebuild: Box<dyn crate::rebuild::Rebuild<D::Key, D::Service> + Send + Sync>,
+    ) -> Self {
+        self.engine.set_rebuild(rebuild);
+        self
+    }
+
     /// How many endpoints this adaptor tracks (every key the upstream holds).
     pub fn tracked(&self) -> usize {
         self.engine.tracked()

@@ -100,6 +100,8 @@ pub(crate) struct Engine<K, S> {
     nothing_to_pick: bool,
     // What the monitor was last told of it.
     all_out_shown: Option<String>,
+    // Makes an endpoint a fresh service when it returns after its connections failed.
+    rebuild: Option<Box<dyn crate::rebuild::Rebuild<K, S> + Send + Sync>>,
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -162,6 +164,14 @@ fn later(at: Instant, delay: Duration) -> Instant {
 }
 
 impl<K, S> Engine<K, S> {
+    /// Makes endpoints that return after connection failures fresh services with `rebuild`.
+    pub(crate) fn set_rebuild(
+        &mut self,
+        rebuild: Box<dyn crate::rebuild::Rebuild<K, S> + Send + Sync>,
+    ) {
+        self.rebuild = Some(rebuild);
+    }
+
     /// An engine with no endpoint, whose fleet evaluations start one interval after `start`.
     pub(crate) fn new(settings: Arc<Settings>, registry: Arc<Registry>, start: Instant) -> Self {
         let notifier = Arc::new(Notifier::new());
@@ -219,6 +229,7 @@ impl<K, S> Engine<K, S> {
             panicking: false,
             nothing_to_pick: false,
             all_out_shown: None,
+            rebuild: None,
         }
     }
 

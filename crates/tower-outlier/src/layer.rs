@@ -16,6 +16,7 @@ use crate::engine::Settings;
 use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Monitor;
 use crate::probe::PassiveTrial;
+use crate::rebuild::KeepService;
 use crate::reconfigure::{RulesCell, RulesHandle};
 
 /// Client-side outlier detection for a `tower::discover` stream.
@@ -52,7 +53,7 @@ use crate::reconfigure::{RulesCell, RulesHandle};
 /// assert_eq!(monitor.snapshot().endpoints.len(), 3);
 /// # Ok(()) }
 /// ```
-pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
+pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial, R = KeepService> {
     discover_errors: DiscoverErrors,
     rules: Arc<RulesCell>,
     hosts: Option<(HostRegistry, HostOf)>,
@@ -64,6 +65,7 @@ pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial> {
     clock: Clock,
     classifier: C,
     probe: P,
+    rebuild: R,
     monitor: Monitor,
 }
 
@@ -89,11 +91,12 @@ impl OutlierDetectionLayer {
             clock: Clock::auto(),
             classifier: NetworkErrors,
             probe: PassiveTrial,
+            rebuild: KeepService,
         }
     }
 }
 
-impl<C, P> OutlierDetectionLayer<C, P> {
+impl<C, P, R> OutlierDetectionLayer<C, P, R> {
     /// Adds another policy. All policies judge every endpoint; the first that calls it an
     /// outlier ejects it, and all ejections spend from the one budget.
     ///
@@ -217,6 +220,42 @@ impl<C, P> OutlierDetectionLayer<C, P> {
         self
     }
 
+    /// Makes an endpoint a fresh service when it returns after calls of it timed out or failed in
+    /// transport, instead of a clone of the one it had ([`rebuild`](crate::rebuild)): before its
+    /// recovery probe, which then runs on the new service, or its re-admission, once per
+    /// ejection. A clone shares its original's connections, which a restarted server or a black
+    /// hole may have left dead.
+    ///
+    #[cfg_attr(feature = "detectors", doc = "```")]
+    #[cfg_attr(not(feature = "detectors"), doc = "```ignore")]
+    /// use tower_outlier::rebuild::rebuild_fn;
+    /// use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
+    ///
+    /// # #[derive(Clone)] struct Client(String);
+    /// # impl Client { fn connect(to: &str) -> Self { Client(to.to_owned()) } }
+    /// let layer = OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::recommended().build()?))
+    ///     .rebuild_on_return(rebuild_fn(|address: &String| Client::connect(address)));
+    /// # let _ = layer;
+    /// # Ok::<(), tower_outlier::ConfigError>(())
+    /// ```
+    pub fn rebuild_on_return<R2>(self, rebuild: R2) -> OutlierDetectionLayer<C, P, R2> {
+        OutlierDetectionLayer {
+            discover_errors: self.discover_errors,
+            rules: self.rules,
+            hosts: self.hosts,
+            budget: self.budget,
+            all_out: self.all_out,
+            max_pushback: self.max_pushback,
+            slow_start: self.slow_start,
+            degraded_hold: self.degraded_hold,
+            clock: self.clock,
+            classifier: self.classifier,
+            probe: self.probe,
+            rebuild,
+            monitor: self.monitor,
+        }
+    }
+
     /// Sets the clock calls are timed with. The default, [`Clock::auto`], chose when the layer was
     /// built: tokio's clock if it was paused (a test), else the CPU's time-stamp counter, which
     /// halves the per-call cost but ignores tokio's paused clock.
@@ -230,7 +269,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
     /// Each endpoint handle holds a copy, and each call's response future another (as
     /// tower-http makes a classifier per request), so keep it cheap to clone: the crate's
     /// classifiers are zero-sized or `Copy`; share anything larger behind an `Arc`.
-    pub fn classifier<C2>(self, classifier: C2) -> OutlierDetectionLayer<C2, P> {
+    pub fn classifier<C2>(self, classifier: C2) -> OutlierDetectionLayer<C2, P, R> {
         OutlierDetectionLayer {
             discover_errors: self.discover_errors,
             rules: self.rules,
@@ -243,13 +282,14 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             clock: self.clock,
             classifier,
             probe: self.probe,
+            rebuild: self.rebuild,
             monitor: self.monitor,
         }
     }
 
     /// Sets how ejected endpoints are checked for recovery (an active probe instead of the
     /// passive trial).
-    pub fn probe<P2>(self, probe: P2) -> OutlierDetectionLayer<C, P2> {
+    pub fn probe<P2>(self, probe: P2) -> OutlierDetectionLayer<C, P2, R> {
         OutlierDetectionLayer {
             discover_errors: self.discover_errors,
             rules: self.rules,
@@ -262,6 +302,7 @@ impl<C, P> OutlierDetectionLayer<C, P> {
             clock: self.clock,
             classifier: self.classifier,
             probe,
+            rebuild: self.rebuild,
             monitor: self.monitor,
         }
     }
@@ -381,11 +422,12 @@ pub(crate) const DEFAULT_BUDGET: EjectionBudget =
         None => unreachable!(),
     };
 
-impl<D, C, P> Layer<D> for OutlierDetectionLayer<C, P>
+impl<D, C, P, R> Layer<D> for OutlierDetectionLayer<C, P, R>
 where
     D: tower::discover::Discover,
     C: Clone,
     P: Clone,
+    R: crate::rebuild::Rebuild<D::Key, D::Service> + Clone + Send + Sync + 'static,
 {
     type Service = OutlierDetectionDiscover<D, C, P>;
 
@@ -398,6 +440,7 @@ where
             self.monitor.registry().clone(),
         )
         .with_discover_errors(self.discover_errors)
+        .with_rebuild(Box::new(self.rebuild.clone()))
     }
 }
 
@@ -420,7 +463,7 @@ pub enum DiscoverErrors {
     KeepServing,
 }
 
-impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
+impl<C: Clone, P: Clone, R: Clone> Clone for OutlierDetectionLayer<C, P, R> {
     fn clone(&self) -> Self {
         OutlierDetectionLayer {
             discover_errors: self.discover_errors,
@@ -434,12 +477,13 @@ impl<C: Clone, P: Clone> Clone for OutlierDetectionLayer<C, P> {
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),
             probe: self.probe.clone(),
+            rebuild: self.rebuild.clone(),
             monitor: self.monitor.clone(),
         }
     }
 }
 
-impl<C: fmt::Debug, P: fmt::Debug> fmt::Debug for OutlierDetectionLayer<C, P> {
+impl<C: fmt::Debug, P: fmt::Debug, R: fmt::Debug> fmt::Debug for OutlierDetectionLayer<C, P, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutlierDetectionLayer")
             .field("policies", &self.rules.current().policies)
@@ -451,6 +495,7 @@ impl<C: fmt::Debug, P: fmt::Debug> fmt::Debug for OutlierDetectionLayer<C, P> {
             .field("clock", &self.clock)
             .field("classifier", &self.classifier)
             .field("probe", &self.probe)
+            .field("rebuild", &self.rebuild)
             .finish()
     }
 }

@@ -100,6 +100,7 @@ pub mod monitor;
 pub mod policy;
 pub mod probe;
 pub mod pushback;
+pub mod rebuild;
 mod reconfigure;
 mod response;
 pub mod rules;

@@ -188,6 +188,12 @@
 //!
 //! # 8. Upstream changes
 //!
+//! * An endpoint comes back from an ejection as a clone of its service, unless
+//!   [`OutlierDetectionLayer::rebuild_on_return`](crate::OutlierDetectionLayer::rebuild_on_return)
+//!   is set and a call of it timed out or failed in transport since it joined or last returned:
+//!   then it is made a new service from the factory, once per ejection, before its recovery probe
+//!   (which runs on it) or its re-admission, whichever comes first. A factory that panics or
+//!   answers `None` keeps the service.
 //! * The upstream is authoritative. An endpoint it removes is forgotten at once (its state, its
 //!   timers, its probe) and never re-inserted by a recovery timer.
 //! * An insert for a known key replaces the service and keeps the key's history: an available

@@ -204,6 +204,14 @@ where
             self.readmit(&key, None, Readmission::PushbackOver, now);
             return;
         }
+        // The probe runs on the service the endpoint will come back with.
+        self.rebuild_if_due(&key);
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return;
+        };
+        let Some(episode) = entry.episode.as_deref_mut() else {
+            return;
+        };
         match probe(&key, &entry.service) {
             Some(probe) => {
                 // A probe that hangs longer than one recovery unit is a failed check.
@@ -288,6 +296,9 @@ where
         let shadow = entry.is_shadow();
         // In the set already while the fleet panics.
         let panicked_in = entry.in_set(self.panicking);
+        if !shadow && !panicked_in {
+            self.rebuild_if_due(key);
+        }
         let Some(entry) = self.entries.get_mut(key) else {
             return;
         };
@@ -335,6 +346,40 @@ where
         self.publish(key, trial_until, None);
         self.report_states(key);
         self.retry_refused(now);
+    }
+
+    /// Makes `key`'s endpoint a fresh service if a call of it timed out or failed in transport
+    /// since it was last rebuilt, joined or re-admitted, and the layer rebuilds services
+    /// ([`rebuild`](crate::rebuild)). A rebuild that panics, or says `None`, keeps the service.
+    pub(super) fn rebuild_if_due(&mut self, key: &K) {
+        let Some(rebuild) = self.rebuild.as_deref() else {
+            return;
+        };
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        if !entry.record().take_connection_failed() {
+            return;
+        }
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rebuild.rebuild(key, &entry.service)
+        }));
+        match made {
+            Ok(Some(fresh)) => {
+                entry.service = fresh;
+                tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint's service rebuilt after connection failures: it returns with fresh connections");
+            }
+            Ok(None) => {}
+            Err(panic) => {
+                tracing::error!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    panic = tower_outlier_core::panic_message(&*panic),
+                    "rebuilding an endpoint's service panicked: it keeps its service"
+                );
+                tower_outlier_core::drop_panic(panic);
+            }
+        }
     }
 
     /// Re-admits ejected endpoints while more are ejected than the budget allows, or none is
