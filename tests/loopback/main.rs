@@ -5,6 +5,7 @@
 mod support;
 
 mod detectors_loopback;
+mod health_watch;
 mod hyper_servers;
 mod network_faults;
 mod new_user;

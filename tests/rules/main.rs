@@ -15,6 +15,7 @@ mod envoy_conformance;
 mod events;
 mod grpc;
 mod grpc_conformance;
+mod health;
 mod hosts;
 mod invariants;
 mod linkerd_conformance;

@@ -66,6 +66,9 @@ pub struct EndpointRecord {
     // A call timed out or failed in transport since the endpoint joined or was re-admitted: its
     // connections may be dead (cold path: written once per episode).
     connection_failed: AtomicBool,
+    // Its health service says it is not serving (gRPC's `grpc.health.v1` Watch): the layer's
+    // to act on, until it says it is (cold path: written when that changes).
+    not_serving: AtomicBool,
     notifier: Arc<Notifier>,
 }
 
@@ -115,6 +118,7 @@ impl EndpointRecord {
             degraded_until: AtomicU64::new(0),
             degraded_hold: AtomicU64::new(0),
             connection_failed: AtomicBool::new(false),
+            not_serving: AtomicBool::new(false),
             notifier,
         }
     }
@@ -174,6 +178,8 @@ impl EndpointRecord {
             self.degraded_until.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
+        next.not_serving
+            .store(self.not_serving.load(Ordering::Relaxed), Ordering::Relaxed);
         next.connection_failed.store(
             self.connection_failed.load(Ordering::Relaxed),
             Ordering::Relaxed,
@@ -464,6 +470,26 @@ impl EndpointRecord {
     pub fn take_connection_failed(&self) -> bool {
         self.connection_failed.load(Ordering::Relaxed)
             && self.connection_failed.swap(false, Ordering::Relaxed)
+    }
+
+    /// Notes what the endpoint's health service says: not serving, or (`false`) serving. Whether
+    /// that changed. Cold path; the layer acts on it.
+    pub fn set_not_serving(&self, not_serving: bool) -> bool {
+        self.not_serving.swap(not_serving, Ordering::AcqRel) != not_serving
+    }
+
+    /// Whether the endpoint's health service last said it is not serving.
+    #[inline]
+    pub fn is_not_serving(&self) -> bool {
+        self.not_serving.load(Ordering::Relaxed)
+    }
+
+    /// Ends an avoidance the layer set with [`avoid_until`](Self::avoid_until)`(Nanos::MAX)`, the
+    /// one that lasts until the layer ends it (a server not serving, kept in). Cold path.
+    pub fn end_open_avoidance(&self) {
+        let _ = self
+            .avoid
+            .compare_exchange(Nanos::MAX, 0, Ordering::AcqRel, Ordering::Relaxed);
     }
 
     /// Reads what the endpoint's server says of its own state: a response saying it is degraded

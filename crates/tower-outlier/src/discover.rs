@@ -64,6 +64,7 @@ pin_project! {
         timer_at: Option<Instant>,
         probes: FuturesUnordered<ProbeTask<D::Key>>,
         aborts: HashMap<u64, AbortHandle>,
+        watches: Watches<D::Key>,
         discover_errors: DiscoverErrors,
         registry: Arc<Registry>,
         // With `KeepServing`: the upstream is not read again until this fires, after an error
@@ -101,6 +102,7 @@ where
             timer_at: None,
             probes: FuturesUnordered::new(),
             aborts: HashMap::new(),
+            watches: Watches::default(),
             discover_errors: DiscoverErrors::PassThrough,
             registry,
             error_backoff: None,
@@ -168,11 +170,16 @@ where
                 match this.discover.as_mut().poll_discover(cx) {
                     Poll::Ready(Some(Ok(Change::Insert(key, service)))) => {
                         *this.errors_in_a_row = 0;
+                        match start_user_watch(this.probe, &key, &service) {
+                            Some(stream) => this.watches.start(key.clone(), stream),
+                            None => this.watches.stop(&key),
+                        }
                         this.engine.insert(key, service, Instant::now());
                         continue;
                     }
                     Poll::Ready(Some(Ok(Change::Remove(key)))) => {
                         *this.errors_in_a_row = 0;
+                        this.watches.stop(&key);
                         this.engine.remove(&key, Instant::now());
                         continue;
                     }
@@ -203,6 +210,9 @@ where
                     }
                     Poll::Pending => {}
                 }
+            }
+            while let Poll::Ready((key, health)) = this.watches.poll_word(cx) {
+                this.engine.health(&key, health, Instant::now());
             }
             poll_events(
                 this.engine,
@@ -324,6 +334,31 @@ where
     }
 }
 
+/// The probe's health watch of a joining endpoint, if it has one; a `watch` that panics starts
+/// none (logged).
+fn start_user_watch<K, S, P>(
+    probe: &mut P,
+    key: &K,
+    service: &S,
+) -> Option<crate::probe::HealthStream>
+where
+    P: Probe<K, S>,
+{
+    let start = std::panic::AssertUnwindSafe(|| probe.watch(key, service));
+    match std::panic::catch_unwind(start) {
+        Ok(stream) => stream,
+        Err(panic) => {
+            tracing::error!(
+                target: "tower_outlier",
+                panic = tower_outlier_core::panic_message(&*panic),
+                "a health watch panicked as it started: the endpoint is not watched"
+            );
+            tower_outlier_core::drop_panic(panic);
+            None
+        }
+    }
+}
+
 fn start_probe<K: Send + 'static>(
     start: ProbeStart<K>,
     probes: &mut FuturesUnordered<ProbeTask<K>>,
@@ -373,3 +408,6 @@ where
             .finish_non_exhaustive()
     }
 }
+
+mod watches;
+use watches::Watches;

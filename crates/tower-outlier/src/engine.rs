@@ -127,13 +127,15 @@ enum Ejector {
     Operator,
     /// Its server asked to be left alone for a while (`Retry-After`, gRPC's pushback).
     Pushback,
+    /// Its health service says it is not serving.
+    Health,
 }
 
 impl Ejector {
     fn policy(self) -> Option<usize> {
         match self {
             Ejector::Policy(index) => Some(index),
-            Ejector::Host | Ejector::Operator | Ejector::Pushback => None,
+            Ejector::Host | Ejector::Operator | Ejector::Pushback | Ejector::Health => None,
         }
     }
 }
@@ -398,6 +400,7 @@ impl<K, S> Drop for Engine<K, S> {
 mod availability;
 mod controls;
 mod entry;
+mod health;
 mod hosts;
 mod reconfigure;
 mod recovery;

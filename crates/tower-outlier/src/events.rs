@@ -146,6 +146,8 @@ pub enum Readmission {
     DryRun,
     /// The time its server asked to be left alone for is up ([`crate::pushback`]).
     PushbackOver,
+    /// Its health service says it is serving again ([`crate::probe::Probe::watch`]).
+    Serving,
 }
 
 impl fmt::Display for Readmission {
@@ -160,6 +162,7 @@ impl fmt::Display for Readmission {
             Readmission::Operator => "an operator brought it back",
             Readmission::DryRun => "dry run turned on for the policy that ejected it",
             Readmission::PushbackOver => "the time its server asked for is up",
+            Readmission::Serving => "its health service says it is serving",
         })
     }
 }

@@ -192,9 +192,7 @@ fn complete<B, E: 'static>(
             return Err(error);
         }
     };
-    if let Sink::Layer(recorder) = &sink {
-        recorder.read_degraded(response.headers());
-    }
+    sink.read_degraded(response.headers());
     let classifier = *sink.classifier();
     let code = classifier.status_in(response.headers()).or_else(|| {
         (response.status() != http::StatusCode::OK)
@@ -274,6 +272,15 @@ impl Sink {
     fn push_back(&self, wait: Duration) {
         match self {
             Sink::Layer(recorder) => recorder.push_back(wait),
+            #[cfg(feature = "slow-call")]
+            Sink::Breaker(_) => {}
+        }
+    }
+
+    /// Whether the server says it is degraded, for the layer (a standalone breaker has no load).
+    fn read_degraded(&self, headers: &http::HeaderMap) {
+        match self {
+            Sink::Layer(recorder) => recorder.read_degraded(headers),
             #[cfg(feature = "slow-call")]
             Sink::Breaker(_) => {}
         }

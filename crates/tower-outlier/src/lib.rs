@@ -70,6 +70,9 @@
 //! * `hyper-client`: `hyper_client::PinnedClient`, a hyper-util client pinned to one address, the
 //!   discover item of an HTTP fleet.
 //! * `tonic`: `From` conversions between `grpc::Code` and `tonic::Code`.
+//! * `grpc-health`: `grpc_health::GrpcHealth`, gRPC health checking (`grpc.health.v1`) as the
+//!   probe: a `Watch` stream per endpoint takes it out when not serving, brings it back when
+//!   serving.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -88,6 +91,9 @@ pub mod events;
 pub mod fail_fast;
 pub mod future;
 pub mod grpc;
+#[cfg(feature = "grpc-health")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc-health")))]
+pub mod grpc_health;
 pub mod hosts;
 #[cfg(feature = "hyper-client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "hyper-client")))]

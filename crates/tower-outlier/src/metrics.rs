@@ -285,6 +285,7 @@ impl Counters {
             Readmission::Operator,
             Readmission::DryRun,
             Readmission::PushbackOver,
+            Readmission::Serving,
         ] {
             let _ = self
                 .readmissions
@@ -377,6 +378,7 @@ fn cause_label(cause: Readmission) -> &'static str {
         Readmission::Operator => "operator",
         Readmission::DryRun => "dry_run",
         Readmission::PushbackOver => "pushback_over",
+        Readmission::Serving => "serving",
     }
 }
 

@@ -283,6 +283,7 @@ impl Monitor {
                     last_reason: copied.last_reason,
                     weight: record.weight(),
                     ramp_share: record.ramp_share(at),
+                    not_serving: record.is_not_serving(),
                     degraded_by_server: record
                         .degraded_until(at)
                         .map(|until| Duration::from_nanos(until - at)),
@@ -294,6 +295,7 @@ impl Monitor {
                     refused: copied.refused.filter(|_| {
                         copied.forced.is_some()
                             || record.pushed_back_until(at).is_some()
+                            || record.is_not_serving()
                             || record.judge(at).is_some()
                     }),
                     would_be,

@@ -11,6 +11,21 @@ use tower_service::Service;
 /// A probe in flight: resolves to whether the endpoint answered healthily.
 pub type ProbeFuture = Pin<Box<dyn Future<Output = bool> + Send + 'static>>;
 
+/// What an endpoint's health service says of it, as a [`Probe::watch`] stream reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Health {
+    /// Serving: the endpoint takes calls (gRPC's `SERVING`).
+    Serving,
+    /// Not serving (gRPC's `NOT_SERVING`, `SERVICE_UNKNOWN`, `UNKNOWN`): out at once, within the
+    /// budget and never the last; back when it says [`Serving`](Self::Serving).
+    NotServing,
+}
+
+/// A stream of what an endpoint's health service says, from [`Probe::watch`]: each item is its
+/// word as of then. A stream that ends leaves the last word standing.
+pub type HealthStream = Pin<Box<dyn futures::Stream<Item = Health> + Send + 'static>>;
+
 /// How an ejected endpoint is checked for recovery.
 ///
 /// [`PassiveTrial`] (the default) sends nothing: at each check the endpoint is re-admitted and
@@ -21,6 +36,16 @@ pub trait Probe<K, S> {
     /// Starts a probe of the endpoint `key` through `service`, or returns `None` for a passive
     /// trial.
     fn probe(&mut self, key: &K, service: S) -> Option<ProbeFuture>;
+
+    /// Starts watching the health service of the endpoint `key` through `service`, as a gRPC
+    /// client watches `grpc.health.v1.Health/Watch` per subchannel (gRFC A17): called when the
+    /// endpoint joins (and again when the upstream gives its key a new service), the stream
+    /// polled by the layer for as long as the endpoint is in the upstream's set. `None` (the
+    /// default): no watch, the endpoint's health is what its calls say.
+    fn watch(&mut self, key: &K, service: &S) -> Option<HealthStream> {
+        let _ = (key, service);
+        None
+    }
 }
 
 /// Recovery by passive trial: re-admit and judge on real traffic.

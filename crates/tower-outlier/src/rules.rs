@@ -186,6 +186,14 @@
 //!   picks it only against another degraded endpoint, or when no other is ready. It is not
 //!   ejected for it and its outcomes count as usual, so a policy ejects it as any other.
 //!
+//! * **Health watched** (a probe whose [`watch`](crate::probe::Probe::watch) streams what the
+//!   endpoint's health service says, as `grpc_health::GrpcHealth` (feature `grpc-health`) does for
+//!   `grpc.health.v1`): not serving takes the endpoint out at once, within the budget and never
+//!   the last (section 3; kept in, its load is infinite until it serves); serving brings it back
+//!   at once, without a trial. A watch that ends or panics leaves the last word standing. An
+//!   endpoint the rules ejected is checked by the probe as usual, and one that comes back while
+//!   its health service says it is not serving is taken out again.
+//!
 //! # 8. Upstream changes
 //!
 //! * An endpoint comes back from an ejection as a clone of its service, unless

@@ -27,6 +27,20 @@ pub(super) fn pushback_reason(wait: std::time::Duration) -> Reason {
     }
 }
 
+/// The policy name of an ejection by the endpoint's health service.
+pub(super) const HEALTH: &str = "health";
+
+/// Why an endpoint whose health service says it is not serving is out.
+pub(super) fn health_reason() -> Reason {
+    Reason {
+        policy: HEALTH,
+        measure: "health service says not serving",
+        value: 1.0,
+        threshold: 0.0,
+        counts: WindowCounts::default(),
+    }
+}
+
 /// Why an endpoint forced out is out.
 pub(super) fn operator_reason() -> Reason {
     Reason {
@@ -104,7 +118,7 @@ where
             };
             let dry = match entry.ejected_by() {
                 Some(Ejector::Policy(index)) => self.is_dry(index),
-                Some(Ejector::Host | Ejector::Pushback) => self.controls.dry_run,
+                Some(Ejector::Host | Ejector::Pushback | Ejector::Health) => self.controls.dry_run,
                 Some(Ejector::Operator) | None => continue,
             };
             let (id, shadow, out) = (entry.id, entry.is_shadow(), !entry.status().is_available());

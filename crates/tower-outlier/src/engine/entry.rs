@@ -70,6 +70,9 @@ pub(super) enum Stage {
     HeldForHost,
     /// Forced out by an operator: no check, it comes back when released.
     HeldByOperator,
+    /// Out because its health service says it is not serving: no check of its own, it comes
+    /// back when the service says it is.
+    HeldNotServing,
 }
 
 impl From<Stage> for Status {
@@ -80,6 +83,7 @@ impl From<Stage> for Status {
             Stage::Probing => Status::Probing,
             Stage::HeldForHost => Status::HeldForHost,
             Stage::HeldByOperator => Status::HeldByOperator,
+            Stage::HeldNotServing => Status::HeldNotServing,
         }
     }
 }
@@ -208,6 +212,7 @@ impl<S> Entry<S> {
         let stage = match (next_check, ejected_by) {
             (Some(next_check), _) => Stage::Ejected { next_check },
             (None, Ejector::Operator) => Stage::HeldByOperator,
+            (None, Ejector::Health) => Stage::HeldNotServing,
             (None, _) => Stage::HeldForHost,
         };
         let episode = self.episode.get_or_insert_with(|| {
@@ -270,6 +275,7 @@ pub(super) enum Status {
     Probing,
     HeldForHost,
     HeldByOperator,
+    HeldNotServing,
 }
 
 impl Status {
@@ -281,9 +287,11 @@ impl Status {
         match self {
             Status::Trial { until } => Some(until),
             Status::Ejected { next_check } => Some(next_check),
-            Status::Available | Status::Probing | Status::HeldForHost | Status::HeldByOperator => {
-                None
-            }
+            Status::Available
+            | Status::Probing
+            | Status::HeldForHost
+            | Status::HeldByOperator
+            | Status::HeldNotServing => None,
         }
     }
 
@@ -291,9 +299,10 @@ impl Status {
         match self {
             Status::Available => EndpointStatus::Available,
             Status::Trial { .. } => EndpointStatus::Trial,
-            Status::Ejected { .. } | Status::HeldForHost | Status::HeldByOperator => {
-                EndpointStatus::Ejected
-            }
+            Status::Ejected { .. }
+            | Status::HeldForHost
+            | Status::HeldByOperator
+            | Status::HeldNotServing => EndpointStatus::Ejected,
             Status::Probing => EndpointStatus::Probing,
         }
     }

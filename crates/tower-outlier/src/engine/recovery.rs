@@ -42,7 +42,8 @@ where
                 Status::Available
                 | Status::Probing
                 | Status::HeldForHost
-                | Status::HeldByOperator => {}
+                | Status::HeldByOperator
+                | Status::HeldNotServing => {}
             }
         }
         // After the re-admissions that were due, so the endpoints an evaluation condemned
@@ -346,6 +347,14 @@ where
         self.publish(key, trial_until, None);
         self.report_states(key);
         self.retry_refused(now);
+        // Back for another reason while its health service says it is not serving.
+        if self
+            .entries
+            .get(key)
+            .is_some_and(|e| e.record().is_not_serving() && e.status().is_available())
+        {
+            self.consider(key, now);
+        }
     }
 
     /// Makes `key`'s endpoint a fresh service if a call of it timed out or failed in transport
@@ -460,7 +469,7 @@ fn readmission_order(status: Status) -> (u8, Option<Instant>) {
     match status {
         Status::Probing | Status::Available | Status::Trial { .. } => (0, None),
         Status::Ejected { next_check } => (1, Some(next_check)),
-        Status::HeldForHost => (2, None),
+        Status::HeldForHost | Status::HeldNotServing => (2, None),
         Status::HeldByOperator => (3, None),
     }
 }

@@ -28,6 +28,8 @@ pub(super) enum Cause {
     /// Its server asked to be left alone (`Retry-After`, gRPC's pushback) until `until`, on the
     /// record's clock: it comes back, without a trial, when the time asked is up.
     Pushback { until: tower_outlier_core::Nanos },
+    /// Its health service says it is not serving: it comes back when the service says it is.
+    Health,
 }
 
 /// What the engine makes of one endpoint.
@@ -83,6 +85,9 @@ where
             };
         }
         if forced != Some(Override::ForcedIn) && !shadow_out {
+            if let Some(verdict) = self.health_verdict(entry) {
+                return verdict;
+            }
             if let Some(verdict) = self.pushback_verdict(entry) {
                 return verdict;
             }
@@ -106,6 +111,29 @@ where
                 refusal,
             },
         }
+    }
+
+    /// The verdict on an endpoint whose health service says it is not serving, if it does: out
+    /// within the budget and never the last; kept in, its load is avoided until it serves.
+    fn health_verdict(&self, entry: &super::Entry<S>) -> Option<Verdict> {
+        let record = entry.record();
+        if !record.is_not_serving() {
+            return None;
+        }
+        let (cause, reason) = (Cause::Health, super::controls::health_reason());
+        Some(match self.room_for(self.controls.dry_run) {
+            Ok(()) => Verdict::Eject { cause, reason },
+            Err(refusal) => {
+                if !self.controls.dry_run {
+                    record.avoid_until(tower_outlier_core::Nanos::MAX);
+                }
+                Verdict::Refuse {
+                    cause,
+                    reason,
+                    refusal,
+                }
+            }
+        })
     }
 
     /// The verdict on an endpoint whose server asked to be left alone, if it did and the time
@@ -206,7 +234,7 @@ where
     pub(super) fn cause_is_dry(&self, cause: Cause) -> bool {
         match cause {
             Cause::Policy { index } => self.is_dry(index),
-            Cause::Host | Cause::Pushback { .. } => self.controls.dry_run,
+            Cause::Host | Cause::Pushback { .. } | Cause::Health => self.controls.dry_run,
             Cause::Operator => false,
         }
     }
@@ -244,7 +272,11 @@ where
                 }
             }
             Verdict::Refuse {
-                cause: cause @ (Cause::Policy { .. } | Cause::Operator | Cause::Pushback { .. }),
+                cause:
+                    cause @ (Cause::Policy { .. }
+                    | Cause::Operator
+                    | Cause::Pushback { .. }
+                    | Cause::Health),
                 reason,
                 refusal,
             } => {
@@ -291,7 +323,8 @@ where
         // A policy's verdict: the policies learn it was kept in (not for an operator's or a
         // server's request, which no policy made).
         let policies_judged = reason.policy != super::controls::OPERATOR
-            && reason.policy != super::controls::PUSHBACK;
+            && reason.policy != super::controls::PUSHBACK
+            && reason.policy != super::controls::HEALTH;
         for timing in record
             .policies()
             .iter()
@@ -407,6 +440,8 @@ where
             Cause::Host => (Ejector::Host, None, None),
             // No check either: it comes back when released.
             Cause::Operator => (Ejector::Operator, None, None),
+            // No check either: it comes back when its health service says it serves.
+            Cause::Health => (Ejector::Health, None, None),
             // Back when the time the server asked for is up.
             Cause::Pushback { until } => {
                 let recorded_now = entry.record().clock().now();
@@ -463,6 +498,14 @@ where
             }
             Cause::Operator => {
                 tracing::warn!(target: "tower_outlier", endpoint = ?key, "endpoint forced out by an operator");
+            }
+            Cause::Health => {
+                tracing::info!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    dry_run = shadow,
+                    "endpoint out: its health service says it is not serving"
+                );
             }
             Cause::Pushback { .. } => {
                 tracing::info!(

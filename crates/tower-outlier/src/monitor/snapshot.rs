@@ -89,6 +89,9 @@ pub struct EndpointSnapshot {
     /// ([`OutlierDetectionLayer::detect_degraded`](crate::OutlierDetectionLayer::detect_degraded)):
     /// how long that holds without another response saying so.
     pub degraded_by_server: Option<Duration>,
+    /// Whether its health service last said it is not serving
+    /// ([`Probe::watch`](crate::probe::Probe::watch), gRPC's `grpc.health.v1` Watch).
+    pub not_serving: bool,
     /// Set while the endpoint is in the balancer's set, its last call failed at least a second ago
     /// and no call has completed since: the balancer is **avoiding** it, since its latency
     /// estimate carries the failures, and its policies have not judged it (a policy that judges

@@ -32,6 +32,7 @@ fn snapshots_serialize_with_typed_keys_as_text() {
             degraded: false,
             ramp_share: None,
             degraded_by_server: None,
+            not_serving: false,
             would_be: None,
             forced: Some(crate::controls::Override::ForcedOut),
         }],

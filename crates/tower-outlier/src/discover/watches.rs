@@ -1,0 +1,102 @@
+//! The health watches the adaptor runs, one per endpoint whose probe watches
+//! ([`Probe::watch`](crate::probe::Probe::watch)): polled in the adaptor's task, as its probes are,
+//! stopped when the upstream removes the endpoint or gives its key a new service.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures::future::{AbortHandle, Abortable, FutureExt};
+use futures::stream::{FuturesUnordered, StreamExt};
+
+use crate::probe::{Health, HealthStream};
+
+type Next<K> = Pin<Box<dyn Future<Output = Option<(K, u64, Option<Health>, HealthStream)>> + Send>>;
+
+pub(super) struct Watches<K> {
+    running: FuturesUnordered<Abortable<Next<K>>>,
+    // The watch in force for each key: its generation, and how to stop its next read.
+    current: HashMap<K, (u64, AbortHandle)>,
+    generations: u64,
+}
+
+impl<K> Default for Watches<K> {
+    fn default() -> Self {
+        Watches {
+            running: FuturesUnordered::new(),
+            current: HashMap::new(),
+            generations: 0,
+        }
+    }
+}
+
+impl<K> Watches<K>
+where
+    K: Hash + Eq + Clone + std::fmt::Debug + Send + 'static,
+{
+    /// Watches `key` with `stream`, in place of any watch it had.
+    pub(super) fn start(&mut self, key: K, stream: HealthStream) {
+        self.stop(&key);
+        self.generations += 1;
+        self.read(key, self.generations, stream);
+    }
+
+    /// Stops `key`'s watch, if it has one.
+    pub(super) fn stop(&mut self, key: &K) {
+        if let Some((_, abort)) = self.current.remove(key) {
+            abort.abort();
+        }
+    }
+
+    /// Reads the next word of `stream`, the watch of `key` in its `generation`.
+    fn read(&mut self, key: K, generation: u64, mut stream: HealthStream) {
+        let (abort, registration) = AbortHandle::new_pair();
+        self.current.insert(key.clone(), (generation, abort));
+        let next: Next<K> = Box::pin(async move {
+            // The stream is user code: one that panics ends its watch, logged.
+            let next = std::panic::AssertUnwindSafe(stream.next())
+                .catch_unwind()
+                .await;
+            match next {
+                Ok(word) => Some((key, generation, word, stream)),
+                Err(panic) => {
+                    tracing::error!(
+                        target: "tower_outlier",
+                        endpoint = ?key,
+                        panic = tower_outlier_core::panic_message(&*panic),
+                        "a health watch panicked: the endpoint keeps the health it last had"
+                    );
+                    tower_outlier_core::drop_panic(panic);
+                    None
+                }
+            }
+        });
+        self.running.push(Abortable::new(next, registration));
+    }
+
+    /// The next word of a watch in force, if one came: `Pending` otherwise, with this task's
+    /// waker registered by every watch.
+    pub(super) fn poll_word(&mut self, cx: &mut Context<'_>) -> Poll<(K, Health)> {
+        while let Poll::Ready(Some(done)) = self.running.poll_next_unpin(cx) {
+            let Ok(Some((key, generation, word, stream))) = done else {
+                continue;
+            };
+            if self.current.get(&key).map(|(g, _)| *g) != Some(generation) {
+                continue;
+            }
+            match word {
+                Some(health) => {
+                    self.read(key.clone(), generation, stream);
+                    return Poll::Ready((key, health));
+                }
+                // Ended: the last word stands.
+                None => {
+                    self.current.remove(&key);
+                }
+            }
+        }
+        Poll::Pending
+    }
+}
