@@ -9,6 +9,7 @@ mod health_watch;
 mod hyper_servers;
 mod network_faults;
 mod new_user;
+mod orca_weights;
 mod pinned_client;
 mod rebuild;
 mod tonic_servers;

@@ -58,6 +58,9 @@ pub struct EndpointRecord {
     ramp_since: AtomicU64,
     ramp_fleet: AtomicU64,
     ramp: OnceLock<SlowStart>,
+    // The share of the balancer's draws a fleet policy weighting endpoints by their servers'
+    // load reports gives the endpoint (f64 bits; 1.0: all of them). Written once per evaluation.
+    draw_share: AtomicU64,
     // Until when its server said it is degraded (`x-envoy-degraded`), on the record's clock; 0:
     // it is not. And how long one such response holds it so (0: the layer does not read the
     // signal). Cold path: written only while the server says so, and when that changes.
@@ -115,6 +118,7 @@ impl EndpointRecord {
             ramp_since: AtomicU64::new(Nanos::MAX),
             ramp_fleet: AtomicU64::new(1),
             ramp: OnceLock::new(),
+            draw_share: AtomicU64::new(1.0f64.to_bits()),
             degraded_until: AtomicU64::new(0),
             degraded_hold: AtomicU64::new(0),
             connection_failed: AtomicBool::new(false),
@@ -170,6 +174,8 @@ impl EndpointRecord {
         if let Some(ramp) = self.ramp.get() {
             let _ = next.ramp.set(*ramp);
         }
+        next.draw_share
+            .store(self.draw_share.load(Ordering::Relaxed), Ordering::Relaxed);
         next.ramp_since
             .store(self.ramp_since.load(Ordering::Relaxed), Ordering::Relaxed);
         next.ramp_fleet
@@ -445,6 +451,27 @@ impl EndpointRecord {
         }
         let n = self.ramp_fleet.load(Ordering::Relaxed) as f64;
         (share * n / (n - 1.0 + share)).min(1.0)
+    }
+
+    /// Sets the share of the balancer's draws the endpoint takes part in, in `[0, 1]` (a fleet
+    /// policy that weights endpoints, such as gRPC's weighted round robin from load reports): in
+    /// a p2c balancer of `n` endpoints taking part in `p_i` of their draws with even costs,
+    /// endpoint `i` gets `1/n + (n·p_i − Σp)/(n(n−1))` of the calls. Not a number: 1. Cold path.
+    pub fn set_draw_share(&self, share: f64) {
+        let share = if share.is_nan() {
+            1.0
+        } else {
+            share.clamp(0.0, 1.0)
+        };
+        if self.draw_share.load(Ordering::Relaxed) != share.to_bits() {
+            self.draw_share.store(share.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    /// The share of the balancer's draws set by [`set_draw_share`](Self::set_draw_share).
+    #[inline]
+    pub fn draw_share(&self) -> f64 {
+        f64::from_bits(self.draw_share.load(Ordering::Relaxed))
     }
 
     /// The ramp's share of a full endpoint's traffic at `now` (`None` while not ramping), for

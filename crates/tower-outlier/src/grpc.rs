@@ -200,6 +200,8 @@ fn complete<B, E: 'static>(
     });
     let recorder = match code {
         Some(code) => {
+            // A trailers-only response carries its load report in its headers.
+            sink.read_load_report(response.headers());
             let outcome = classifier.outcome(code);
             if outcome.is_failure() {
                 // A trailers-only status with gRPC's pushback, or a proxy's 429 / 503 with
@@ -272,6 +274,15 @@ impl Sink {
     fn push_back(&self, wait: Duration) {
         match self {
             Sink::Layer(recorder) => recorder.push_back(wait),
+            #[cfg(feature = "slow-call")]
+            Sink::Breaker(_) => {}
+        }
+    }
+
+    /// The call's load report (ORCA), for the layer's weights from load reports, if it has them.
+    fn read_load_report(&self, headers: &http::HeaderMap) {
+        match self {
+            Sink::Layer(recorder) => recorder.read_load_report(headers),
             #[cfg(feature = "slow-call")]
             Sink::Breaker(_) => {}
         }
@@ -369,6 +380,9 @@ impl<B: Body> Body for GrpcBody<B> {
             }
             Some(Ok(frame)) => frame.trailers_ref().map(|trailers| {
                 let recorder = recorder_slot.as_ref();
+                if let Some(sink) = recorder {
+                    sink.read_load_report(trailers);
+                }
                 match recorder.map(|r| (*r.classifier(), r.classifier().status_in(trailers))) {
                     Some((classifier, Some(code))) => {
                         let outcome = classifier.outcome(code);

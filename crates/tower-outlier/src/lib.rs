@@ -70,6 +70,8 @@
 //! * `hyper-client`: `hyper_client::PinnedClient`, a hyper-util client pinned to one address, the
 //!   discover item of an HTTP fleet.
 //! * `tonic`: `From` conversions between `grpc::Code` and `tonic::Code`.
+//! * `orca`: `orca::OrcaPolicy`, endpoint weights from servers' ORCA load reports (gRPC's
+//!   weighted round robin, gRFC A58), read by the gRPC classifier from each call's trailers.
 //! * `grpc-health`: `grpc_health::GrpcHealth`, gRPC health checking (`grpc.health.v1`) as the
 //!   probe: a `Watch` stream per endpoint takes it out when not serving, brings it back when
 //!   serving.
@@ -138,6 +140,14 @@ pub use layer::{DiscoverErrors, OutlierDetectionLayer};
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, Snapshot};
 pub use reconfigure::RulesHandle;
 pub use tower_outlier_core::{Clock, ConfigError, SlowStart, SlowStartBuilder, WhenAllOut};
+
+/// Endpoint weights from servers' ORCA load reports (gRPC's weighted round robin, gRFC A58):
+/// everything of the `tower-outlier-orca` crate. Add [`OrcaPolicy`](orca::OrcaPolicy) with
+/// [`OutlierDetectionLayer::with_policy`] and classify with [`GrpcErrors`](grpc::GrpcErrors),
+/// which reads each call's report from its trailers.
+#[cfg(feature = "orca")]
+#[cfg_attr(docsrs, doc(cfg(feature = "orca")))]
+pub use tower_outlier_orca as orca;
 
 /// Error-rate ejection (EDAS and HSF semantics): everything of the `tower-outlier-error-rate`
 /// crate; the policy, its configuration and the HSF reader are also at this crate's root.

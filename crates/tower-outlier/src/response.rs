@@ -210,6 +210,30 @@ impl<C> Recorder<C> {
         }
     }
 
+    /// Hands the load report in `headers` (ORCA's `endpoint-load-metrics-bin`) to the layer's
+    /// `orca::OrcaPolicy`, if it has one (feature `orca`): otherwise nothing.
+    #[inline]
+    pub(crate) fn read_load_report(&self, headers: &http::HeaderMap) {
+        #[cfg(feature = "orca")]
+        {
+            let record = &self.lane.owner().record;
+            let Some(state) = record.policies().iter().find_map(|policy| {
+                let any: &dyn std::any::Any = &**policy;
+                any.downcast_ref::<tower_outlier_orca::OrcaEndpoint>()
+            }) else {
+                return;
+            };
+            let Some(value) = headers.get(tower_outlier_orca::LOAD_REPORT_HEADER) else {
+                return;
+            };
+            if let Some(report) = tower_outlier_orca::LoadReport::from_header(value.as_bytes()) {
+                state.report(&report, record.clock().now());
+            }
+        }
+        #[cfg(not(feature = "orca"))]
+        let _ = headers;
+    }
+
     /// Reads `x-envoy-degraded` in `headers` when the layer watches for it: one load otherwise.
     #[inline]
     pub(crate) fn read_degraded(&self, headers: &http::HeaderMap) {

@@ -87,10 +87,10 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         {
             return EndpointCost(0.0);
         }
-        // Slow start: while it ramps up, the endpoint takes part in only its share of the draws
-        // and loses the others, whatever its cost (the evidence and exploration above come
-        // first: they ask for a few calls a policy needs).
-        let draws_share = record.ramp_draws(now);
+        // Slow start, and weights from load reports: the endpoint takes part in only its share
+        // of the draws and loses the others, whatever its cost (the evidence and exploration
+        // above come first: they ask for a few calls a policy needs).
+        let draws_share = record.ramp_draws(now) * record.draw_share();
         if draws_share < 1.0 && !draws.takes_part(draws_share) {
             return EndpointCost(f64::INFINITY);
         }
