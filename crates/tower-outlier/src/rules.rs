@@ -178,6 +178,14 @@
 //!   endpoints when the ramp began, itself included), evenly spread, and its load is infinite in
 //!   the others; with even costs that gives it `s` of a full share. The evidence and exploration
 //!   rules above come first.
+//! * **Weights from load reports** (an `orca::OrcaPolicy` among the layer's policies, feature
+//!   `orca`). Every update period each endpoint in the balancer's set with a weight in force
+//!   (gRFC A58's, from the load reports in its calls' trailers, reported for the blackout period
+//!   and not expired; the mean of those for the others) takes part in
+//!   `1 − (n − 1)(max t − t_i)` of its draws, `t` being the weights' shares, and its load is
+//!   infinite in the others: with even costs p2c then gives each endpoint its weight's share. With
+//!   fewer than two weights in force nobody sits a draw out. With slow start, the two shares
+//!   multiply.
 //! * **Degraded by its server** (off unless
 //!   [`OutlierDetectionLayer::detect_degraded`](crate::OutlierDetectionLayer::detect_degraded)
 //!   sets a hold). A response with `x-envoy-degraded` (or a classifier's
