@@ -22,6 +22,7 @@ mod linkerd_conformance;
 mod operator;
 mod operator_edges;
 mod operator_histories;
+mod orca;
 mod pushback;
 mod rebuild;
 mod reconfigure;
