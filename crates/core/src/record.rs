@@ -52,6 +52,16 @@ pub struct EndpointRecord {
     // Until when the layer, having kept the endpoint in (the budget), has its load avoided for
     // the server's request, capped; 0: it does not.
     avoid: AtomicU64,
+    // What the layer's options keep per endpoint beside the calls (slow start, weights from load
+    // reports, what the server says of itself, connection failures): apart, so that the fields
+    // every call touches stay together.
+    extras: Box<Extras>,
+    notifier: Arc<Notifier>,
+}
+
+/// The per-endpoint state of the layer's options (cold: read by the balancer's load, written
+/// when an option acts).
+struct Extras {
     // Slow start: when the endpoint's ramp began, on the record's clock (`Nanos::MAX`: it is not
     // ramping), the size of the set it joined then, and the layer's ramp (cold path: written when
     // a ramp starts and once when it ends).
@@ -72,7 +82,6 @@ pub struct EndpointRecord {
     // Its health service says it is not serving (gRPC's `grpc.health.v1` Watch): the layer's
     // to act on, until it says it is (cold path: written when that changes).
     not_serving: AtomicBool,
-    notifier: Arc<Notifier>,
 }
 
 impl EndpointRecord {
@@ -115,14 +124,16 @@ impl EndpointRecord {
             unready: AtomicBool::new(false),
             pushback: AtomicU64::new(0),
             avoid: AtomicU64::new(0),
-            ramp_since: AtomicU64::new(Nanos::MAX),
-            ramp_fleet: AtomicU64::new(1),
-            ramp: OnceLock::new(),
-            draw_share: AtomicU64::new(1.0f64.to_bits()),
-            degraded_until: AtomicU64::new(0),
-            degraded_hold: AtomicU64::new(0),
-            connection_failed: AtomicBool::new(false),
-            not_serving: AtomicBool::new(false),
+            extras: Box::new(Extras {
+                ramp_since: AtomicU64::new(Nanos::MAX),
+                ramp_fleet: AtomicU64::new(1),
+                ramp: OnceLock::new(),
+                draw_share: AtomicU64::new(1.0f64.to_bits()),
+                degraded_until: AtomicU64::new(0),
+                degraded_hold: AtomicU64::new(0),
+                connection_failed: AtomicBool::new(false),
+                not_serving: AtomicBool::new(false),
+            }),
             notifier,
         }
     }
@@ -171,27 +182,35 @@ impl EndpointRecord {
             .store(self.pushback.load(Ordering::Relaxed), Ordering::Relaxed);
         next.avoid
             .store(self.avoid.load(Ordering::Relaxed), Ordering::Relaxed);
-        if let Some(ramp) = self.ramp.get() {
-            let _ = next.ramp.set(*ramp);
+        if let Some(ramp) = self.extras.ramp.get() {
+            let _ = next.extras.ramp.set(*ramp);
         }
-        next.draw_share
-            .store(self.draw_share.load(Ordering::Relaxed), Ordering::Relaxed);
-        next.ramp_since
-            .store(self.ramp_since.load(Ordering::Relaxed), Ordering::Relaxed);
-        next.ramp_fleet
-            .store(self.ramp_fleet.load(Ordering::Relaxed), Ordering::Relaxed);
-        next.degraded_until.store(
-            self.degraded_until.load(Ordering::Relaxed),
+        next.extras.draw_share.store(
+            self.extras.draw_share.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
-        next.not_serving
-            .store(self.not_serving.load(Ordering::Relaxed), Ordering::Relaxed);
-        next.connection_failed.store(
-            self.connection_failed.load(Ordering::Relaxed),
+        next.extras.ramp_since.store(
+            self.extras.ramp_since.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
-        next.degraded_hold.store(
-            self.degraded_hold.load(Ordering::Relaxed),
+        next.extras.ramp_fleet.store(
+            self.extras.ramp_fleet.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.extras.degraded_until.store(
+            self.extras.degraded_until.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.extras.not_serving.store(
+            self.extras.not_serving.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.extras.connection_failed.store(
+            self.extras.connection_failed.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        next.extras.degraded_hold.store(
+            self.extras.degraded_hold.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
         next
@@ -301,11 +320,11 @@ impl EndpointRecord {
         }
         let last = match observation.outcome {
             Outcome::Failure(FailureKind::Timeout) => {
-                self.connection_failed();
+                self.note_connection_failed();
                 LAST_TIMED_OUT
             }
             Outcome::Failure(FailureKind::Transport) => {
-                self.connection_failed();
+                self.note_connection_failed();
                 LAST_FAILED
             }
             Outcome::Failure(_) => LAST_FAILED,
@@ -413,10 +432,11 @@ impl EndpointRecord {
     /// one included): its share ramps up as `ramp` says. A record ramps by the first `ramp` it
     /// was given. Cold path.
     pub fn start_ramp(&self, ramp: SlowStart, fleet: usize, now: Nanos) {
-        let _ = self.ramp.set(ramp);
-        self.ramp_fleet
+        let _ = self.extras.ramp.set(ramp);
+        self.extras
+            .ramp_fleet
             .store(fleet.max(1) as u64, Ordering::Relaxed);
-        self.ramp_since.store(now, Ordering::Relaxed);
+        self.extras.ramp_since.store(now, Ordering::Relaxed);
     }
 
     /// The fraction of the balancer's draws the endpoint takes part in at `now` while it ramps
@@ -426,7 +446,7 @@ impl EndpointRecord {
     /// formula `p = s·n / (n − 1 + s)`. One atomic load while the endpoint is not ramping.
     #[inline]
     pub fn ramp_draws(&self, now: Nanos) -> f64 {
-        let since = self.ramp_since.load(Ordering::Relaxed);
+        let since = self.extras.ramp_since.load(Ordering::Relaxed);
         if since == Nanos::MAX {
             return 1.0;
         }
@@ -435,13 +455,13 @@ impl EndpointRecord {
 
     #[cold]
     fn ramping_draws(&self, since: Nanos, now: Nanos) -> f64 {
-        let Some(ramp) = self.ramp.get() else {
+        let Some(ramp) = self.extras.ramp.get() else {
             return 1.0;
         };
         let share = ramp.share_at(now.saturating_sub(since));
         if share >= 1.0 {
             // Over: later reads are one load again. A ramp started meanwhile is kept.
-            let _ = self.ramp_since.compare_exchange(
+            let _ = self.extras.ramp_since.compare_exchange(
                 since,
                 Nanos::MAX,
                 Ordering::Relaxed,
@@ -449,7 +469,7 @@ impl EndpointRecord {
             );
             return 1.0;
         }
-        let n = self.ramp_fleet.load(Ordering::Relaxed) as f64;
+        let n = self.extras.ramp_fleet.load(Ordering::Relaxed) as f64;
         (share * n / (n - 1.0 + share)).min(1.0)
     }
 
@@ -463,52 +483,54 @@ impl EndpointRecord {
         } else {
             share.clamp(0.0, 1.0)
         };
-        if self.draw_share.load(Ordering::Relaxed) != share.to_bits() {
-            self.draw_share.store(share.to_bits(), Ordering::Relaxed);
+        if self.extras.draw_share.load(Ordering::Relaxed) != share.to_bits() {
+            self.extras
+                .draw_share
+                .store(share.to_bits(), Ordering::Relaxed);
         }
     }
 
     /// The share of the balancer's draws set by [`set_draw_share`](Self::set_draw_share).
     #[inline]
     pub fn draw_share(&self) -> f64 {
-        f64::from_bits(self.draw_share.load(Ordering::Relaxed))
+        f64::from_bits(self.extras.draw_share.load(Ordering::Relaxed))
     }
 
     /// The ramp's share of a full endpoint's traffic at `now` (`None` while not ramping), for
     /// snapshots.
     pub fn ramp_share(&self, now: Nanos) -> Option<f64> {
-        let since = self.ramp_since.load(Ordering::Relaxed);
+        let since = self.extras.ramp_since.load(Ordering::Relaxed);
         if since == Nanos::MAX {
             return None;
         }
-        let share = self.ramp.get()?.share_at(now.saturating_sub(since));
+        let share = self.extras.ramp.get()?.share_at(now.saturating_sub(since));
         (share < 1.0).then_some(share)
     }
 
     #[cold]
-    fn connection_failed(&self) {
-        if !self.connection_failed.load(Ordering::Relaxed) {
-            self.connection_failed.store(true, Ordering::Relaxed);
+    fn note_connection_failed(&self) {
+        if !self.extras.connection_failed.load(Ordering::Relaxed) {
+            self.extras.connection_failed.store(true, Ordering::Relaxed);
         }
     }
 
     /// Whether a call timed out or failed in transport (refused, reset, a protocol error) since
     /// the endpoint joined, was re-admitted or this was last asked; asking forgets it.
     pub fn take_connection_failed(&self) -> bool {
-        self.connection_failed.load(Ordering::Relaxed)
-            && self.connection_failed.swap(false, Ordering::Relaxed)
+        self.extras.connection_failed.load(Ordering::Relaxed)
+            && self.extras.connection_failed.swap(false, Ordering::Relaxed)
     }
 
     /// Notes what the endpoint's health service says: not serving, or (`false`) serving. Whether
     /// that changed. Cold path; the layer acts on it.
     pub fn set_not_serving(&self, not_serving: bool) -> bool {
-        self.not_serving.swap(not_serving, Ordering::AcqRel) != not_serving
+        self.extras.not_serving.swap(not_serving, Ordering::AcqRel) != not_serving
     }
 
     /// Whether the endpoint's health service last said it is not serving.
     #[inline]
     pub fn is_not_serving(&self) -> bool {
-        self.not_serving.load(Ordering::Relaxed)
+        self.extras.not_serving.load(Ordering::Relaxed)
     }
 
     /// Ends an avoidance the layer set with [`avoid_until`](Self::avoid_until)`(Nanos::MAX)`, the
@@ -522,14 +544,15 @@ impl EndpointRecord {
     /// Reads what the endpoint's server says of its own state: a response saying it is degraded
     /// holds it so for `hold` (zero: the signal is ignored, the default). Cold path.
     pub fn watch_degraded(&self, hold: Duration) {
-        self.degraded_hold
+        self.extras
+            .degraded_hold
             .store(duration_to_nanos(hold), Ordering::Relaxed);
     }
 
     /// Whether the layer reads the server's degraded signal (one load).
     #[inline]
     pub fn watches_degraded(&self) -> bool {
-        self.degraded_hold.load(Ordering::Relaxed) != 0
+        self.extras.degraded_hold.load(Ordering::Relaxed) != 0
     }
 
     /// A response at `now` said the endpoint is degraded, or (`false`) did not: degraded until
@@ -537,17 +560,18 @@ impl EndpointRecord {
     /// unless [`watch_degraded`](Self::watch_degraded) set a hold. Whether the endpoint's state
     /// changed. Writes only while the server says so, and when that ends.
     pub fn set_degraded(&self, degraded: bool, now: Nanos) -> bool {
-        let hold = self.degraded_hold.load(Ordering::Relaxed);
+        let hold = self.extras.degraded_hold.load(Ordering::Relaxed);
         if hold == 0 {
             return false;
         }
-        let until = self.degraded_until.load(Ordering::Relaxed);
+        let until = self.extras.degraded_until.load(Ordering::Relaxed);
         let was = until > now;
         if degraded {
-            self.degraded_until
+            self.extras
+                .degraded_until
                 .store(now.saturating_add(hold).max(1), Ordering::Relaxed);
         } else if until != 0 {
-            self.degraded_until.store(0, Ordering::Relaxed);
+            self.extras.degraded_until.store(0, Ordering::Relaxed);
         }
         was != degraded
     }
@@ -556,7 +580,7 @@ impl EndpointRecord {
     /// `now`.
     #[inline]
     pub fn degraded_until(&self, now: Nanos) -> Option<Nanos> {
-        let until = self.degraded_until.load(Ordering::Relaxed);
+        let until = self.extras.degraded_until.load(Ordering::Relaxed);
         (until > now).then_some(until)
     }
 
@@ -623,7 +647,9 @@ impl EndpointRecord {
         self.flagged.store(false, Ordering::Release);
         self.pushback.store(0, Ordering::Relaxed);
         self.avoid.store(0, Ordering::Relaxed);
-        self.connection_failed.store(false, Ordering::Relaxed);
+        self.extras
+            .connection_failed
+            .store(false, Ordering::Relaxed);
         let flags = self.latency.flags.load(Ordering::Relaxed);
         self.latency.flags.store(
             flags & !(LAST_MASK | PEAK_UNCONFIRMED | REPEATED),
