@@ -162,6 +162,7 @@ fn scenario(name: &'static str, bad: &[usize], fault: Fault) -> Scenario {
         latency: Duration::from_millis(10),
         one_slow_call: None,
         warm_up: 0.0,
+        tail: 0.0,
     }
 }
 
@@ -176,6 +177,29 @@ fn scenarios() -> Vec<Scenario> {
         scenario("gray failure 10 %", &[0], Fault::Gray(0.1)),
         scenario("gray failure 30 %", &[0], Fault::Gray(0.3)),
         scenario("slow (10× latency)", &[0], Fault::Slow(10.0)),
+        // Latency outliers with no errors, and what must not be judged one.
+        scenario("slow (3× latency)", &[0], Fault::Slow(3.0)),
+        scenario(
+            "GC pauses (200 ms every 5 s)",
+            &[0],
+            Fault::Pauses {
+                every: 5.0,
+                pause: 0.2,
+            },
+        ),
+        scenario(
+            "whole fleet 3× slower together",
+            &[0, 1, 2, 3, 4],
+            Fault::Slow(3.0),
+        ),
+        Scenario {
+            tail: 0.05,
+            ..scenario(
+                "latency tail (5 % of calls 10× slower everywhere)",
+                &[],
+                Fault::Down,
+            )
+        },
         Scenario {
             schedule: Schedule::Flapping {
                 start: FAULT_AT,
@@ -542,6 +566,7 @@ fn fairness(out: &mut String) {
         latency: Duration::from_millis(1),
         one_slow_call: Some(3),
         warm_up: 0.0,
+        tail: 0.0,
     };
     let _ = writeln!(
         out,

@@ -26,6 +26,7 @@ pub fn incident_scenario() -> Scenario {
         latency: Duration::from_millis(10),
         one_slow_call: None,
         warm_up: 0.0,
+        tail: 0.0,
     }
 }
 

@@ -60,6 +60,9 @@ pub enum Fault {
     Gray(f64),
     /// Calls answer correctly, this many times slower.
     Slow(f64),
+    /// The process stops for `pause` seconds every `every` seconds (a stop-the-world GC): a call
+    /// begun during a pause answers once it is over, after its usual latency.
+    Pauses { every: f64, pause: f64 },
 }
 
 /// When a fault is active.
@@ -109,6 +112,9 @@ pub struct Scenario {
     /// JIT, cold caches, a pool filling): a call fails with a probability falling linearly from 1
     /// to 0.
     pub warm_up: f64,
+    /// On every endpoint, faulty or not: the probability that a call takes ten times its usual
+    /// latency (a latency tail with no slow replica).
+    pub tail: f64,
 }
 
 impl Scenario {
@@ -286,11 +292,14 @@ impl Service<Request> for Backend {
             log.nth_call[self.id] += 1;
             log.nth_call[self.id]
         };
-        let (base, noise_fails, gray_fails) = {
+        let (base, noise_fails, gray_fails, tail) = {
             let mut rng = world.rng.lock().unwrap();
-            (rng.unit(), rng.unit(), rng.unit())
+            (rng.unit(), rng.unit(), rng.unit(), rng.unit())
         };
         let mut latency = scenario.latency.mul_f64(0.5 + base);
+        if tail < scenario.tail {
+            latency = latency.mul_f64(10.0);
+        }
         let mut fail = noise_fails < scenario.noise;
         if self.id == 0 && scenario.one_slow_call == Some(nth) {
             latency = Duration::from_secs(1);
@@ -311,6 +320,12 @@ impl Service<Request> for Backend {
                 Fault::BlackHole => return Box::pin(std::future::pending()),
                 Fault::Gray(rate) => fail |= gray_fails < rate,
                 Fault::Slow(factor) => latency = latency.mul_f64(factor),
+                Fault::Pauses { every, pause } => {
+                    let into = (t - scenario.schedule.start()) % every;
+                    if into < pause {
+                        latency += Duration::from_secs_f64(pause - into);
+                    }
+                }
             }
         }
         Box::pin(async move {
