@@ -74,6 +74,8 @@ fn main() {
                     state: &*record.policies()[0],
                     record,
                     available: true,
+                    in_flight: 0,
+                    waited: 0,
                 })
                 .collect();
             held.evaluate_fleet(black_box(&fleet), 0);

@@ -23,6 +23,7 @@ use tower::load::{CompleteOnResponse, PeakEwmaDiscover};
 use tower::timeout::Timeout;
 use tower_layer::Layer;
 use tower_outlier::detectors::DetectorBuilder;
+use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
 use tower_outlier::probe::{request_probe, Probe};
 use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
@@ -66,9 +67,11 @@ enum Config {
     RecommendedPassive,
     /// `DetectorConfig::recommended()` with an active probe and a 10 s slow start.
     RecommendedSlowStart,
+    /// `DetectorConfig::recommended()` with an active probe and D2's relative latency rule.
+    RecommendedLatency,
 }
 
-const CONFIGS: [Config; 14] = [
+const CONFIGS: [Config; 15] = [
     Config::Baseline,
     Config::Edas,
     Config::EdasProbe,
@@ -83,6 +86,7 @@ const CONFIGS: [Config; 14] = [
     Config::Recommended,
     Config::RecommendedPassive,
     Config::RecommendedSlowStart,
+    Config::RecommendedLatency,
 ];
 
 impl Config {
@@ -102,6 +106,7 @@ impl Config {
             Config::Recommended => "recommended + active probe",
             Config::RecommendedPassive => "recommended, passive",
             Config::RecommendedSlowStart => "recommended + active probe + slow start 10 s",
+            Config::RecommendedLatency => "recommended + active probe + D2 latency",
         }
     }
 
@@ -142,6 +147,8 @@ impl Config {
             }
             Config::RecommendedSlowStart => detectors(DetectorConfig::recommended())
                 .slow_start(SlowStart::new(Duration::from_secs(10)).build().unwrap()),
+            Config::RecommendedLatency => detectors(DetectorConfig::recommended())
+                .with_policy(LatencyPolicy::new(LatencyConfig::d2().build().unwrap())),
         })
     }
 }
@@ -319,7 +326,10 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
             Some(layer)
                 if matches!(
                     config,
-                    Config::EdasProbe | Config::Recommended | Config::RecommendedSlowStart
+                    Config::EdasProbe
+                        | Config::Recommended
+                        | Config::RecommendedSlowStart
+                        | Config::RecommendedLatency
                 ) =>
             {
                 // The check is one request of the caller's kind, sent through a clone of the

@@ -294,7 +294,10 @@ impl Service<Request> for Backend {
         };
         let (base, noise_fails, gray_fails, tail) = {
             let mut rng = world.rng.lock().unwrap();
-            (rng.unit(), rng.unit(), rng.unit(), rng.unit())
+            // The tail's draw only where there is a tail: the other scenarios keep their draws.
+            let drawn = (rng.unit(), rng.unit(), rng.unit());
+            let tail = if scenario.tail > 0.0 { rng.unit() } else { 1.0 };
+            (drawn.0, drawn.1, drawn.2, tail)
         };
         let mut latency = scenario.latency.mul_f64(0.5 + base);
         if tail < scenario.tail {

@@ -18,6 +18,7 @@ mod grpc_conformance;
 mod health;
 mod hosts;
 mod invariants;
+mod latency;
 mod linkerd_conformance;
 mod operator;
 mod operator_edges;

@@ -85,6 +85,28 @@ impl<O: HasLanes> Lanes<O> {
         })
     }
 
+    /// Calls in flight through every lane, and the earliest time a lane with calls in flight
+    /// became busy (`Nanos::MAX` with none in flight): how long the oldest may have waited. Cold
+    /// path (a lock), for fleet evaluations.
+    pub fn pending(&self) -> (usize, Nanos) {
+        self.list.with(|list| {
+            list.iter()
+                .filter_map(LaneWeak::upgrade)
+                .map(|lane| {
+                    let calls = Lane::in_flight(&lane).saturating_sub(1);
+                    let since = if calls > 0 {
+                        lane.busy_since()
+                    } else {
+                        Nanos::MAX
+                    };
+                    (calls, since)
+                })
+                .fold((0, Nanos::MAX), |(calls, since), (more, at)| {
+                    (calls + more, since.min(at))
+                })
+        })
+    }
+
     /// Lanes alive.
     #[inline]
     pub fn live(&self) -> usize {

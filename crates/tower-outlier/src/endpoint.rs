@@ -33,6 +33,18 @@ impl Shared {
     fn in_flight(&self) -> usize {
         self.lanes.in_flight()
     }
+
+    /// Calls in flight through every handle, and how long they have waited at `now` with no
+    /// call completing: from the later of when the oldest lane became busy and the endpoint's
+    /// last completion. Cold path (the lanes' lock).
+    pub(crate) fn pending(&self, now: Nanos) -> (usize, Nanos) {
+        let (calls, busy_since) = self.lanes.pending();
+        if calls == 0 || busy_since == Nanos::MAX {
+            return (calls, 0);
+        }
+        let since = busy_since.max(self.record.last_completed());
+        (calls, now.saturating_sub(since))
+    }
 }
 
 impl HasLanes for Shared {

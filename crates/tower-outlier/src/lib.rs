@@ -70,6 +70,8 @@
 //! * `hyper-client`: `hyper_client::PinnedClient`, a hyper-util client pinned to one address, the
 //!   discover item of an HTTP fleet.
 //! * `tonic`: `From` conversions between `grpc::Code` and `tonic::Code`.
+//! * `latency`: `latency::LatencyPolicy`, latency outliers judged against their peers (LinkedIn
+//!   D2's relative rule).
 //! * `orca`: `orca::OrcaPolicy`, endpoint weights from servers' ORCA load reports (gRPC's
 //!   weighted round robin, gRFC A58), read by the gRPC classifier from each call's trailers.
 //! * `grpc-health`: `grpc_health::GrpcHealth`, gRPC health checking (`grpc.health.v1`) as the
@@ -140,6 +142,12 @@ pub use layer::{DiscoverErrors, OutlierDetectionLayer};
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, Snapshot};
 pub use reconfigure::RulesHandle;
 pub use tower_outlier_core::{Clock, ConfigError, SlowStart, SlowStartBuilder, WhenAllOut};
+
+/// Latency outliers judged against their peers (LinkedIn D2's relative rule): everything of the
+/// `tower-outlier-latency` crate. Add [`LatencyPolicy`](latency::LatencyPolicy) to a layer.
+#[cfg(feature = "latency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "latency")))]
+pub use tower_outlier_latency as latency;
 
 /// Endpoint weights from servers' ORCA load reports (gRPC's weighted round robin, gRFC A58):
 /// everything of the `tower-outlier-orca` crate. Add [`OrcaPolicy`](orca::OrcaPolicy) with

@@ -86,6 +86,10 @@ pub trait DynOutlierPolicy: fmt::Debug + Send + Sync + Any + sealed::Sealed {
     /// capability.
     fn fleet_started(&self, at: Nanos);
 
+    /// [`FleetPolicy::counts_in_flight`], for a policy with the [`fleet`](OutlierPolicy::fleet)
+    /// capability (`false` without it).
+    fn fleet_counts_in_flight(&self) -> bool;
+
     /// [`FleetPolicy::evaluate`] over the members whose state is this policy's (all of them, in a
     /// layer: each endpoint holds one state per policy). Whether it evaluated: `false`, doing
     /// nothing, for a policy without the capability now.
@@ -172,6 +176,10 @@ impl<P: OutlierPolicy> DynOutlierPolicy for Held<P> {
         self.0.fleet().map(|fleet| fleet.interval())
     }
 
+    fn fleet_counts_in_flight(&self) -> bool {
+        self.0.fleet().is_some_and(|fleet| fleet.counts_in_flight())
+    }
+
     fn fleet_started(&self, at: Nanos) {
         if let Some(fleet) = self.0.fleet() {
             fleet.started(at);
@@ -190,6 +198,8 @@ impl<P: OutlierPolicy> DynOutlierPolicy for Held<P> {
                     state: (member.state as &dyn Any).downcast_ref::<P::Endpoint>()?,
                     record: member.record,
                     available: member.available,
+                    in_flight: member.in_flight,
+                    waited: member.waited,
                 })
             })
             .collect();

@@ -30,6 +30,13 @@ pub trait FleetPolicy: Send + Sync {
     fn started(&self, at: Nanos) {
         let _ = at;
     }
+
+    /// Whether the policy reads the calls each endpoint has in flight
+    /// ([`FleetMember::in_flight`], [`FleetMember::waited`]): counting them takes a lock per
+    /// endpoint, so only a policy that asks is given them. Default: no (both are zero).
+    fn counts_in_flight(&self) -> bool {
+        false
+    }
 }
 
 /// One endpoint as [`FleetPolicy::evaluate`] sees it.
@@ -43,6 +50,12 @@ pub struct FleetMember<'a, S: ?Sized> {
     pub record: &'a EndpointRecord,
     /// Whether the endpoint is in the balancer's set (not ejected).
     pub available: bool,
+    /// Calls in flight, for a policy that [counts them](FleetPolicy::counts_in_flight) (else 0).
+    pub in_flight: usize,
+    /// How long the endpoint's calls in flight have waited with no call completing (from the
+    /// later of when the oldest began and the last completion), for a policy that
+    /// [counts them](FleetPolicy::counts_in_flight) (else 0): a hung endpoint's grows.
+    pub waited: Nanos,
 }
 
 impl<S: ?Sized> Clone for FleetMember<'_, S> {

@@ -148,15 +148,24 @@ where
             // draws them the same way on every run.
             let mut in_order: Vec<_> = self.entries.iter().collect();
             in_order.sort_unstable_by_key(|(_, entry)| entry.id);
+            let counts_in_flight = fleet.fleet_counts_in_flight();
+            let recorded_now = self.settings.clock.now();
             let members: Vec<FleetMember<'_, dyn EndpointPolicy>> = in_order
                 .into_iter()
                 .map(|(key, entry)| {
                     let record = entry.record();
+                    let (in_flight, waited) = if counts_in_flight {
+                        entry.shared.pending(recorded_now)
+                    } else {
+                        (0, 0)
+                    };
                     FleetMember {
                         key: key as &dyn fmt::Debug,
                         state: &*record.policies()[schedule.policy],
                         record,
                         available: entry.status().is_available(),
+                        in_flight,
+                        waited,
                     }
                 })
                 .collect();

@@ -39,6 +39,8 @@ fn window(policy: &WeightPolicy, records: &[EndpointRecord], counts: &[(u64, u64
             state: &*record.policies()[0],
             record,
             available: true,
+            in_flight: 0,
+            waited: 0,
         })
         .collect();
     assert!(<dyn DynOutlierPolicy>::from_policy(policy.clone()).evaluate_fleet(&members, 0));

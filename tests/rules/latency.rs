@@ -1,0 +1,102 @@
+//! Latency judged against the fleet (`latency::LatencyPolicy`, D2's relative rule), on tokio's
+//! paused clock through a real p2c `Balance` with open-loop traffic: a replica three times slower
+//! than its peers is ejected at the first evaluation that has its calls; the whole fleet slowing
+//! together ejects nobody; a replica that hangs is judged on its calls in flight.
+
+use std::time::Duration;
+
+use tower::balance::p2c::Balance;
+use tower::{Service, ServiceExt};
+use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
+use tower_outlier::{EndpointStatus, Monitor, OutlierDetectionLayer};
+
+use crate::support::{announce, SeededRng, Sleepy};
+
+fn layer() -> OutlierDetectionLayer {
+    OutlierDetectionLayer::new(LatencyPolicy::new(
+        LatencyConfig::d2().min_calls(5).build().unwrap(),
+    ))
+}
+
+/// `rate` calls a second for `span`, each in its own task (open loop), awaited at the end.
+async fn traffic<B>(balancer: &mut B, rate: u64, span: Duration)
+where
+    B: Service<(), Response = usize, Error = tower::BoxError>,
+    B::Future: Send + 'static,
+{
+    let every = Duration::from_nanos(1_000_000_000 / rate);
+    let until = tokio::time::Instant::now() + span;
+    let mut calls = tokio::task::JoinSet::new();
+    while tokio::time::Instant::now() < until {
+        let call = balancer.ready().await.unwrap().call(());
+        calls.spawn(async move {
+            let _ = call.await;
+        });
+        tokio::time::sleep(every).await;
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+fn ejected(monitor: &Monitor) -> Vec<String> {
+    monitor
+        .snapshot()
+        .endpoints
+        .iter()
+        .filter(|e| e.status == EndpointStatus::Ejected)
+        .map(|e| e.key.to_string())
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_three_times_slower_is_ejected_and_a_fleet_slowing_together_is_not() {
+    let layer = layer();
+    let monitor = layer.monitor();
+    let backends: Vec<(usize, Sleepy)> = (0..5).map(|i| (i, Sleepy::new(i, 10))).collect();
+    let mut balancer = Balance::from_rng(
+        tower::Layer::layer(&layer, announce(&backends)),
+        SeededRng(17),
+    );
+    traffic(&mut balancer, 200, Duration::from_secs(6)).await;
+    assert!(ejected(&monitor).is_empty(), "{:?}", ejected(&monitor));
+    // Everyone three times slower: the fleet's mean moves with them.
+    for (_, backend) in &backends {
+        backend.set_latency(30);
+    }
+    traffic(&mut balancer, 200, Duration::from_secs(11)).await;
+    assert!(ejected(&monitor).is_empty(), "{:?}", ejected(&monitor));
+    // Back to 10 ms but #0, which stays at 30 ms: out within two evaluations.
+    for (_, backend) in &backends[1..] {
+        backend.set_latency(10);
+    }
+    traffic(&mut balancer, 200, Duration::from_secs(11)).await;
+    assert_eq!(ejected(&monitor), vec!["0".to_owned()]);
+    let reason = monitor
+        .snapshot()
+        .get("0")
+        .unwrap()
+        .last_reason
+        .clone()
+        .unwrap();
+    assert_eq!(reason.policy, "latency");
+    assert!(reason.value >= 1.3, "{reason:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_replica_is_judged_on_its_calls_in_flight() {
+    let layer = layer();
+    let monitor = layer.monitor();
+    let backends: Vec<(usize, Sleepy)> = (0..4).map(|i| (i, Sleepy::new(i, 10))).collect();
+    let mut balancer = Balance::from_rng(
+        tower::Layer::layer(&layer, announce(&backends)),
+        SeededRng(17),
+    );
+    traffic(&mut balancer, 200, Duration::from_secs(6)).await;
+    // #0 hangs: its calls never complete (no timeout here), none of them is ever timed.
+    backends[0].1.set_latency(3_600_000);
+    let driving = async {
+        traffic(&mut balancer, 200, Duration::from_secs(11)).await;
+    };
+    // The hung calls are never awaited to the end: the test looks before they would be.
+    let _ = tokio::time::timeout(Duration::from_secs(12), driving).await;
+    assert_eq!(ejected(&monitor), vec!["0".to_owned()]);
+}
