@@ -245,6 +245,16 @@
 //!     observer — is contained and logged: a panicking probe is a failed check, a panicking
 //!     classifier leaves its call unrecorded; no user code runs in a destructor during an unwind.
 //!
+//! # 9b. Latency against the fleet (LinkedIn D2)
+//!
+//! With a `latency::LatencyPolicy` (feature `latency`): every interval (5 s) each endpoint in the
+//! balancer's set is timed by the mean latency of its successes and timeouts in the interval, its
+//! calls in flight counted at how long they have waited with no call completing. With at least
+//! `min_endpoints` (3) endpoints of at least `min_calls` (10) calls, one at or above
+//! `eject_above` (1.3) times the fleet's call-weighted mean is an outlier until the next interval,
+//! ejected within the budget (section 3). Back on trial (section 4), it is an outlier above
+//! `readmit_below` (1.1) times the mean until an interval finds it at or below that.
+//!
 //! # 10. The detectors of Envoy, gRPC and linkerd
 //!
 //! `tower_outlier::detectors` (feature `detectors`). One endpoint state per endpoint holds
