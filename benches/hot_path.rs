@@ -31,6 +31,8 @@
 //!   `layer.endpoint(Echo)`: everything the wrapper does per call (two clock reads, the
 //!   admission check, the in-flight accounting, classification, the error-rate window update and
 //!   the latency estimate update), however `crates/tower-outlier` implements them at the time.
+//! * Endpoint + D2 latency: the same layer with `LatencyPolicy` (`LatencyConfig::d2()`) added:
+//!   the latency rule's per-call cost (two shared atomic adds) beside the others.
 //! * standalone breaker: the slow-call `CircuitBreakerLayer` exactly as `ours(Clock::tsc())` in
 //!   `circuit_breaker.rs` (slow above 500 ms, ratio 1.0, 5 calls minimum, 1 s interval, open
 //!   10 s): as `circuit_breaker.rs` lists it when this was written, two clock reads, one atomic
@@ -68,6 +70,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tower_layer::Layer;
+use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
 use tower_outlier::policy::Clock;
 use tower_outlier::slow_call::{BreakerConfig, CircuitBreakerLayer, State};
 use tower_outlier::{ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
@@ -193,7 +196,7 @@ fn breaker_layer(clock: Clock) -> CircuitBreakerLayer {
     CircuitBreakerLayer::new(config).clock(clock)
 }
 
-const CASES: [&str; 7] = [
+const CASES: [&str; 8] = [
     "bare service",
     "floor: two clock reads",
     "floor: two reads + one shared atomic add",
@@ -201,6 +204,7 @@ const CASES: [&str; 7] = [
     "standalone breaker",
     "recloser",
     "failsafe consecutive",
+    "Endpoint + D2 latency",
 ];
 const TWO_READS: usize = 1;
 const FLOOR: usize = 2;
@@ -241,6 +245,15 @@ fn main() {
     ))
     .clock(Clock::tsc());
     let endpoint = layer.endpoint(Echo);
+    // The same, with the latency rule beside the error rate: two more shared adds per call.
+    let timed_layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().expect("valid preset"),
+    ))
+    .with_policy(LatencyPolicy::new(
+        LatencyConfig::d2().build().expect("valid preset"),
+    ))
+    .clock(Clock::tsc());
+    let timed_endpoint = timed_layer.endpoint(Echo);
     // The clock is kept (clones share its origin) to read the breaker's counts at the end.
     let breaker_clock = Clock::tsc();
     let breaker = breaker_layer(breaker_clock.clone()).layer(Echo);
@@ -274,7 +287,8 @@ fn main() {
             4 => run(threads, ITERATIONS, &|| breaker.clone()),
             5 => run(threads, ITERATIONS, &|| recloser.clone()),
             6 => run(threads, ITERATIONS, &|| failsafe.clone()),
-            _ => unreachable!("seven cases"),
+            7 => run(threads, ITERATIONS, &|| timed_endpoint.clone()),
+            _ => unreachable!("eight cases"),
         }
     };
 
@@ -304,6 +318,7 @@ fn main() {
         allocations_per_call(breaker.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
         allocations_per_call(recloser.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
         allocations_per_call(failsafe.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
+        allocations_per_call(timed_endpoint.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
     ];
 
     println!(
