@@ -6,6 +6,7 @@ mod support;
 
 mod detectors_loopback;
 mod health_watch;
+mod health_watch_edges;
 mod hyper_servers;
 mod network_faults;
 mod new_user;

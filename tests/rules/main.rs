@@ -28,6 +28,7 @@ mod pushback;
 mod rebuild;
 mod reconfigure;
 mod semantics;
+mod signals_edges;
 mod slow_call;
 mod slow_start;
 mod starvation;

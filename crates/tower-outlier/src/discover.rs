@@ -224,6 +224,12 @@ where
                 cx,
             );
             // Panic may hand the balancer every endpoint, or take the ejected ones back.
+            for (key, service) in this.engine.take_rebuilt() {
+                // A rebuilt endpoint's health is watched on its new service.
+                if let Some(stream) = start_user_watch(this.probe, &key, &service) {
+                    this.watches.start(key, stream);
+                }
+            }
             this.engine.sync_all_out();
             if this.engine.has_changes() {
                 continue;

@@ -102,6 +102,11 @@ pub(crate) struct Engine<K, S> {
     all_out_shown: Option<String>,
     // Makes an endpoint a fresh service when it returns after its connections failed.
     rebuild: Option<Box<dyn crate::rebuild::Rebuild<K, S> + Send + Sync>>,
+    // The endpoints rebuilt since the adaptor last asked: their health watches start again on
+    // the new services.
+    rebuilt: Vec<K>,
+    // An endpoint had served when one joined: later ones join a serving fleet (slow start).
+    fleet_served: bool,
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -232,6 +237,8 @@ impl<K, S> Engine<K, S> {
             nothing_to_pick: false,
             all_out_shown: None,
             rebuild: None,
+            rebuilt: Vec::new(),
+            fleet_served: false,
         }
     }
 
@@ -341,9 +348,18 @@ where
         if self.room().is_err() && !forced_pending {
             return;
         }
-        let refused: Vec<K> = self.refused.values().cloned().collect();
-        for key in refused {
+        // In discovery order, and only while an ejection could still pass: once the room is
+        // spent, the rest stay refused without being judged again (with a fleet of refused
+        // outliers, judging them all at every insert made inserts quadratic).
+        let mut after = 0;
+        while let Some((&id, key)) = self.refused.range(after..).next() {
+            let key = key.clone();
+            after = id.saturating_add(1);
             self.consider(&key, now);
+            let forced_pending = !self.forced.is_empty() && self.available() >= 1;
+            if self.room().is_err() && !forced_pending {
+                break;
+            }
         }
     }
 

@@ -13,7 +13,12 @@ use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::probe::{Health, HealthStream};
 
-type Next<K> = Pin<Box<dyn Future<Output = Option<(K, u64, Option<Health>, HealthStream)>> + Send>>;
+type Next<K> =
+    Pin<Box<dyn Future<Output = Option<(K, u64, Option<Health>, HealthStream, u32)>> + Send>>;
+
+/// Words in a row a watch may give without its stream ever making the adaptor wait: past this it
+/// yields once, so that a stream that is always ready cannot keep the balancer from its calls.
+const READY_STREAK: u32 = 16;
 
 pub(super) struct Watches<K> {
     running: FuturesUnordered<Abortable<Next<K>>>,
@@ -40,7 +45,7 @@ where
     pub(super) fn start(&mut self, key: K, stream: HealthStream) {
         self.stop(&key);
         self.generations += 1;
-        self.read(key, self.generations, stream);
+        self.read(key, self.generations, stream, 0);
     }
 
     /// Stops `key`'s watch, if it has one.
@@ -50,17 +55,28 @@ where
         }
     }
 
-    /// Reads the next word of `stream`, the watch of `key` in its `generation`.
-    fn read(&mut self, key: K, generation: u64, mut stream: HealthStream) {
+    /// Reads the next word of `stream`, the watch of `key` in its `generation`, which has given
+    /// `streak` words in a row without waiting.
+    fn read(&mut self, key: K, generation: u64, mut stream: HealthStream, streak: u32) {
         let (abort, registration) = AbortHandle::new_pair();
         self.current.insert(key.clone(), (generation, abort));
         let next: Next<K> = Box::pin(async move {
+            let mut streak = streak;
+            if streak >= READY_STREAK {
+                YieldOnce(false).await;
+                streak = 0;
+            }
+            let mut waited = false;
+            let word = futures::future::poll_fn(|cx| {
+                let polled = stream.poll_next_unpin(cx);
+                waited |= polled.is_pending();
+                polled
+            });
             // The stream is user code: one that panics ends its watch, logged.
-            let next = std::panic::AssertUnwindSafe(stream.next())
-                .catch_unwind()
-                .await;
+            let next = std::panic::AssertUnwindSafe(word).catch_unwind().await;
+            let streak = if waited { 0 } else { streak + 1 };
             match next {
-                Ok(word) => Some((key, generation, word, stream)),
+                Ok(word) => Some((key, generation, word, stream, streak)),
                 Err(panic) => {
                     tracing::error!(
                         target: "tower_outlier",
@@ -80,7 +96,7 @@ where
     /// waker registered by every watch.
     pub(super) fn poll_word(&mut self, cx: &mut Context<'_>) -> Poll<(K, Health)> {
         while let Poll::Ready(Some(done)) = self.running.poll_next_unpin(cx) {
-            let Ok(Some((key, generation, word, stream))) = done else {
+            let Ok(Some((key, generation, word, stream, streak))) = done else {
                 continue;
             };
             if self.current.get(&key).map(|(g, _)| *g) != Some(generation) {
@@ -88,7 +104,7 @@ where
             }
             match word {
                 Some(health) => {
-                    self.read(key.clone(), generation, stream);
+                    self.read(key.clone(), generation, stream, streak);
                     return Poll::Ready((key, health));
                 }
                 // Ended: the last word stands.
@@ -97,6 +113,23 @@ where
                 }
             }
         }
+        Poll::Pending
+    }
+}
+
+/// Pending once, its task woken at once: a watch that gave many words in a row lets the others,
+/// and the balancer, have their turn.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
         Poll::Pending
     }
 }

@@ -9,11 +9,13 @@ use super::*;
 
 /// The load of an [`OutlierEndpoint`]: (latency estimate + 1 µs) × (in-flight + 1) ÷ relative weight,
 /// in nanoseconds — or zero while the endpoint needs calls to be judged; infinite while its
-/// server asked to be left alone ([`pushback`](crate::pushback)) and the layer kept it in, and in
-/// the draws a slow-starting endpoint sits out
-/// ([`OutlierDetectionLayer::slow_start`](crate::OutlierDetectionLayer::slow_start)); 10²⁰ more
-/// while its server says it is degraded ([`degraded`](crate::degraded)), so that it wins a draw
-/// only against another degraded endpoint (or one avoided altogether).
+/// server asked to be left alone ([`pushback`](crate::pushback)) or its health service says it is
+/// not serving, and the layer kept it in; 10¹⁸ more in the draws a slow-starting or weighted
+/// endpoint sits out
+/// ([`OutlierDetectionLayer::slow_start`](crate::OutlierDetectionLayer::slow_start)), so that it
+/// wins one only against another sitting out; 10²⁰ more while its server says it is degraded
+/// ([`degraded`](crate::degraded)), so that it wins a draw only against another degraded
+/// endpoint (or one avoided altogether).
 ///
 /// Lower is better. The microsecond keeps requests in flight and weights meaningful between
 /// endpoints whose measured latency rounds to zero (an in-process service, or tokio's paused
@@ -64,6 +66,10 @@ pub(super) const COST_FLOOR_NANOS: f64 = 1_000.0;
 /// cost of one avoided altogether.
 pub(super) const DEGRADED_COST: f64 = 1e20;
 
+/// Added to the cost of an endpoint in a draw it sits out (slow start, weights from load
+/// reports): more than any cost a live endpoint reaches, less than a degraded endpoint's.
+pub(super) const SIT_OUT_COST: f64 = 1e18;
+
 impl<S, C> Load for OutlierEndpoint<S, C> {
     type Metric = EndpointCost;
 
@@ -91,9 +97,7 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         // of the draws and loses the others, whatever its cost (the evidence and exploration
         // above come first: they ask for a few calls a policy needs).
         let draws_share = record.ramp_draws(now) * record.draw_share();
-        if draws_share < 1.0 && !draws.takes_part(draws_share) {
-            return EndpointCost(f64::INFINITY);
-        }
+        let sits_out = draws_share < 1.0 && !draws.takes_part(draws_share);
         let mut rtt = record.rtt_estimate(now);
         if in_flight > 0 {
             // Calls in flight count at their age so far: one that has waited far longer than
@@ -103,11 +107,15 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
             rtt = rtt.max(self.holder.waiting(record, now) as f64);
         }
         let rtt = rtt + COST_FLOOR_NANOS;
-        let cost = rtt * (in_flight as f64 + 1.0) / weight;
+        let mut cost = rtt * (in_flight as f64 + 1.0) / weight;
+        if sits_out {
+            // Behind every endpoint taking part in the draw, ahead of a degraded one.
+            cost += SIT_OUT_COST;
+        }
         if record.degraded_until(now).is_some() {
             // Its server says it is degraded: behind every endpoint that is not, ordered by its
             // own cost among the degraded ones.
-            return EndpointCost(DEGRADED_COST + cost);
+            cost += DEGRADED_COST;
         }
         EndpointCost(cost)
     }

@@ -385,6 +385,7 @@ where
         match made {
             Ok(Some(fresh)) => {
                 entry.service = fresh;
+                self.rebuilt.push(key.clone());
                 tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint's service rebuilt after connection failures: it returns with fresh connections");
             }
             Ok(None) => {}
@@ -398,6 +399,21 @@ where
                 tower_outlier_core::drop_panic(panic);
             }
         }
+    }
+
+    /// The endpoints rebuilt since the last call, with their new services (for their health
+    /// watches).
+    pub(crate) fn take_rebuilt(&mut self) -> Vec<(K, S)> {
+        if self.rebuilt.is_empty() {
+            return Vec::new();
+        }
+        let keys = std::mem::take(&mut self.rebuilt);
+        keys.into_iter()
+            .filter_map(|key| {
+                let service = self.entries.get(&key)?.service.clone();
+                Some((key, service))
+            })
+            .collect()
     }
 
     /// Re-admits ejected endpoints while more are ejected than the budget allows, or none is

@@ -145,17 +145,24 @@ where
         }
     }
 
-    /// Whether an available endpoint has served a call (among a sample, as in
-    /// [`seed_rtt`](Self::seed_rtt)): endpoints that join then are new to a serving fleet.
-    fn fleet_serves(&self) -> bool {
+    /// Whether the fleet has served: an available endpoint served a call (among a sample, as in
+    /// [`seed_rtt`](Self::seed_rtt)) at an insert since the layer started. Endpoints that join
+    /// then are new to a serving fleet. Once it has, it has: newcomers not yet served would
+    /// otherwise crowd the ones that have out of the sample.
+    fn fleet_serves(&mut self) -> bool {
         const SAMPLE: usize = 32;
-        self.settings.slow_start.is_some()
-            && self
+        if self.settings.slow_start.is_none() {
+            return false;
+        }
+        if !self.fleet_served {
+            self.fleet_served = self
                 .entries
                 .values()
                 .filter(|e| e.status().is_available())
                 .take(SAMPLE)
-                .any(|e| e.record().has_served())
+                .any(|e| e.record().has_served());
+        }
+        self.fleet_served
     }
 
     /// Starts `endpoint`'s latency estimate at the mean of the available endpoints', so it

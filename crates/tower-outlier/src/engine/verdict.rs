@@ -84,6 +84,10 @@ where
                 }
             };
         }
+        if forced == Some(Override::ForcedIn) || self.controls.dry_run {
+            // Neither an operator's force-in nor dry run lets the layer keep p2c away.
+            entry.record().end_open_avoidance();
+        }
         if forced != Some(Override::ForcedIn) && !shadow_out {
             if let Some(verdict) = self.health_verdict(entry) {
                 return verdict;
