@@ -8,6 +8,8 @@ use tower_outlier_core::{ConfigError, RecoverySchedule};
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LatencyConfig {
     pub(crate) interval: Duration,
+    pub(crate) quantile: f64,
+    pub(crate) intervals: u32,
     pub(crate) eject_above: f64,
     pub(crate) readmit_below: f64,
     pub(crate) min_calls: u64,
@@ -19,6 +21,8 @@ pub struct LatencyConfig {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LatencyConfigBuilder {
     interval: Duration,
+    quantile: f64,
+    intervals: u32,
     eject_above: f64,
     readmit_below: f64,
     min_calls: u64,
@@ -28,10 +32,12 @@ pub struct LatencyConfigBuilder {
 }
 
 impl LatencyConfig {
-    /// LinkedIn D2's relative strategy: every 5 s, an endpoint whose mean latency is at least
-    /// 1.3 times the fleet's call-weighted mean is an outlier; one ejected for it is healthy
-    /// again at 1.1 times or less. Judged on 10 calls at least in the interval, among 3
-    /// endpoints at least; back on trial after 10 s, 20 s, … up to 5 minutes while it stays slow.
+    /// LinkedIn D2's relative strategy on a robust statistic: every 5 s, an endpoint whose p90
+    /// latency is at least 1.3 times the median of the endpoints' p90s two intervals in a row is
+    /// an outlier; one ejected for it is healthy again at 1.1 times or less (D2's factors; D2
+    /// lowers a health score over intervals rather than judging one). Judged on 10 calls at least
+    /// in the interval, among 3 endpoints at least; back on trial after 10 s, 20 s, … up to
+    /// 5 minutes while it stays slow.
     ///
     /// ```
     /// use tower_outlier_latency::LatencyConfig;
@@ -43,6 +49,8 @@ impl LatencyConfig {
     pub fn d2() -> LatencyConfigBuilder {
         LatencyConfigBuilder {
             interval: Duration::from_secs(5),
+            quantile: 0.9,
+            intervals: 2,
             eject_above: 1.3,
             readmit_below: 1.1,
             min_calls: 10,
@@ -57,7 +65,17 @@ impl LatencyConfig {
         self.interval
     }
 
-    /// The ratio to the fleet's mean at or above which an endpoint is an outlier.
+    /// The quantile of each endpoint's latencies that is judged.
+    pub fn quantile(&self) -> f64 {
+        self.quantile
+    }
+
+    /// Intervals in a row an endpoint must stand out before it is an outlier.
+    pub fn intervals(&self) -> u32 {
+        self.intervals
+    }
+
+    /// The ratio to the fleet's median at or above which an endpoint is an outlier.
     pub fn eject_above(&self) -> f64 {
         self.eject_above
     }
@@ -90,8 +108,24 @@ impl LatencyConfigBuilder {
         self
     }
 
-    /// Sets the ratio to the fleet's call-weighted mean latency at or above which an endpoint is
-    /// an outlier (D2's `relativeLatencyHighThresholdFactor`, 1.3).
+    /// Sets the quantile of each endpoint's latencies that is judged (0.9): in `(0, 1]`. Calls
+    /// rarer than `1 − quantile` of an endpoint's do not move it.
+    pub fn quantile(mut self, quantile: f64) -> Self {
+        self.quantile = quantile;
+        self
+    }
+
+    /// Sets how many intervals in a row an endpoint must stand out before it is an outlier (2;
+    /// at least 1): an endpoint that p2c sent few calls in an interval, one of them slow, stands
+    /// out once by chance, a slow one again and again. An endpoint back on trial is judged on
+    /// one.
+    pub fn intervals(mut self, intervals: u32) -> Self {
+        self.intervals = intervals;
+        self
+    }
+
+    /// Sets the ratio to the median of the endpoints' statistics at or above which an endpoint
+    /// is an outlier (D2's `relativeLatencyHighThresholdFactor`, 1.3).
     pub fn eject_above(mut self, ratio: f64) -> Self {
         self.eject_above = ratio;
         self
@@ -131,6 +165,13 @@ impl LatencyConfigBuilder {
     /// endpoints, a zero recovery unit or multiple.
     pub fn build(self) -> Result<LatencyConfig, ConfigError> {
         tower_outlier_core::check_nonzero_duration("interval", self.interval)?;
+        if !(self.quantile > 0.0 && self.quantile <= 1.0) {
+            return Err(ConfigError::new(
+                "quantile",
+                self.quantile,
+                "a number in (0, 1]",
+            ));
+        }
         if !(self.eject_above.is_finite() && self.eject_above > 1.0) {
             return Err(ConfigError::new(
                 "eject_above",
@@ -156,8 +197,13 @@ impl LatencyConfigBuilder {
             ));
         }
         let recovery = RecoverySchedule::new(self.recovery_unit, self.max_recovery_multiple)?;
+        if self.intervals == 0 {
+            return Err(ConfigError::new("intervals", 0, "at least 1"));
+        }
         Ok(LatencyConfig {
             interval: self.interval,
+            quantile: self.quantile,
+            intervals: self.intervals,
             eject_above: self.eject_above,
             readmit_below: self.readmit_below,
             min_calls: self.min_calls.max(1),

@@ -1,6 +1,6 @@
-//! The detector: each endpoint's mean latency over an interval, against the fleet's.
+//! The detector: each endpoint's latency quantile over an interval, against the fleet's median.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,22 +10,31 @@ use tower_outlier_core::{
 };
 
 use crate::config::LatencyConfig;
+use crate::sketch::{Counts, Sketch};
 
-/// Ejects endpoints whose latency stands out from their peers', as LinkedIn D2's relative
-/// strategy does (no threshold to tune per service).
+/// Ejects endpoints whose latency stands out from their peers', by LinkedIn D2's relative rule
+/// on a robust statistic (no threshold to tune per service).
 ///
-/// Every [`interval`](LatencyConfig::interval), for each endpoint in the balancer's set, the mean
-/// latency of its calls in the interval — successes and timeouts (a fast failure says nothing of
-/// its speed), and its calls still in flight counted at the age they have reached with no call
-/// completing, so that a hung endpoint weighs in before its calls time out — is set against the
-/// fleet's call-weighted mean. With at least [`min_endpoints`](LatencyConfig::min_endpoints)
-/// endpoints of at least [`min_calls`](LatencyConfig::min_calls) calls each, one at or above
-/// [`eject_above`](LatencyConfig::eject_above) times the mean is an outlier until the next
-/// interval, and the layer ejects it within its budget. It comes back on trial after the
-/// recovery schedule's wait; from then on it is an outlier above
-/// [`readmit_below`](LatencyConfig::readmit_below) times the mean, until an interval finds it at
-/// or below that (D2's hysteresis). A fleet that slows down together moves the mean with it: no
-/// endpoint stands out.
+/// Every [`interval`](LatencyConfig::interval), for each endpoint in the balancer's set, the
+/// [`quantile`](LatencyConfig::quantile) (p90 by default) of the latencies of its calls in the
+/// interval — successes and timeouts (a fast failure says nothing of its speed), and its calls
+/// still in flight counted at the age they have reached with no call completing, each as many
+/// calls as the bar's worth of time it has held, so that a hung endpoint weighs in before its
+/// calls time out — read from a fixed-size sketch, is set against the median of the endpoints'
+/// quantiles. With at least
+/// [`min_endpoints`](LatencyConfig::min_endpoints) endpoints of at least
+/// [`min_calls`](LatencyConfig::min_calls) calls each, one at or above
+/// [`eject_above`](LatencyConfig::eject_above) times the median
+/// [`intervals`](LatencyConfig::intervals) in a row is an outlier until the next interval, and the layer ejects it within its budget. It comes back on trial after the recovery
+/// schedule's wait; from then on it is an outlier above
+/// [`readmit_below`](LatencyConfig::readmit_below) times the median, until an interval finds it
+/// at or below that (D2's hysteresis).
+///
+/// Why a quantile and a median where D2 takes means: one call of a second among a thousand of a
+/// millisecond triples an endpoint's mean (a healthy endpoint ejected for one slow call), and a
+/// slow endpoint's calls raise a call-weighted fleet mean toward it; the p90 ignores calls
+/// rarer than one in ten, and the median ignores one outlier among three endpoints or more. A
+/// fleet that slows down together moves the median with it: no endpoint stands out.
 ///
 /// ```
 /// use tower_outlier_latency::{LatencyConfig, LatencyPolicy};
@@ -59,10 +68,9 @@ impl LatencyPolicy {
 /// One endpoint's calls and verdict, as [`LatencyPolicy`] keeps them.
 #[derive(Debug)]
 pub struct LatencyEndpoint {
-    // Calls timed since the last evaluation, and their latencies added up.
-    calls: AtomicU64,
-    total: AtomicU64,
-    // The last evaluation's verdict: an outlier, at this ratio to the fleet's mean (f64 bits),
+    // The latencies of the calls timed since the last evaluation.
+    sketch: Sketch,
+    // The last evaluation's verdict: an outlier, at this ratio to the fleet's median (f64 bits),
     // against this bar (f64 bits), on this many calls.
     condemned: AtomicBool,
     ratio: AtomicU64,
@@ -70,30 +78,30 @@ pub struct LatencyEndpoint {
     judged_calls: AtomicU64,
     // Back from an ejection and not yet found at or below the readmission bar.
     returning: AtomicBool,
+    // Intervals in a row it stood out.
+    streak: AtomicU32,
 }
 
 impl LatencyEndpoint {
     fn new() -> Self {
         LatencyEndpoint {
-            calls: AtomicU64::new(0),
-            total: AtomicU64::new(0),
+            sketch: Sketch::new(),
             condemned: AtomicBool::new(false),
             ratio: AtomicU64::new(0),
             bar: AtomicU64::new(0),
             judged_calls: AtomicU64::new(0),
             returning: AtomicBool::new(false),
+            streak: AtomicU32::new(0),
         }
     }
 
-    /// The calls and their total latency since the last evaluation; the counters start again.
-    fn take(&self) -> (u64, u64) {
-        let calls = self.calls.swap(0, Ordering::AcqRel);
-        let total = self.total.swap(0, Ordering::AcqRel);
-        (calls, total)
+    /// The latencies since the last evaluation; the sketch starts again.
+    fn take(&self) -> Counts {
+        self.sketch.take()
     }
 
-    /// The last evaluation's ratio of this endpoint's mean latency to the fleet's (0 before one
-    /// judged it).
+    /// The last evaluation's ratio of this endpoint's latency statistic to the fleet's (0 before
+    /// one judged it).
     pub fn ratio(&self) -> f64 {
         f64::from_bits(self.ratio.load(Ordering::Relaxed))
     }
@@ -111,8 +119,7 @@ impl EndpointPolicy for LatencyEndpoint {
             Outcome::Success | Outcome::Failure(FailureKind::Timeout)
         ) {
             let nanos = u64::try_from(observation.latency.as_nanos()).unwrap_or(u64::MAX);
-            self.calls.fetch_add(1, Ordering::Relaxed);
-            self.total.fetch_add(nanos, Ordering::Relaxed);
+            self.sketch.record(nanos);
         }
         Signal::None
     }
@@ -123,7 +130,7 @@ impl EndpointPolicy for LatencyEndpoint {
         }
         Judgement::Outlier(Reason {
             policy: LatencyPolicy::NAME,
-            measure: "latency ÷ fleet mean",
+            measure: "latency quantile ÷ fleet median",
             value: self.ratio(),
             threshold: f64::from_bits(self.bar.load(Ordering::Relaxed)),
             counts: WindowCounts {
@@ -137,7 +144,7 @@ impl EndpointPolicy for LatencyEndpoint {
     fn describe(&self, _: Nanos) -> Description {
         Description {
             counts: WindowCounts {
-                calls: self.calls.load(Ordering::Relaxed),
+                calls: self.sketch.calls(),
                 failures: 0,
                 slow: 0,
             },
@@ -149,6 +156,7 @@ impl EndpointPolicy for LatencyEndpoint {
     fn reset(&self) {
         self.take();
         self.clear();
+        self.streak.store(0, Ordering::Relaxed);
         // Back from an ejection: judged by the readmission bar until it meets it.
         self.returning.store(true, Ordering::Relaxed);
     }
@@ -192,45 +200,74 @@ impl FleetPolicy for LatencyPolicy {
 
     fn evaluate(&self, fleet: &[FleetMember<'_, LatencyEndpoint>], _now: Nanos) {
         let config = &*self.config;
-        // (member, calls, total latency): each endpoint in the set with enough calls.
-        let mut judged: Vec<(&FleetMember<'_, LatencyEndpoint>, u64, f64)> = Vec::new();
+        // Each endpoint in the set: its completed calls, and its calls in flight.
+        let mut taken = Vec::new();
         for member in fleet {
-            let (calls, total) = member.state.take();
+            let counts = member.state.take();
             // Each interval judges afresh.
             member.state.clear();
-            if !member.available {
+            if member.available {
+                taken.push((member, counts));
+            }
+        }
+        // A first bar from the completed calls alone, to weigh the calls in flight by: one that
+        // has waited n times the bar counts as n calls that long (the time it held), so a hung
+        // endpoint, which p2c soon sends nothing more, still has the calls to be judged on.
+        let first_bar = median_of(
+            taken
+                .iter()
+                .filter(|(_, counts)| counts.calls() >= config.min_calls)
+                .filter_map(|(_, counts)| counts.quantile(config.quantile))
+                .collect(),
+            config.min_endpoints,
+        );
+        // (member, calls, statistic): each endpoint with enough calls.
+        let mut judged: Vec<(&FleetMember<'_, LatencyEndpoint>, u64, f64)> = Vec::new();
+        for (member, mut counts) in taken {
+            let pending = u32::try_from(member.in_flight).unwrap_or(u32::MAX);
+            if pending > 0 {
+                let weight = first_bar.map_or(1.0, |bar| {
+                    (member.waited as f64 / bar)
+                        .ceil()
+                        .clamp(1.0, MAX_IN_FLIGHT_WEIGHT)
+                });
+                counts.add(member.waited, pending.saturating_mul(weight as u32));
+            }
+            let calls = counts.calls();
+            if calls < config.min_calls {
                 continue;
             }
-            let pending = member.in_flight as u64;
-            let calls = calls.saturating_add(pending);
-            let total = total as f64 + pending as f64 * member.waited as f64;
-            if calls >= config.min_calls {
-                judged.push((member, calls, total));
+            if let Some(statistic) = counts.quantile(config.quantile) {
+                judged.push((member, calls, statistic));
             }
         }
-        if judged.len() < config.min_endpoints {
+        // The fleet's bar: the median of the endpoints' statistics, which one outlier cannot
+        // drag up with it (a call-weighted mean of a fleet of few endpoints, it can).
+        let Some(median) = median_of(
+            judged.iter().map(|(_, _, s)| *s).collect(),
+            config.min_endpoints,
+        ) else {
             return;
-        }
-        let (calls, total) = judged
-            .iter()
-            .fold((0u64, 0f64), |(c, t), (_, calls, total)| {
-                (c.saturating_add(*calls), t + total)
-            });
-        let mean = total / calls as f64;
-        if !(mean.is_finite() && mean > 0.0) {
-            return;
-        }
-        for (member, calls, total) in judged {
+        };
+        for (member, calls, statistic) in judged {
             let state = member.state;
-            let ratio = total / calls as f64 / mean;
+            let ratio = statistic / median;
             state.ratio.store(ratio.to_bits(), Ordering::Relaxed);
             state.judged_calls.store(calls, Ordering::Relaxed);
             let returning = state.returning.load(Ordering::Relaxed);
-            let (outlier, bar) = if returning {
+            let (stands_out, bar) = if returning {
                 (ratio > config.readmit_below, config.readmit_below)
             } else {
                 (ratio >= config.eject_above, config.eject_above)
             };
+            let streak = if stands_out {
+                state.streak.fetch_add(1, Ordering::Relaxed) + 1
+            } else {
+                state.streak.store(0, Ordering::Relaxed);
+                0
+            };
+            // Back on trial, one interval above the lower bar fails it.
+            let outlier = stands_out && (returning || streak >= config.intervals);
             if outlier {
                 state.bar.store(bar.to_bits(), Ordering::Relaxed);
                 state.condemned.store(true, Ordering::Relaxed);
@@ -240,7 +277,7 @@ impl FleetPolicy for LatencyPolicy {
                     ratio,
                     bar,
                     calls,
-                    "latency outlier against the fleet's mean"
+                    "latency outlier against the fleet's median"
                 );
                 member.record.request_evaluation();
             } else if returning {
@@ -248,6 +285,24 @@ impl FleetPolicy for LatencyPolicy {
             }
         }
     }
+}
+
+/// The most calls one call in flight counts as.
+const MAX_IN_FLIGHT_WEIGHT: f64 = 10_000.0;
+
+/// The median of `statistics`, if there are `at_least` of them and it is a positive number.
+fn median_of(mut statistics: Vec<f64>, at_least: usize) -> Option<f64> {
+    if statistics.len() < at_least.max(1) {
+        return None;
+    }
+    statistics.sort_by(f64::total_cmp);
+    let middle = statistics.len() / 2;
+    let median = if statistics.len().is_multiple_of(2) {
+        (statistics[middle - 1] + statistics[middle]) / 2.0
+    } else {
+        statistics[middle]
+    };
+    (median.is_finite() && median > 0.0).then_some(median)
 }
 
 #[cfg(test)]
@@ -310,7 +365,7 @@ mod tests {
 
     #[test]
     fn a_slow_endpoint_stands_out_and_a_fleet_slowing_together_does_not() {
-        let policy = LatencyPolicy::new(LatencyConfig::d2().build().unwrap());
+        let policy = LatencyPolicy::new(LatencyConfig::d2().intervals(1).build().unwrap());
         let fleet = states(5);
         let slow = [
             (20, 30, 0, 0),
@@ -350,9 +405,9 @@ mod tests {
 
     #[test]
     fn calls_in_flight_count_at_their_age() {
-        let policy = LatencyPolicy::new(LatencyConfig::d2().build().unwrap());
+        let policy = LatencyPolicy::new(LatencyConfig::d2().intervals(1).build().unwrap());
         let fleet = states(4);
-        // Eight fast calls done and two hung for 2 s: a mean of 400 ms.
+        // Eight fast calls done and two hung for 2 s: a p90 of 2 s.
         let hung = [
             (8, 10, 2, 2000),
             (100, 10, 0, 0),
@@ -387,6 +442,26 @@ mod tests {
     }
 
     #[test]
+    fn an_endpoint_must_stand_out_the_intervals_in_a_row() {
+        let policy = LatencyPolicy::new(LatencyConfig::d2().build().unwrap());
+        let fleet = states(4);
+        let slow = [
+            (100, 30, 0, 0),
+            (100, 10, 0, 0),
+            (100, 10, 0, 0),
+            (100, 10, 0, 0),
+        ];
+        let fine = [(100, 10, 0, 0); 4];
+        assert!(!verdicts(&policy, &fleet, &slow)[0], "one interval");
+        assert!(!verdicts(&policy, &fleet, &fine)[0]);
+        assert!(
+            !verdicts(&policy, &fleet, &slow)[0],
+            "the streak began again"
+        );
+        assert!(verdicts(&policy, &fleet, &slow)[0], "two in a row");
+    }
+
+    #[test]
     fn fast_failures_are_not_timed_and_timeouts_are() {
         let state = LatencyEndpoint::new();
         let failed = |kind, ms| Observation {
@@ -395,6 +470,35 @@ mod tests {
         };
         state.record(&failed(FailureKind::Transport, 1), 0);
         state.record(&failed(FailureKind::Timeout, 1000), 0);
-        assert_eq!(state.take(), (1, 1_000_000_000));
+        let counts = state.take();
+        assert_eq!(counts.calls(), 1);
+        let p90 = counts.quantile(0.9).unwrap();
+        assert!((p90 / 1e9 - 1.0).abs() < 0.2, "{p90}");
+    }
+
+    #[test]
+    fn one_slow_call_or_a_rare_tail_judges_nobody() {
+        let policy = LatencyPolicy::new(LatencyConfig::d2().intervals(1).build().unwrap());
+        let fleet = states(4);
+        // 499 calls of 1 ms and one of 1 s on #0.
+        fleet[0].record(&ms(1000), 0);
+        let one_slow = [
+            (499, 1, 0, 0),
+            (500, 1, 0, 0),
+            (500, 1, 0, 0),
+            (500, 1, 0, 0),
+        ];
+        assert_eq!(verdicts(&policy, &fleet, &one_slow), [false; 4]);
+        // A tail of 5 % of calls at 10× on #0 alone.
+        for _ in 0..25 {
+            fleet[0].record(&ms(100), 0);
+        }
+        let tail = [
+            (475, 10, 0, 0),
+            (500, 10, 0, 0),
+            (500, 10, 0, 0),
+            (500, 10, 0, 0),
+        ];
+        assert_eq!(verdicts(&policy, &fleet, &tail), [false; 4]);
     }
 }
