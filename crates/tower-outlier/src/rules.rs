@@ -248,12 +248,14 @@
 //! # 9b. Latency against the fleet (LinkedIn D2)
 //!
 //! With a `latency::LatencyPolicy` (feature `latency`): every interval (5 s) each endpoint in the
-//! balancer's set is timed by the mean latency of its successes and timeouts in the interval, its
-//! calls in flight counted at how long they have waited with no call completing. With at least
-//! `min_endpoints` (3) endpoints of at least `min_calls` (10) calls, one at or above
-//! `eject_above` (1.3) times the fleet's call-weighted mean is an outlier until the next interval,
-//! ejected within the budget (section 3). Back on trial (section 4), it is an outlier above
-//! `readmit_below` (1.1) times the mean until an interval finds it at or below that.
+//! balancer's set is timed by the p90 of its successes' and timeouts' latencies in the interval
+//! (a sketch of log-linear buckets), its calls in flight counted at how long they have waited
+//! with no call completing, each as many calls as the median's worth of time it has held. With at
+//! least `min_endpoints` (3) endpoints of at least `min_calls` (10) calls, one at or above
+//! `eject_above` (1.3) times the median of the endpoints' p90s `intervals` (2) intervals in a row
+//! is an outlier until the next interval, ejected within the budget (section 3). Back on trial
+//! (section 4), one interval above `readmit_below` (1.1) times the median fails it, until an
+//! interval finds it at or below that.
 //!
 //! # 10. The detectors of Envoy, gRPC and linkerd
 //!
