@@ -239,21 +239,8 @@ impl<C, P, R> OutlierDetectionLayer<C, P, R> {
     /// # Ok::<(), tower_outlier::ConfigError>(())
     /// ```
     pub fn rebuild_on_return<R2>(self, rebuild: R2) -> OutlierDetectionLayer<C, P, R2> {
-        OutlierDetectionLayer {
-            discover_errors: self.discover_errors,
-            rules: self.rules,
-            hosts: self.hosts,
-            budget: self.budget,
-            all_out: self.all_out,
-            max_pushback: self.max_pushback,
-            slow_start: self.slow_start,
-            degraded_hold: self.degraded_hold,
-            clock: self.clock,
-            classifier: self.classifier,
-            probe: self.probe,
-            rebuild,
-            monitor: self.monitor,
-        }
+        let (layer, classifier, probe, _) = self.into_parts();
+        layer.with_parts(classifier, probe, rebuild)
     }
 
     /// Sets the clock calls are timed with. The default, [`Clock::auto`], chose when the layer was
@@ -270,41 +257,51 @@ impl<C, P, R> OutlierDetectionLayer<C, P, R> {
     /// tower-http makes a classifier per request), so keep it cheap to clone: the crate's
     /// classifiers are zero-sized or `Copy`; share anything larger behind an `Arc`.
     pub fn classifier<C2>(self, classifier: C2) -> OutlierDetectionLayer<C2, P, R> {
-        OutlierDetectionLayer {
-            discover_errors: self.discover_errors,
-            rules: self.rules,
-            hosts: self.hosts,
-            budget: self.budget,
-            all_out: self.all_out,
-            max_pushback: self.max_pushback,
-            slow_start: self.slow_start,
-            degraded_hold: self.degraded_hold,
-            clock: self.clock,
-            classifier,
-            probe: self.probe,
-            rebuild: self.rebuild,
-            monitor: self.monitor,
-        }
+        let (layer, _, probe, rebuild) = self.into_parts();
+        layer.with_parts(classifier, probe, rebuild)
     }
 
     /// Sets how ejected endpoints are checked for recovery (an active probe instead of the
     /// passive trial).
     pub fn probe<P2>(self, probe: P2) -> OutlierDetectionLayer<C, P2, R> {
-        OutlierDetectionLayer {
-            discover_errors: self.discover_errors,
-            rules: self.rules,
-            hosts: self.hosts,
-            budget: self.budget,
-            all_out: self.all_out,
-            max_pushback: self.max_pushback,
-            slow_start: self.slow_start,
-            degraded_hold: self.degraded_hold,
-            clock: self.clock,
-            classifier: self.classifier,
+        let (layer, classifier, _, rebuild) = self.into_parts();
+        layer.with_parts(classifier, probe, rebuild)
+    }
+
+    /// The layer apart from its typed parts (classifier, probe, rebuild), for the builders that
+    /// change one of their types.
+    fn into_parts(self) -> (OutlierDetectionLayer<(), (), ()>, C, P, R) {
+        let OutlierDetectionLayer {
+            discover_errors,
+            rules,
+            hosts,
+            budget,
+            all_out,
+            max_pushback,
+            slow_start,
+            degraded_hold,
+            clock,
+            classifier,
             probe,
-            rebuild: self.rebuild,
-            monitor: self.monitor,
-        }
+            rebuild,
+            monitor,
+        } = self;
+        let layer = OutlierDetectionLayer {
+            discover_errors,
+            rules,
+            hosts,
+            budget,
+            all_out,
+            max_pushback,
+            slow_start,
+            degraded_hold,
+            clock,
+            classifier: (),
+            probe: (),
+            rebuild: (),
+            monitor,
+        };
+        (layer, classifier, probe, rebuild)
     }
 
     /// Sets what the adaptor does with an error from the upstream discover stream: pass it to the
@@ -421,6 +418,32 @@ pub(crate) const DEFAULT_BUDGET: EjectionBudget =
         Some(b) => b,
         None => unreachable!(),
     };
+
+impl OutlierDetectionLayer<(), (), ()> {
+    /// The layer with these typed parts.
+    fn with_parts<C, P, R>(
+        self,
+        classifier: C,
+        probe: P,
+        rebuild: R,
+    ) -> OutlierDetectionLayer<C, P, R> {
+        OutlierDetectionLayer {
+            discover_errors: self.discover_errors,
+            rules: self.rules,
+            hosts: self.hosts,
+            budget: self.budget,
+            all_out: self.all_out,
+            max_pushback: self.max_pushback,
+            slow_start: self.slow_start,
+            degraded_hold: self.degraded_hold,
+            clock: self.clock,
+            classifier,
+            probe,
+            rebuild,
+            monitor: self.monitor,
+        }
+    }
+}
 
 impl<D, C, P, R> Layer<D> for OutlierDetectionLayer<C, P, R>
 where
