@@ -53,14 +53,17 @@ pub struct EndpointRecord {
     // the server's request, capped; 0: it does not.
     avoid: AtomicU64,
     // What the layer's options keep per endpoint beside the calls (slow start, weights from load
-    // reports, what the server says of itself, connection failures): apart, so that the fields
-    // every call touches stay together.
-    extras: Box<Extras>,
+    // reports, what the server says of itself): apart, so that the fields every call touches stay
+    // together, and made only when an option acts.
+    extras: OnceLock<Box<Extras>>,
+    // A call timed out or failed in transport since the endpoint joined or was re-admitted: its
+    // connections may be dead (cold path: written once per episode).
+    connection_failed: AtomicBool,
     notifier: Arc<Notifier>,
 }
 
 /// The per-endpoint state of the layer's options (cold: read by the balancer's load, written
-/// when an option acts).
+/// when an option acts), made the first time one acts: a layer without them holds none.
 struct Extras {
     // Slow start: when the endpoint's ramp began, on the record's clock (`Nanos::MAX`: it is not
     // ramping), the size of the set it joined then, and the layer's ramp (cold path: written when
@@ -76,12 +79,62 @@ struct Extras {
     // signal). Cold path: written only while the server says so, and when that changes.
     degraded_until: AtomicU64,
     degraded_hold: AtomicU64,
-    // A call timed out or failed in transport since the endpoint joined or was re-admitted: its
-    // connections may be dead (cold path: written once per episode).
-    connection_failed: AtomicBool,
     // Its health service says it is not serving (gRPC's `grpc.health.v1` Watch): the layer's
     // to act on, until it says it is (cold path: written when that changes).
     not_serving: AtomicBool,
+}
+
+impl Extras {
+    fn new() -> Self {
+        Extras {
+            ramp_since: AtomicU64::new(Nanos::MAX),
+            ramp_fleet: AtomicU64::new(1),
+            ramp: OnceLock::new(),
+            draw_share: AtomicU64::new(1.0f64.to_bits()),
+            degraded_until: AtomicU64::new(0),
+            degraded_hold: AtomicU64::new(0),
+            not_serving: AtomicBool::new(false),
+        }
+    }
+
+    /// Takes on `other`'s state (a record's successor).
+    fn copy_from(&self, other: &Extras) {
+        if let Some(ramp) = other.ramp.get() {
+            let _ = self.ramp.set(*ramp);
+        }
+        for (to, from) in [
+            (&self.ramp_since, &other.ramp_since),
+            (&self.ramp_fleet, &other.ramp_fleet),
+            (&self.draw_share, &other.draw_share),
+            (&self.degraded_until, &other.degraded_until),
+            (&self.degraded_hold, &other.degraded_hold),
+        ] {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.not_serving
+            .store(other.not_serving.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
+/// [`EndpointRecord::ramp_draws`] for a ramp begun at `since`.
+#[cold]
+fn ramping_draws(extras: &Extras, since: Nanos, now: Nanos) -> f64 {
+    let Some(ramp) = extras.ramp.get() else {
+        return 1.0;
+    };
+    let share = ramp.share_at(now.saturating_sub(since));
+    if share >= 1.0 {
+        // Over: later reads are one load again. A ramp started meanwhile is kept.
+        let _ = extras.ramp_since.compare_exchange(
+            since,
+            Nanos::MAX,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        return 1.0;
+    }
+    let n = extras.ramp_fleet.load(Ordering::Relaxed) as f64;
+    (share * n / (n - 1.0 + share)).min(1.0)
 }
 
 impl EndpointRecord {
@@ -124,16 +177,8 @@ impl EndpointRecord {
             unready: AtomicBool::new(false),
             pushback: AtomicU64::new(0),
             avoid: AtomicU64::new(0),
-            extras: Box::new(Extras {
-                ramp_since: AtomicU64::new(Nanos::MAX),
-                ramp_fleet: AtomicU64::new(1),
-                ramp: OnceLock::new(),
-                draw_share: AtomicU64::new(1.0f64.to_bits()),
-                degraded_until: AtomicU64::new(0),
-                degraded_hold: AtomicU64::new(0),
-                connection_failed: AtomicBool::new(false),
-                not_serving: AtomicBool::new(false),
-            }),
+            extras: OnceLock::new(),
+            connection_failed: AtomicBool::new(false),
             notifier,
         }
     }
@@ -182,35 +227,11 @@ impl EndpointRecord {
             .store(self.pushback.load(Ordering::Relaxed), Ordering::Relaxed);
         next.avoid
             .store(self.avoid.load(Ordering::Relaxed), Ordering::Relaxed);
-        if let Some(ramp) = self.extras.ramp.get() {
-            let _ = next.extras.ramp.set(*ramp);
+        if let Some(extras) = self.extras.get() {
+            next.extras_or_new().copy_from(extras);
         }
-        next.extras.draw_share.store(
-            self.extras.draw_share.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        next.extras.ramp_since.store(
-            self.extras.ramp_since.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        next.extras.ramp_fleet.store(
-            self.extras.ramp_fleet.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        next.extras.degraded_until.store(
-            self.extras.degraded_until.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        next.extras.not_serving.store(
-            self.extras.not_serving.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        next.extras.connection_failed.store(
-            self.extras.connection_failed.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        next.extras.degraded_hold.store(
-            self.extras.degraded_hold.load(Ordering::Relaxed),
+        next.connection_failed.store(
+            self.connection_failed.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
         next
@@ -428,49 +449,38 @@ impl EndpointRecord {
         (until > now).then_some(until)
     }
 
+    /// The options' state, made now if the endpoint has none yet (cold path: one allocation).
+    fn extras_or_new(&self) -> &Extras {
+        self.extras.get_or_init(|| Box::new(Extras::new()))
+    }
+
     /// Starts the endpoint's slow start at `now`, in a balancer's set of `fleet` endpoints (this
     /// one included): its share ramps up as `ramp` says. A record ramps by the first `ramp` it
     /// was given. Cold path.
     pub fn start_ramp(&self, ramp: SlowStart, fleet: usize, now: Nanos) {
-        let _ = self.extras.ramp.set(ramp);
-        self.extras
+        let extras = self.extras_or_new();
+        let _ = extras.ramp.set(ramp);
+        extras
             .ramp_fleet
             .store(fleet.max(1) as u64, Ordering::Relaxed);
-        self.extras.ramp_since.store(now, Ordering::Relaxed);
+        extras.ramp_since.store(now, Ordering::Relaxed);
     }
 
     /// The fraction of the balancer's draws the endpoint takes part in at `now` while it ramps
     /// up, in `(0, 1]`: 1 once the ramp is over (or there is none). In a set of `n` endpoints, a
     /// p2c balancer that draws an endpoint in `p` of the pairs it is in gives it `p·(n−1)/(n−p)`
     /// of a full endpoint's share when the costs are even, so for the share `s` of the ramp's
-    /// formula `p = s·n / (n − 1 + s)`. One atomic load while the endpoint is not ramping.
+    /// formula `p = s·n / (n − 1 + s)`. One or two loads while the endpoint is not ramping.
     #[inline]
     pub fn ramp_draws(&self, now: Nanos) -> f64 {
-        let since = self.extras.ramp_since.load(Ordering::Relaxed);
+        let Some(extras) = self.extras.get() else {
+            return 1.0;
+        };
+        let since = extras.ramp_since.load(Ordering::Relaxed);
         if since == Nanos::MAX {
             return 1.0;
         }
-        self.ramping_draws(since, now)
-    }
-
-    #[cold]
-    fn ramping_draws(&self, since: Nanos, now: Nanos) -> f64 {
-        let Some(ramp) = self.extras.ramp.get() else {
-            return 1.0;
-        };
-        let share = ramp.share_at(now.saturating_sub(since));
-        if share >= 1.0 {
-            // Over: later reads are one load again. A ramp started meanwhile is kept.
-            let _ = self.extras.ramp_since.compare_exchange(
-                since,
-                Nanos::MAX,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-            return 1.0;
-        }
-        let n = self.extras.ramp_fleet.load(Ordering::Relaxed) as f64;
-        (share * n / (n - 1.0 + share)).min(1.0)
+        ramping_draws(extras, since, now)
     }
 
     /// Sets the share of the balancer's draws the endpoint takes part in, in `[0, 1]` (a fleet
@@ -483,54 +493,67 @@ impl EndpointRecord {
         } else {
             share.clamp(0.0, 1.0)
         };
-        if self.extras.draw_share.load(Ordering::Relaxed) != share.to_bits() {
-            self.extras
-                .draw_share
-                .store(share.to_bits(), Ordering::Relaxed);
+        if share == 1.0 && self.extras.get().is_none() {
+            return;
+        }
+        let extras = self.extras_or_new();
+        if extras.draw_share.load(Ordering::Relaxed) != share.to_bits() {
+            extras.draw_share.store(share.to_bits(), Ordering::Relaxed);
         }
     }
 
     /// The share of the balancer's draws set by [`set_draw_share`](Self::set_draw_share).
     #[inline]
     pub fn draw_share(&self) -> f64 {
-        f64::from_bits(self.extras.draw_share.load(Ordering::Relaxed))
+        self.extras.get().map_or(1.0, |extras| {
+            f64::from_bits(extras.draw_share.load(Ordering::Relaxed))
+        })
     }
 
     /// The ramp's share of a full endpoint's traffic at `now` (`None` while not ramping), for
     /// snapshots.
     pub fn ramp_share(&self, now: Nanos) -> Option<f64> {
-        let since = self.extras.ramp_since.load(Ordering::Relaxed);
+        let extras = self.extras.get()?;
+        let since = extras.ramp_since.load(Ordering::Relaxed);
         if since == Nanos::MAX {
             return None;
         }
-        let share = self.extras.ramp.get()?.share_at(now.saturating_sub(since));
+        let share = extras.ramp.get()?.share_at(now.saturating_sub(since));
         (share < 1.0).then_some(share)
     }
 
     #[cold]
     fn note_connection_failed(&self) {
-        if !self.extras.connection_failed.load(Ordering::Relaxed) {
-            self.extras.connection_failed.store(true, Ordering::Relaxed);
+        if !self.connection_failed.load(Ordering::Relaxed) {
+            self.connection_failed.store(true, Ordering::Relaxed);
         }
     }
 
     /// Whether a call timed out or failed in transport (refused, reset, a protocol error) since
     /// the endpoint joined, was re-admitted or this was last asked; asking forgets it.
     pub fn take_connection_failed(&self) -> bool {
-        self.extras.connection_failed.load(Ordering::Relaxed)
-            && self.extras.connection_failed.swap(false, Ordering::Relaxed)
+        self.connection_failed.load(Ordering::Relaxed)
+            && self.connection_failed.swap(false, Ordering::Relaxed)
     }
 
     /// Notes what the endpoint's health service says: not serving, or (`false`) serving. Whether
     /// that changed. Cold path; the layer acts on it.
     pub fn set_not_serving(&self, not_serving: bool) -> bool {
-        self.extras.not_serving.swap(not_serving, Ordering::AcqRel) != not_serving
+        if !not_serving && self.extras.get().is_none() {
+            return false;
+        }
+        self.extras_or_new()
+            .not_serving
+            .swap(not_serving, Ordering::AcqRel)
+            != not_serving
     }
 
     /// Whether the endpoint's health service last said it is not serving.
     #[inline]
     pub fn is_not_serving(&self) -> bool {
-        self.extras.not_serving.load(Ordering::Relaxed)
+        self.extras
+            .get()
+            .is_some_and(|extras| extras.not_serving.load(Ordering::Relaxed))
     }
 
     /// Ends an avoidance the layer set with [`avoid_until`](Self::avoid_until)`(Nanos::MAX)`, the
@@ -544,15 +567,20 @@ impl EndpointRecord {
     /// Reads what the endpoint's server says of its own state: a response saying it is degraded
     /// holds it so for `hold` (zero: the signal is ignored, the default). Cold path.
     pub fn watch_degraded(&self, hold: Duration) {
-        self.extras
+        if hold.is_zero() && self.extras.get().is_none() {
+            return;
+        }
+        self.extras_or_new()
             .degraded_hold
             .store(duration_to_nanos(hold), Ordering::Relaxed);
     }
 
-    /// Whether the layer reads the server's degraded signal (one load).
+    /// Whether the layer reads the server's degraded signal (one or two loads).
     #[inline]
     pub fn watches_degraded(&self) -> bool {
-        self.extras.degraded_hold.load(Ordering::Relaxed) != 0
+        self.extras
+            .get()
+            .is_some_and(|extras| extras.degraded_hold.load(Ordering::Relaxed) != 0)
     }
 
     /// A response at `now` said the endpoint is degraded, or (`false`) did not: degraded until
@@ -560,18 +588,21 @@ impl EndpointRecord {
     /// unless [`watch_degraded`](Self::watch_degraded) set a hold. Whether the endpoint's state
     /// changed. Writes only while the server says so, and when that ends.
     pub fn set_degraded(&self, degraded: bool, now: Nanos) -> bool {
-        let hold = self.extras.degraded_hold.load(Ordering::Relaxed);
+        let Some(extras) = self.extras.get() else {
+            return false;
+        };
+        let hold = extras.degraded_hold.load(Ordering::Relaxed);
         if hold == 0 {
             return false;
         }
-        let until = self.extras.degraded_until.load(Ordering::Relaxed);
+        let until = extras.degraded_until.load(Ordering::Relaxed);
         let was = until > now;
         if degraded {
-            self.extras
+            extras
                 .degraded_until
                 .store(now.saturating_add(hold).max(1), Ordering::Relaxed);
         } else if until != 0 {
-            self.extras.degraded_until.store(0, Ordering::Relaxed);
+            extras.degraded_until.store(0, Ordering::Relaxed);
         }
         was != degraded
     }
@@ -580,7 +611,7 @@ impl EndpointRecord {
     /// `now`.
     #[inline]
     pub fn degraded_until(&self, now: Nanos) -> Option<Nanos> {
-        let until = self.extras.degraded_until.load(Ordering::Relaxed);
+        let until = self.extras.get()?.degraded_until.load(Ordering::Relaxed);
         (until > now).then_some(until)
     }
 
@@ -647,9 +678,7 @@ impl EndpointRecord {
         self.flagged.store(false, Ordering::Release);
         self.pushback.store(0, Ordering::Relaxed);
         self.avoid.store(0, Ordering::Relaxed);
-        self.extras
-            .connection_failed
-            .store(false, Ordering::Relaxed);
+        self.connection_failed.store(false, Ordering::Relaxed);
         let flags = self.latency.flags.load(Ordering::Relaxed);
         self.latency.flags.store(
             flags & !(LAST_MASK | PEAK_UNCONFIRMED | REPEATED),
