@@ -178,7 +178,7 @@ async fn servers_reporting_utilizations_get_their_a58_shares() {
         call(client.clone()).await;
     }
     let before: Vec<usize> = counts.iter().map(|c| c.load(Ordering::SeqCst)).collect();
-    for _ in 0..3000 {
+    for _ in 0..5000 {
         call(client.clone()).await;
     }
     let calls: Vec<usize> = counts

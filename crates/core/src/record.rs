@@ -72,7 +72,8 @@ struct Extras {
     ramp_fleet: AtomicU64,
     ramp: OnceLock<SlowStart>,
     // The share of the balancer's draws a fleet policy weighting endpoints by their servers'
-    // load reports gives the endpoint (f64 bits; 1.0: all of them). Written once per evaluation.
+    // load reports gives the endpoint (f64 bits; not a number: no weights are in force). Written
+    // once per evaluation.
     draw_share: AtomicU64,
     // Until when its server said it is degraded (`x-envoy-degraded`), on the record's clock; 0:
     // it is not. And how long one such response holds it so (0: the layer does not read the
@@ -90,7 +91,7 @@ impl Extras {
             ramp_since: AtomicU64::new(Nanos::MAX),
             ramp_fleet: AtomicU64::new(1),
             ramp: OnceLock::new(),
-            draw_share: AtomicU64::new(1.0f64.to_bits()),
+            draw_share: AtomicU64::new(NO_DRAW_SHARE),
             degraded_until: AtomicU64::new(0),
             degraded_hold: AtomicU64::new(0),
             not_serving: AtomicBool::new(false),
@@ -115,6 +116,9 @@ impl Extras {
             .store(other.not_serving.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 }
+
+/// The bits of a share of the draws that is not in force: a quiet NaN.
+const NO_DRAW_SHARE: u64 = 0x7ff8_0000_0000_0000;
 
 /// [`EndpointRecord::ramp_draws`] for a ramp begun at `since`.
 #[cold]
@@ -486,27 +490,53 @@ impl EndpointRecord {
     /// Sets the share of the balancer's draws the endpoint takes part in, in `[0, 1]` (a fleet
     /// policy that weights endpoints, such as gRPC's weighted round robin from load reports): in
     /// a p2c balancer of `n` endpoints taking part in `p_i` of their draws with even costs,
-    /// endpoint `i` gets `1/n + (n·p_i − Σp)/(n(n−1))` of the calls. Not a number: 1. Cold path.
+    /// endpoint `i` gets `1/n + (n·p_i − Σp)/(n(n−1))` of the calls. While a share is set (1.0
+    /// included: the heaviest endpoint's), the weights stand for the endpoints' load, and the
+    /// balancer's load compares endpoints taking part in a draw by their calls in flight, not by
+    /// their latency ([`draws_weighted`](Self::draws_weighted)). Not a number: as
+    /// [`clear_draw_share`](Self::clear_draw_share). Cold path.
     pub fn set_draw_share(&self, share: f64) {
-        let share = if share.is_nan() {
-            1.0
-        } else {
-            share.clamp(0.0, 1.0)
-        };
-        if share == 1.0 && self.extras.get().is_none() {
+        if share.is_nan() {
+            self.clear_draw_share();
             return;
         }
+        let bits = share.clamp(0.0, 1.0).to_bits();
         let extras = self.extras_or_new();
-        if extras.draw_share.load(Ordering::Relaxed) != share.to_bits() {
-            extras.draw_share.store(share.to_bits(), Ordering::Relaxed);
+        if extras.draw_share.load(Ordering::Relaxed) != bits {
+            extras.draw_share.store(bits, Ordering::Relaxed);
         }
     }
 
-    /// The share of the balancer's draws set by [`set_draw_share`](Self::set_draw_share).
+    /// No share of the draws is in force any more: the endpoint takes part in all of them, and
+    /// is compared by its cost. Cold path.
+    pub fn clear_draw_share(&self) {
+        if let Some(extras) = self.extras.get() {
+            if extras.draw_share.load(Ordering::Relaxed) != NO_DRAW_SHARE {
+                extras.draw_share.store(NO_DRAW_SHARE, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The share of the balancer's draws set by [`set_draw_share`](Self::set_draw_share) (1.0
+    /// while none is in force).
     #[inline]
     pub fn draw_share(&self) -> f64 {
         self.extras.get().map_or(1.0, |extras| {
-            f64::from_bits(extras.draw_share.load(Ordering::Relaxed))
+            let share = f64::from_bits(extras.draw_share.load(Ordering::Relaxed));
+            if share.is_nan() {
+                1.0
+            } else {
+                share
+            }
+        })
+    }
+
+    /// Whether a fleet policy's weights decide the endpoint's share of the draws
+    /// ([`set_draw_share`](Self::set_draw_share)).
+    #[inline]
+    pub fn draws_weighted(&self) -> bool {
+        self.extras.get().is_some_and(|extras| {
+            !f64::from_bits(extras.draw_share.load(Ordering::Relaxed)).is_nan()
         })
     }
 

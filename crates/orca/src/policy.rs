@@ -22,12 +22,15 @@ const NEVER: Nanos = Nanos::MAX;
 /// Every [`weight_update_period`](OrcaConfig::weight_update_period) it takes each endpoint in the
 /// balancer's set with a weight in force (reported for the blackout period, not expired), gives
 /// the others the mean of those weights, and sets how many of the balancer's draws each takes
-/// part in so that p2c gives it its weight's share of the calls when the costs are even: with
-/// target shares `t_i`, endpoint `i` takes part in `1 − (n − 1)(max t − t_i)` of its draws, the
-/// largest in all of them. With fewer than two weights in force, every endpoint takes part in all
-/// of its draws. Where costs differ (more calls in flight, a slower endpoint) p2c still weighs
-/// them within the draws an endpoint takes part in. A weight policy's (SOFARPC's) relative weight
-/// divides the cost within those draws; both apply.
+/// part in so that p2c gives it its weight's share of the calls: with target shares `t_i`,
+/// endpoint `i` takes part in `1 − (n − 1)(max t − t_i)` of its draws, the largest in all of
+/// them. While the weights are in force they stand for the servers' load, as in A58: within a
+/// draw, the layer's load compares two endpoints taking part by their calls in flight (and the
+/// age of those calls), not by their measured latency, so that serial traffic splits exactly as
+/// the weights say and concurrent traffic still avoids an endpoint holding calls. With fewer than
+/// two weights in force, every endpoint takes part in all of its draws and is compared by its
+/// latency again. A weight policy's (SOFARPC's) relative weight divides the cost within the draws;
+/// both apply.
 ///
 /// ```
 /// use tower_outlier_orca::{OrcaConfig, OrcaPolicy};
@@ -203,22 +206,27 @@ impl FleetPolicy for OrcaPolicy {
         let known: Vec<f64> = weights.iter().flatten().copied().collect();
         let shares = draw_shares(&weights, &known);
         for (member, share) in in_set.iter().zip(shares) {
-            member.record.set_draw_share(share);
+            match share {
+                Some(share) => member.record.set_draw_share(share),
+                None => member.record.clear_draw_share(),
+            }
+            let share = share.unwrap_or(1.0);
             member.state.draws.store(share.to_bits(), Ordering::Relaxed);
         }
         for member in fleet.iter().filter(|member| !member.available) {
-            member.record.set_draw_share(1.0);
+            member.record.clear_draw_share();
             member.state.draws.store(1f64.to_bits(), Ordering::Relaxed);
         }
     }
 }
 
 /// The share of draws of each endpoint of the set for its weight (`None`: not in force, the mean
-/// of the `known` ones), so that p2c gives it its weight's share of the calls.
-fn draw_shares(weights: &[Option<f64>], known: &[f64]) -> Vec<f64> {
+/// of the `known` ones), so that p2c gives it its weight's share of the calls; `None` for every
+/// endpoint while too few weights are known for any to apply.
+fn draw_shares(weights: &[Option<f64>], known: &[f64]) -> Vec<Option<f64>> {
     let n = weights.len();
     if known.len() < 2 || n < 2 {
-        return vec![1.0; n];
+        return vec![None; n];
     }
     let mean = known.iter().sum::<f64>() / known.len() as f64;
     let weights: Vec<f64> = weights.iter().map(|w| w.unwrap_or(mean)).collect();
@@ -227,7 +235,7 @@ fn draw_shares(weights: &[Option<f64>], known: &[f64]) -> Vec<f64> {
     let spread = (n - 1) as f64;
     weights
         .iter()
-        .map(|w| (1.0 - spread * (max - w) / total).clamp(0.0, 1.0))
+        .map(|w| Some((1.0 - spread * (max - w) / total).clamp(0.0, 1.0)))
         .collect()
 }
 
@@ -246,7 +254,10 @@ mod tests {
     fn shares_of_draws_give_shares_of_calls_in_proportion() {
         let weights = [Some(500.0), Some(250.0), Some(125.0)];
         let known = [500.0, 250.0, 125.0];
-        let p = draw_shares(&weights, &known);
+        let p: Vec<f64> = draw_shares(&weights, &known)
+            .into_iter()
+            .flatten()
+            .collect();
         for (i, w) in known.iter().enumerate() {
             let target = w / 875.0;
             assert!((calls_share(&p, i) - target).abs() < 1e-12, "{p:?}");
@@ -258,16 +269,19 @@ mod tests {
     fn unknown_weights_take_the_mean_and_too_few_take_nothing() {
         assert_eq!(
             draw_shares(&[Some(10.0), None, None], &[10.0]),
-            vec![1.0; 3]
+            vec![None; 3]
         );
-        let p = draw_shares(&[Some(300.0), Some(100.0), None], &[300.0, 100.0]);
+        let p: Vec<f64> = draw_shares(&[Some(300.0), Some(100.0), None], &[300.0, 100.0])
+            .into_iter()
+            .flatten()
+            .collect();
         let target = [300.0 / 600.0, 100.0 / 600.0, 200.0 / 600.0];
         for (i, t) in target.iter().enumerate() {
             assert!((calls_share(&p, i) - t).abs() < 1e-12, "{p:?}");
         }
         // Too uneven for p2c: the lightest takes part in none of its draws.
         let p = draw_shares(&[Some(1000.0), Some(1.0), Some(1.0)], &[1000.0, 1.0, 1.0]);
-        assert_eq!(p[1], 0.0);
+        assert_eq!(p[1], Some(0.0));
     }
 
     #[test]

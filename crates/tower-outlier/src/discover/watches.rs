@@ -17,8 +17,12 @@ type Next<K> =
     Pin<Box<dyn Future<Output = Option<(K, u64, Option<Health>, HealthStream, u32)>> + Send>>;
 
 /// Words in a row a watch may give without its stream ever making the adaptor wait: past this it
-/// yields once, so that a stream that is always ready cannot keep the balancer from its calls.
+/// waits [`READY_PAUSE`] on a timer, so that a stream that is always ready cannot keep the
+/// balancer from its calls (nor make its task wake itself).
 const READY_STREAK: u32 = 16;
+
+/// How long a watch that gave [`READY_STREAK`] words in a row waits before its next.
+const READY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 pub(super) struct Watches<K> {
     running: FuturesUnordered<Abortable<Next<K>>>,
@@ -63,7 +67,7 @@ where
         let next: Next<K> = Box::pin(async move {
             let mut streak = streak;
             if streak >= READY_STREAK {
-                YieldOnce(false).await;
+                tokio::time::sleep(READY_PAUSE).await;
                 streak = 0;
             }
             let mut waited = false;
@@ -113,23 +117,6 @@ where
                 }
             }
         }
-        Poll::Pending
-    }
-}
-
-/// Pending once, its task woken at once: a watch that gave many words in a row lets the others,
-/// and the balancer, have their turn.
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            return Poll::Ready(());
-        }
-        self.0 = true;
-        cx.waker().wake_by_ref();
         Poll::Pending
     }
 }

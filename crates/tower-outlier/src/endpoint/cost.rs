@@ -13,7 +13,9 @@ use super::*;
 /// not serving, and the layer kept it in; 10¹⁸ more in the draws a slow-starting or weighted
 /// endpoint sits out
 /// ([`OutlierDetectionLayer::slow_start`](crate::OutlierDetectionLayer::slow_start)), so that it
-/// wins one only against another sitting out; 10²⁰ more while its server says it is degraded
+/// wins one only against another sitting out (while weights from load reports are in force, the
+/// latency estimate counts as zero, so that calls in flight alone decide between endpoints taking
+/// part); 10²⁰ more while its server says it is degraded
 /// ([`degraded`](crate::degraded)), so that it wins a draw only against another degraded
 /// endpoint (or one avoided altogether).
 ///
@@ -87,9 +89,13 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         }
         let in_flight = self.in_flight();
         let draws = &self.holder.draws;
+        let degraded = record.degraded_until(now).is_some();
+        // Exploration re-checks a healthy endpoint's one slow call, and follows up a fast
+        // failure; an endpoint whose server says it is degraded is avoided on purpose, not for a
+        // slow call, so only the follow-up applies (ejection wins over degradation).
         if weight >= 1.0
             && (draws.wanted(record, now, in_flight as u64) > in_flight as u64
-                || draws.explore(record, in_flight, now))
+                || draws.explore(record, in_flight, now, !degraded))
         {
             return EndpointCost(0.0);
         }
@@ -98,7 +104,14 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         // above come first: they ask for a few calls a policy needs).
         let draws_share = record.ramp_draws(now) * record.draw_share();
         let sits_out = draws_share < 1.0 && !draws.takes_part(draws_share);
-        let mut rtt = record.rtt_estimate(now);
+        // Weights from load reports stand for the servers' load (as in gRPC's weighted round
+        // robin): latency would decide every draw between two endpoints taking part, and the
+        // calls would no longer split as the weights say.
+        let mut rtt = if record.draws_weighted() {
+            0.0
+        } else {
+            record.rtt_estimate(now)
+        };
         if in_flight > 0 {
             // Calls in flight count at their age so far: one that has waited far longer than
             // the estimate (a black hole, a hung call) says more of the endpoint than samples
@@ -112,7 +125,7 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
             // Behind every endpoint taking part in the draw, ahead of a degraded one.
             cost += SIT_OUT_COST;
         }
-        if record.degraded_until(now).is_some() {
+        if degraded {
             // Its server says it is degraded: behind every endpoint that is not, ordered by its
             // own cost among the degraded ones.
             cost += DEGRADED_COST;
@@ -195,16 +208,23 @@ impl Draws {
     }
 
     /// Counts one draw; true when the endpoint has lost enough in a row to win this one: its
-    /// estimate rests on one unconfirmed slow call, or its last call failed fast a second ago or
-    /// more and a policy would judge on the next ([`EndpointRecord::follow_up_wanted`]). Never while a call is in flight: a sample is on its way, and a black hole (whose
-    /// calls never complete) would otherwise be sent one more call each time it lost 16 draws
-    /// until its first timeout came back. Never after a timeout either: that call would cost a
-    /// caller a timeout too.
-    pub(super) fn explore(&self, record: &EndpointRecord, in_flight: usize, now: Nanos) -> bool {
+    /// estimate rests on one unconfirmed slow call (when `slow_call` asks it), or its last call
+    /// failed fast a second ago or more and a policy would judge on the next
+    /// ([`EndpointRecord::follow_up_wanted`]). Never while a call is in flight: a sample is on
+    /// its way, and a black hole (whose calls never complete) would otherwise be sent one more
+    /// call each time it lost 16 draws until its first timeout came back. Never after a timeout
+    /// either: that call would cost a caller a timeout too.
+    pub(super) fn explore(
+        &self,
+        record: &EndpointRecord,
+        in_flight: usize,
+        now: Nanos,
+        slow_call: bool,
+    ) -> bool {
         let lost = self.lost.load(Ordering::Relaxed);
         if lost >= EXPLORE_AFTER
             && in_flight == 0
-            && (record.peak_unconfirmed() || self.follow_up(record, now))
+            && ((slow_call && record.peak_unconfirmed()) || self.follow_up(record, now))
         {
             return true;
         }
