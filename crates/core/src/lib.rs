@@ -6,7 +6,8 @@
 //! * [`Window`]: a lock-free, time-bucketed sliding window of call counts.
 //! * [`Clock`]: the deliberate choice of time source for the hot path.
 //! * [`OutlierPolicy`], [`EndpointPolicy`], [`Judgement`]: how policies judge endpoints, and the shared
-//!   [`EjectionBudget`] and [`RecoverySchedule`] they eject and recover by.
+//!   [`EjectionBudget`] and [`RecoverySchedule`] they eject and recover by; [`ComposedPolicy`]:
+//!   several policies as one, combined by any, all or k of n.
 //! * [`EndpointRecord`]: the per-endpoint state the layer and the response futures share.
 //! * [`ConfigError`]: a configuration value outside its range, named; [`text`]: how
 //!   configuration readers show names and values in errors.
@@ -34,7 +35,9 @@
 
 pub mod classify;
 mod clock;
+mod compose;
 pub mod dialect;
+mod dice;
 mod document;
 mod error;
 #[cfg(feature = "json")]
@@ -53,6 +56,8 @@ mod window;
 
 pub use classify::{Classify, NetworkErrors, ServerErrors};
 pub use clock::{duration_to_nanos, Clock, Nanos};
+pub use compose::{Agreement, ComposedEndpoint, ComposedPolicy, ComposedPolicyBuilder};
+pub use dice::Dice;
 pub use document::DocumentError;
 pub use error::{check_nonzero_duration, check_ratio, ConfigError};
 pub use lock::{Lock, LockGuard};

@@ -128,6 +128,14 @@ pub trait EndpointPolicy: std::any::Any + fmt::Debug + Send + Sync {
     fn gate(&self) -> Option<&dyn ProbeGate> {
         None
     }
+
+    /// What each member shows of the endpoint, for a state made of other policies' states
+    /// ([`ComposedPolicy`](crate::ComposedPolicy)): their names and descriptions, in order.
+    /// Empty (the default) for any other. Cold path: snapshots.
+    fn members(&self, now: Nanos) -> Vec<(&'static str, Description)> {
+        let _ = now;
+        Vec::new()
+    }
 }
 
 /// What a policy that needs a number of calls to decide adds to [`EndpointPolicy`] (see
@@ -162,6 +170,23 @@ pub trait OwnTiming: Send + Sync {
     /// counts ejections (a growing ejection time) may count here. `None`: the policy's
     /// [`RecoverySchedule`] decides.
     fn check_at(&self, now: Nanos) -> Option<Nanos>;
+
+    /// [`check_at`](Self::check_at) for an ejection after `failed_checks` failed recovery checks
+    /// in a row (a relapse on trial), which the layer asks instead: for a state that times its
+    /// ejections from its members' schedules ([`ComposedPolicy`](crate::ComposedPolicy)). The
+    /// default ignores the count.
+    fn check_at_after(&self, failed_checks: u32, now: Nanos) -> Option<Nanos> {
+        let _ = failed_checks;
+        self.check_at(now)
+    }
+
+    /// When the endpoint may next be checked after its recovery check (a probe) failed, the
+    /// `failed_checks`-th in a row, if this state decides it itself. `None` (the default): the
+    /// ejecting policy's [`RecoverySchedule`] decides.
+    fn check_after_failed_probe(&self, failed_checks: u32, now: Nanos) -> Option<Nanos> {
+        let _ = (failed_checks, now);
+        None
+    }
 
     /// The layer judged the endpoint an outlier (by this policy or another) but kept it in
     /// rotation: the budget was spent, or it is the last endpoint. A state holding calls back

@@ -1,53 +1,12 @@
 //! Enforcement shared by every detector: the enforcement percentage's dice, and how long an
 //! ejection lasts under each system's semantics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub(crate) use tower_outlier_core::Dice;
 use tower_outlier_core::{duration_to_nanos, Nanos};
 
 use crate::config::{DetectorConfig, DetectorSemantics};
-
-/// A seedable random source that any thread may draw from without a lock: SplitMix64 over an
-/// atomic counter, so two draws racing each get their own number.
-#[derive(Debug)]
-pub(crate) struct Dice {
-    state: AtomicU64,
-}
-
-const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
-
-impl Dice {
-    pub(crate) fn new(seed: u64) -> Self {
-        Dice {
-            state: AtomicU64::new(seed),
-        }
-    }
-
-    pub(crate) fn next(&self) -> u64 {
-        let mut z = self
-            .state
-            .fetch_add(GOLDEN_GAMMA, Ordering::Relaxed)
-            .wrapping_add(GOLDEN_GAMMA);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// True with `percent` % chance. 0 and 100 draw nothing, so the defaults cost no draw.
-    pub(crate) fn enforce(&self, percent: u32) -> bool {
-        match percent {
-            0 => false,
-            100.. => true,
-            _ => self.next() % 100 < u64::from(percent),
-        }
-    }
-
-    /// A uniform number in `[0, 1)`.
-    pub(crate) fn unit(&self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// When an endpoint ejected at `now` comes back, and the ejection counter after this ejection.
 ///

@@ -141,13 +141,22 @@ pub use classify::{NetworkErrors, ServerErrors};
 pub use layer::{DiscoverErrors, OutlierDetectionLayer};
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, Snapshot};
 pub use reconfigure::RulesHandle;
-pub use tower_outlier_core::{Clock, ConfigError, SlowStart, SlowStartBuilder, WhenAllOut};
+pub use tower_outlier_core::{
+    Agreement, Clock, ComposedPolicy, ComposedPolicyBuilder, ConfigError, SlowStart,
+    SlowStartBuilder, WhenAllOut,
+};
 
 /// Latency outliers judged against their peers (LinkedIn D2's relative rule): everything of the
 /// `tower-outlier-latency` crate. Add [`LatencyPolicy`](latency::LatencyPolicy) to a layer.
 #[cfg(feature = "latency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "latency")))]
 pub use tower_outlier_latency as latency;
+
+/// Finagle's failure accrual: everything of the `tower-outlier-finagle` crate. Its default
+/// hybrid, [`finagle::finagle`], is a policy for [`OutlierDetectionLayer::new`].
+#[cfg(feature = "finagle")]
+#[cfg_attr(docsrs, doc(cfg(feature = "finagle")))]
+pub use tower_outlier_finagle as finagle;
 
 /// Endpoint weights from servers' ORCA load reports (gRPC's weighted round robin, gRFC A58):
 /// everything of the `tower-outlier-orca` crate. Add [`OrcaPolicy`](orca::OrcaPolicy) with

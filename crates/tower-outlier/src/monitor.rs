@@ -237,10 +237,21 @@ impl Monitor {
                 let windows: Vec<PolicyWindow> = descriptions
                     .iter()
                     .zip(copied.names.iter())
-                    .map(|(shown, name)| PolicyWindow {
+                    .zip(record.policies().iter())
+                    .map(|((shown, name), policy)| PolicyWindow {
                         policy: name,
                         counts: shown.counts,
                         state: shown.state,
+                        members: policy
+                            .members(at)
+                            .into_iter()
+                            .map(|(policy, shown)| PolicyWindow {
+                                policy,
+                                counts: shown.counts,
+                                state: shown.state,
+                                members: Vec::new(),
+                            })
+                            .collect(),
                     })
                     .collect();
                 let next_check_in = copied

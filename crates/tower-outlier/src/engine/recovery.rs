@@ -265,9 +265,23 @@ where
             self.readmit(&key, None, Readmission::ProbeSucceeded, now);
         } else {
             episode.failed_checks = episode.failed_checks.saturating_add(1);
-            let delay = episode
-                .schedule
-                .map_or(Duration::from_secs(10), |s| s.delay(episode.failed_checks));
+            // The ejecting state's own timing, when it has one (a composition's members, an
+            // equal-jitter back-off); otherwise the policy's recovery schedule.
+            let record = &entry.shared.record;
+            let recorded_now = record.clock().now();
+            let own = match episode.ejected_by {
+                super::Ejector::Policy(index) => record.policies().get(index).and_then(|p| {
+                    p.own_timing()?
+                        .check_after_failed_probe(episode.failed_checks, recorded_now)
+                }),
+                _ => None,
+            };
+            let delay = match own {
+                Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
+                None => episode
+                    .schedule
+                    .map_or(Duration::from_secs(10), |s| s.delay(episode.failed_checks)),
+            };
             let next_check = later(now, delay);
             let stage = Stage::Ejected { next_check };
             episode.set_stage(stage, &key, entry.id, &mut self.deadlines);

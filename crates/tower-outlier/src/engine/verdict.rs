@@ -420,7 +420,7 @@ where
                 let delay = match record
                     .policies()
                     .get(index)
-                    .and_then(|p| p.own_timing()?.check_at(recorded_now))
+                    .and_then(|p| p.own_timing()?.check_at_after(failed_checks, recorded_now))
                 {
                     Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
                     None => self.settings.policies[index]

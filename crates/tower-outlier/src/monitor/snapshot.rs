@@ -46,6 +46,10 @@ pub struct PolicyWindow {
     /// The state the policy holds the endpoint in, if it has one (a slow-call breaker's
     /// `"CLOSED"`, `"OPEN"`, `"HALF_OPEN"`; linkerd's `"OPEN"`, `"SHUT"`, `"PROBATION"`).
     pub state: Option<&'static str>,
+    /// For a composition of policies ([`ComposedPolicy`](crate::ComposedPolicy)), each member's
+    /// window and state, in order; empty for any other policy.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Vec::is_empty"))]
+    pub members: Vec<PolicyWindow>,
 }
 
 /// The state of one endpoint at the time of a [`Monitor::snapshot`](crate::Monitor::snapshot).
