@@ -23,6 +23,7 @@ use tower::load::{CompleteOnResponse, PeakEwmaDiscover};
 use tower::timeout::Timeout;
 use tower_layer::Layer;
 use tower_outlier::detectors::DetectorBuilder;
+use tower_outlier::finagle::finagle_seeded;
 use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
 use tower_outlier::probe::{request_probe, Probe};
 use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
@@ -69,9 +70,13 @@ enum Config {
     RecommendedSlowStart,
     /// `DetectorConfig::recommended()` with an active probe and D2's relative latency rule.
     RecommendedLatency,
+    /// Finagle's default failure accrual: a success rate below 0.8 over 30 s OR 5 consecutive
+    /// failures, equal-jitter back-off from 5 s; back by passive trial (Finagle's one probe
+    /// request).
+    Finagle,
 }
 
-const CONFIGS: [Config; 15] = [
+const CONFIGS: [Config; 16] = [
     Config::Baseline,
     Config::Edas,
     Config::EdasProbe,
@@ -87,6 +92,7 @@ const CONFIGS: [Config; 15] = [
     Config::RecommendedPassive,
     Config::RecommendedSlowStart,
     Config::RecommendedLatency,
+    Config::Finagle,
 ];
 
 impl Config {
@@ -107,6 +113,7 @@ impl Config {
             Config::RecommendedPassive => "recommended, passive",
             Config::RecommendedSlowStart => "recommended + active probe + slow start 10 s",
             Config::RecommendedLatency => "recommended + active probe + D2 latency",
+            Config::Finagle => "Finagle preset (success rate or 5 in a row)",
         }
     }
 
@@ -149,6 +156,7 @@ impl Config {
                 .slow_start(SlowStart::new(Duration::from_secs(10)).build().unwrap()),
             Config::RecommendedLatency => detectors(DetectorConfig::recommended())
                 .with_policy(LatencyPolicy::new(LatencyConfig::d2().build().unwrap())),
+            Config::Finagle => OutlierDetectionLayer::new(finagle_seeded(SEED)),
         })
     }
 }
