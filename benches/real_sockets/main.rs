@@ -210,6 +210,8 @@ fn stacks_for(protocol: Protocol, peers: bool) -> Vec<Stack> {
         Stack::Outlier(Preset::Hsf),
         Stack::Outlier(Preset::Envoy50),
         Stack::Outlier(Preset::Linkerd),
+        Stack::Outlier(Preset::RecommendedOrLatency),
+        Stack::Outlier(Preset::Finagle),
     ];
     match protocol {
         Protocol::Http => {

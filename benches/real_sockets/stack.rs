@@ -29,10 +29,11 @@ use tower::util::BoxService;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_outlier::events::Event;
 use tower_outlier::grpc::GrpcErrors;
+use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
 use tower_outlier::policy::OutlierPolicy;
 use tower_outlier::probe::{probe_fn, ProbeFuture};
 use tower_outlier::{
-    DetectorConfig, DetectorPolicy, ErrorRateConfig, ErrorRatePolicy, Monitor,
+    ComposedPolicy, DetectorConfig, DetectorPolicy, ErrorRateConfig, ErrorRatePolicy, Monitor,
     OutlierDetectionLayer, ServerErrors,
 };
 
@@ -57,6 +58,11 @@ pub enum Preset {
     Envoy50,
     Grpc,
     Linkerd,
+    /// The recommended configuration or D2's relative latency rule, composed
+    /// (`ComposedPolicy::any_of`), with the recommended active probe.
+    RecommendedOrLatency,
+    /// Finagle's default failure accrual (`finagle::finagle()`).
+    Finagle,
 }
 
 impl Preset {
@@ -69,6 +75,8 @@ impl Preset {
             Preset::Envoy50 => "tower-outlier, Envoy preset, max 50 %",
             Preset::Grpc => "tower-outlier, gRPC preset",
             Preset::Linkerd => "tower-outlier, linkerd preset",
+            Preset::RecommendedOrLatency => "tower-outlier, recommended or D2 latency",
+            Preset::Finagle => "tower-outlier, Finagle preset",
         }
     }
 
@@ -106,12 +114,24 @@ impl Preset {
             Preset::Linkerd => {
                 Arc::new(|| DetectorPolicy::new(DetectorConfig::linkerd().build().expect("valid")))
             }
+            Preset::RecommendedOrLatency => Arc::new(|| {
+                ComposedPolicy::any_of()
+                    .member(DetectorPolicy::new(
+                        DetectorConfig::recommended().build().expect("valid"),
+                    ))
+                    .member(LatencyPolicy::new(
+                        LatencyConfig::d2().build().expect("valid"),
+                    ))
+                    .build()
+                    .expect("valid")
+            }),
+            Preset::Finagle => Arc::new(tower_outlier::finagle::finagle),
         }
     }
 
     /// Whether the configuration checks ejected endpoints with an active probe.
     fn probes(self) -> bool {
-        self == Preset::Recommended
+        matches!(self, Preset::Recommended | Preset::RecommendedOrLatency)
     }
 }
 

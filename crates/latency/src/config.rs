@@ -15,6 +15,7 @@ pub struct LatencyConfig {
     pub(crate) min_calls: u64,
     pub(crate) min_endpoints: usize,
     pub(crate) recovery: RecoverySchedule,
+    pub(crate) down_weight: bool,
 }
 
 /// Builds a [`LatencyConfig`]; [`build`](LatencyConfigBuilder::build) checks the values.
@@ -29,6 +30,7 @@ pub struct LatencyConfigBuilder {
     min_endpoints: usize,
     recovery_unit: Duration,
     max_recovery_multiple: u32,
+    down_weight: bool,
 }
 
 impl LatencyConfig {
@@ -57,6 +59,7 @@ impl LatencyConfig {
             min_endpoints: 3,
             recovery_unit: Duration::from_secs(10),
             max_recovery_multiple: 30,
+            down_weight: false,
         }
     }
 
@@ -98,6 +101,11 @@ impl LatencyConfig {
     /// When an ejected endpoint is checked again.
     pub fn recovery(&self) -> RecoverySchedule {
         self.recovery
+    }
+
+    /// Whether outliers are down-weighted rather than ejected.
+    pub fn down_weight(&self) -> bool {
+        self.down_weight
     }
 }
 
@@ -149,6 +157,17 @@ impl LatencyConfigBuilder {
     /// peer, "slower than the fleet" says little.
     pub fn min_endpoints(mut self, endpoints: usize) -> Self {
         self.min_endpoints = endpoints;
+        self
+    }
+
+    /// Lowers an outlier's weight instead of ejecting it (off): while it stands out, its
+    /// relative weight is the fleet's median over its statistic (a replica three times slower
+    /// weighs a third), which divides its load as a weight policy's does, so p2c sends it that
+    /// much less on top of what its latency already costs it; back to 1 once it is at or below
+    /// the readmission bar. Nothing is ejected and the budget is not spent. Do not combine with
+    /// another policy that sets weights (SOFARPC's): the last one to set it wins.
+    pub fn down_weight(mut self, down_weight: bool) -> Self {
+        self.down_weight = down_weight;
         self
     }
 
@@ -209,6 +228,7 @@ impl LatencyConfigBuilder {
             min_calls: self.min_calls.max(1),
             min_endpoints: self.min_endpoints,
             recovery,
+            down_weight: self.down_weight,
         })
     }
 }

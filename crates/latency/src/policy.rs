@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_outlier_core::{
     Description, EndpointPolicy, FailureKind, FleetMember, FleetPolicy, Judgement, Nanos,
-    Observation, Outcome, OutlierPolicy, Reason, RecoverySchedule, Signal, WindowCounts,
+    Observation, Outcome, OutlierPolicy, Reason, RecoverySchedule, Signal, Weighting, WindowCounts,
 };
 
 use crate::config::LatencyConfig;
@@ -80,6 +80,10 @@ pub struct LatencyEndpoint {
     returning: AtomicBool,
     // Intervals in a row it stood out.
     streak: AtomicU32,
+    // Down-weighted rather than ejected (`LatencyConfigBuilder::down_weight`): its weight now,
+    // f64 bits; 1.0 while it is not. And whether this evaluation judged it.
+    weight: AtomicU64,
+    judged: AtomicBool,
 }
 
 impl LatencyEndpoint {
@@ -92,6 +96,8 @@ impl LatencyEndpoint {
             judged_calls: AtomicU64::new(0),
             returning: AtomicBool::new(false),
             streak: AtomicU32::new(0),
+            weight: AtomicU64::new(1f64.to_bits()),
+            judged: AtomicBool::new(false),
         }
     }
 
@@ -108,6 +114,12 @@ impl LatencyEndpoint {
 
     fn clear(&self) {
         self.condemned.store(false, Ordering::Relaxed);
+    }
+
+    /// Its weight while it is down-weighted.
+    pub fn down_weighted(&self) -> Option<f64> {
+        let weight = f64::from_bits(self.weight.load(Ordering::Relaxed));
+        (weight < 1.0).then_some(weight)
     }
 }
 
@@ -149,7 +161,10 @@ impl EndpointPolicy for LatencyEndpoint {
                 slow: 0,
             },
             state: self.condemned.load(Ordering::Relaxed).then_some("SLOW"),
-            weight: None,
+            weight: self.down_weighted().map(|weight| Weighting {
+                weight,
+                degraded: true,
+            }),
         }
     }
 
@@ -206,6 +221,7 @@ impl FleetPolicy for LatencyPolicy {
             let counts = member.state.take();
             // Each interval judges afresh.
             member.state.clear();
+            member.state.judged.store(false, Ordering::Relaxed);
             if member.available {
                 taken.push((member, counts));
             }
@@ -243,14 +259,41 @@ impl FleetPolicy for LatencyPolicy {
         }
         // The fleet's bar: the median of the endpoints' statistics, which one outlier cannot
         // drag up with it (a call-weighted mean of a fleet of few endpoints, it can).
-        let Some(median) = median_of(
+        let median = median_of(
             judged.iter().map(|(_, _, s)| *s).collect(),
             config.min_endpoints,
-        ) else {
-            return;
-        };
+        );
+        if let Some(median) = median {
+            self.judge_against(median, judged);
+        }
+        if config.down_weight {
+            // A down-weighted endpoint p2c now sends too few calls to judge: its weight doubles
+            // each such interval, back to full, so a healed one is not left starved.
+            for member in fleet {
+                let state = member.state;
+                if let Some(weight) = state.down_weighted() {
+                    if !state.judged.load(Ordering::Relaxed) {
+                        let weight = (weight * 2.0).min(1.0);
+                        state.weight.store(weight.to_bits(), Ordering::Relaxed);
+                        member.record.set_weight(weight);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl LatencyPolicy {
+    /// Each endpoint judged this interval, against the fleet's `median`.
+    fn judge_against(
+        &self,
+        median: f64,
+        judged: Vec<(&FleetMember<'_, LatencyEndpoint>, u64, f64)>,
+    ) {
+        let config = &*self.config;
         for (member, calls, statistic) in judged {
             let state = member.state;
+            state.judged.store(true, Ordering::Relaxed);
             let ratio = statistic / median;
             state.ratio.store(ratio.to_bits(), Ordering::Relaxed);
             state.judged_calls.store(calls, Ordering::Relaxed);
@@ -268,6 +311,21 @@ impl FleetPolicy for LatencyPolicy {
             };
             // Back on trial, one interval above the lower bar fails it.
             let outlier = stands_out && (returning || streak >= config.intervals);
+            if config.down_weight {
+                // Weighed down rather than ejected: by its ratio while it stands out, back to
+                // full weight once it meets the readmission bar.
+                let weighted = state.down_weighted().is_some();
+                let weight = if outlier || (weighted && ratio > config.readmit_below) {
+                    (1.0 / ratio).min(1.0)
+                } else {
+                    1.0
+                };
+                if weighted || weight < 1.0 {
+                    state.weight.store(weight.to_bits(), Ordering::Relaxed);
+                    member.record.set_weight(weight);
+                }
+                continue;
+            }
             if outlier {
                 state.bar.store(bar.to_bits(), Ordering::Relaxed);
                 state.condemned.store(true, Ordering::Relaxed);
