@@ -68,15 +68,22 @@ enum Config {
     RecommendedPassive,
     /// `DetectorConfig::recommended()` with an active probe and a 10 s slow start.
     RecommendedSlowStart,
-    /// `DetectorConfig::recommended()` with an active probe and D2's relative latency rule.
+    /// `DetectorConfig::recommended()` with an active probe and D2's relative latency rule as D2
+    /// states it (means, against the call-weighted mean).
     RecommendedLatency,
+    /// `DetectorConfig::recommended()` with an active probe and the latency rule's own
+    /// recommendation (`LatencyConfig::recommended()`).
+    RecommendedOwnLatency,
+    /// `DetectorConfig::recommended()` with an active probe and the recommended latency rule,
+    /// down-weighting rather than ejecting.
+    RecommendedLatencyWeighted,
     /// Finagle's default failure accrual: a success rate below 0.8 over 30 s OR 5 consecutive
     /// failures, equal-jitter back-off from 5 s; back by passive trial (Finagle's one probe
     /// request).
     Finagle,
 }
 
-const CONFIGS: [Config; 16] = [
+const CONFIGS: [Config; 18] = [
     Config::Baseline,
     Config::Edas,
     Config::EdasProbe,
@@ -92,6 +99,8 @@ const CONFIGS: [Config; 16] = [
     Config::RecommendedPassive,
     Config::RecommendedSlowStart,
     Config::RecommendedLatency,
+    Config::RecommendedOwnLatency,
+    Config::RecommendedLatencyWeighted,
     Config::Finagle,
 ];
 
@@ -113,6 +122,10 @@ impl Config {
             Config::RecommendedPassive => "recommended, passive",
             Config::RecommendedSlowStart => "recommended + active probe + slow start 10 s",
             Config::RecommendedLatency => "recommended + active probe + D2 latency",
+            Config::RecommendedOwnLatency => "recommended + active probe + latency (recommended)",
+            Config::RecommendedLatencyWeighted => {
+                "recommended + active probe + latency (recommended), down-weighting"
+            }
             Config::Finagle => "Finagle preset (success rate or 5 in a row)",
         }
     }
@@ -156,6 +169,16 @@ impl Config {
                 .slow_start(SlowStart::new(Duration::from_secs(10)).build().unwrap()),
             Config::RecommendedLatency => detectors(DetectorConfig::recommended())
                 .with_policy(LatencyPolicy::new(LatencyConfig::d2().build().unwrap())),
+            Config::RecommendedOwnLatency => detectors(DetectorConfig::recommended()).with_policy(
+                LatencyPolicy::new(LatencyConfig::recommended().build().unwrap()),
+            ),
+            Config::RecommendedLatencyWeighted => detectors(DetectorConfig::recommended())
+                .with_policy(LatencyPolicy::new(
+                    LatencyConfig::recommended()
+                        .down_weight(true)
+                        .build()
+                        .unwrap(),
+                )),
             Config::Finagle => OutlierDetectionLayer::new(finagle_seeded(SEED)),
         })
     }
@@ -338,6 +361,8 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
                         | Config::Recommended
                         | Config::RecommendedSlowStart
                         | Config::RecommendedLatency
+                        | Config::RecommendedOwnLatency
+                        | Config::RecommendedLatencyWeighted
                 ) =>
             {
                 // The check is one request of the caller's kind, sent through a clone of the

@@ -58,7 +58,7 @@ pub enum Preset {
     Envoy50,
     Grpc,
     Linkerd,
-    /// The recommended configuration or D2's relative latency rule, composed
+    /// The recommended configuration or the latency rule (its recommended preset), composed
     /// (`ComposedPolicy::any_of`), with the recommended active probe.
     RecommendedOrLatency,
     /// Finagle's default failure accrual (`finagle::finagle()`).
@@ -75,7 +75,7 @@ impl Preset {
             Preset::Envoy50 => "tower-outlier, Envoy preset, max 50 %",
             Preset::Grpc => "tower-outlier, gRPC preset",
             Preset::Linkerd => "tower-outlier, linkerd preset",
-            Preset::RecommendedOrLatency => "tower-outlier, recommended or D2 latency",
+            Preset::RecommendedOrLatency => "tower-outlier, recommended or latency (recommended)",
             Preset::Finagle => "tower-outlier, Finagle preset",
         }
     }
@@ -120,7 +120,7 @@ impl Preset {
                         DetectorConfig::recommended().build().expect("valid"),
                     ))
                     .member(LatencyPolicy::new(
-                        LatencyConfig::d2().build().expect("valid"),
+                        LatencyConfig::recommended().build().expect("valid"),
                     ))
                     .build()
                     .expect("valid")

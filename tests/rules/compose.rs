@@ -79,7 +79,7 @@ fn error_rate() -> ErrorRatePolicy {
 }
 
 fn latency() -> LatencyPolicy {
-    LatencyPolicy::new(LatencyConfig::d2().min_calls(5).build().unwrap())
+    LatencyPolicy::new(LatencyConfig::recommended().min_calls(5).build().unwrap())
 }
 
 fn consecutive(backoff_secs: u64) -> ConsecutiveFailuresAccrual {

@@ -14,7 +14,7 @@ use crate::support::{announce, SeededRng, Sleepy};
 
 fn layer() -> OutlierDetectionLayer {
     OutlierDetectionLayer::new(LatencyPolicy::new(
-        LatencyConfig::d2().min_calls(5).build().unwrap(),
+        LatencyConfig::recommended().min_calls(5).build().unwrap(),
     ))
 }
 
@@ -135,7 +135,7 @@ async fn slow_then_healed(config: LatencyConfig) -> (f64, f64, f64, f64, bool) {
 
 #[tokio::test(start_paused = true)]
 async fn down_weighting_takes_traffic_from_a_slow_replica_without_ejecting_it_and_gives_it_back() {
-    let d2 = || LatencyConfig::d2().min_calls(5);
+    let d2 = || LatencyConfig::recommended().min_calls(5);
     // The same layer with a bar no replica reaches: p2c and the layer's load alone.
     let (alone, _, _, _, _) = slow_then_healed(d2().eject_above(1000.0).build().unwrap()).await;
     let (slow, lowest, healed, healed_share, any_ejected) =

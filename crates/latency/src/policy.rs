@@ -9,37 +9,41 @@ use tower_outlier_core::{
     Observation, Outcome, OutlierPolicy, Reason, RecoverySchedule, Signal, Weighting, WindowCounts,
 };
 
-use crate::config::LatencyConfig;
+use crate::config::{FleetBar, LatencyConfig, LatencyStatistic};
 use crate::sketch::{Counts, Sketch};
 
 /// Ejects endpoints whose latency stands out from their peers', by LinkedIn D2's relative rule
-/// on a robust statistic (no threshold to tune per service).
+/// (no threshold to tune per service).
 ///
 /// Every [`interval`](LatencyConfig::interval), for each endpoint in the balancer's set, the
-/// [`quantile`](LatencyConfig::quantile) (p90 by default) of the latencies of its calls in the
-/// interval — successes and timeouts (a fast failure says nothing of its speed), and its calls
-/// still in flight counted at the age they have reached with no call completing, each as many
-/// calls as the bar's worth of time it has held, so that a hung endpoint weighs in before its
-/// calls time out — read from a fixed-size sketch, is set against the median of the endpoints'
-/// quantiles. With at least
+/// [`statistic`](LatencyConfig::statistic) (a quantile, or the mean) of the latencies of its
+/// calls in the interval — successes and timeouts (a fast failure says nothing of its speed),
+/// and its calls still in flight counted at the age they have reached with no call completing,
+/// each as many calls as the bar's worth of time it has held, so that a hung endpoint weighs in
+/// before its calls time out — read from a fixed-size sketch, is set against the
+/// [`fleet's bar`](LatencyConfig::fleet_bar) (the median of the endpoints' statistics, or their
+/// call-weighted mean). With at least
 /// [`min_endpoints`](LatencyConfig::min_endpoints) endpoints of at least
 /// [`min_calls`](LatencyConfig::min_calls) calls each, one at or above
-/// [`eject_above`](LatencyConfig::eject_above) times the median
-/// [`intervals`](LatencyConfig::intervals) in a row is an outlier until the next interval, and the layer ejects it within its budget. It comes back on trial after the recovery
-/// schedule's wait; from then on it is an outlier above
-/// [`readmit_below`](LatencyConfig::readmit_below) times the median, until an interval finds it
-/// at or below that (D2's hysteresis).
+/// [`eject_above`](LatencyConfig::eject_above) times the bar
+/// [`intervals`](LatencyConfig::intervals) in a row is an outlier until the next interval, and
+/// the layer ejects it within its budget (or, with
+/// [`down_weight`](LatencyConfigBuilder::down_weight), its weight is lowered). It comes back on
+/// trial after the recovery schedule's wait; from then on it is an outlier above
+/// [`readmit_below`](LatencyConfig::readmit_below) times the bar, until an interval finds it at
+/// or below that (D2's hysteresis).
 ///
-/// Why a quantile and a median where D2 takes means: one call of a second among a thousand of a
-/// millisecond triples an endpoint's mean (a healthy endpoint ejected for one slow call), and a
-/// slow endpoint's calls raise a call-weighted fleet mean toward it; the p90 ignores calls
-/// rarer than one in ten, and the median ignores one outlier among three endpoints or more. A
-/// fleet that slows down together moves the median with it: no endpoint stands out.
+/// Why [`LatencyConfig::recommended`] takes a quantile and a median where D2 takes means: one
+/// call of a second among a thousand of a millisecond triples an endpoint's mean (a healthy
+/// endpoint ejected for one slow call), and a slow endpoint's calls raise a call-weighted fleet
+/// mean toward it; the p90 ignores calls rarer than one in ten, and the median ignores one
+/// outlier among three endpoints or more. A fleet that slows down together moves either bar with
+/// it: no endpoint stands out.
 ///
 /// ```
 /// use tower_outlier_latency::{LatencyConfig, LatencyPolicy};
 ///
-/// let policy = LatencyPolicy::new(LatencyConfig::d2().build()?);
+/// let policy = LatencyPolicy::new(LatencyConfig::recommended().build()?);
 /// assert_eq!(policy.config().min_endpoints(), 3);
 /// # Ok::<(), tower_outlier_core::ConfigError>(())
 /// ```
@@ -142,7 +146,7 @@ impl EndpointPolicy for LatencyEndpoint {
         }
         Judgement::Outlier(Reason {
             policy: LatencyPolicy::NAME,
-            measure: "latency quantile ÷ fleet median",
+            measure: "latency ÷ fleet bar",
             value: self.ratio(),
             threshold: f64::from_bits(self.bar.load(Ordering::Relaxed)),
             counts: WindowCounts {
@@ -229,13 +233,13 @@ impl FleetPolicy for LatencyPolicy {
         // A first bar from the completed calls alone, to weigh the calls in flight by: one that
         // has waited n times the bar counts as n calls that long (the time it held), so a hung
         // endpoint, which p2c soon sends nothing more, still has the calls to be judged on.
-        let first_bar = median_of(
+        let first_bar = bar_of(
+            config,
             taken
                 .iter()
                 .filter(|(_, counts)| counts.calls() >= config.min_calls)
-                .filter_map(|(_, counts)| counts.quantile(config.quantile))
+                .filter_map(|(_, counts)| Some((statistic_of(config, counts)?, counts.calls())))
                 .collect(),
-            config.min_endpoints,
         );
         // (member, calls, statistic): each endpoint with enough calls.
         let mut judged: Vec<(&FleetMember<'_, LatencyEndpoint>, u64, f64)> = Vec::new();
@@ -253,18 +257,18 @@ impl FleetPolicy for LatencyPolicy {
             if calls < config.min_calls {
                 continue;
             }
-            if let Some(statistic) = counts.quantile(config.quantile) {
+            if let Some(statistic) = statistic_of(config, &counts) {
                 judged.push((member, calls, statistic));
             }
         }
         // The fleet's bar: the median of the endpoints' statistics, which one outlier cannot
         // drag up with it (a call-weighted mean of a fleet of few endpoints, it can).
-        let median = median_of(
-            judged.iter().map(|(_, _, s)| *s).collect(),
-            config.min_endpoints,
+        let bar = bar_of(
+            config,
+            judged.iter().map(|(_, calls, s)| (*s, *calls)).collect(),
         );
-        if let Some(median) = median {
-            self.judge_against(median, judged);
+        if let Some(bar) = bar {
+            self.judge_against(bar, judged);
         }
         if config.down_weight {
             // A down-weighted endpoint p2c now sends too few calls to judge: its weight doubles
@@ -348,6 +352,34 @@ impl LatencyPolicy {
 /// The most calls one call in flight counts as.
 const MAX_IN_FLIGHT_WEIGHT: f64 = 10_000.0;
 
+/// The endpoint's statistic from its interval's counts.
+fn statistic_of(config: &LatencyConfig, counts: &Counts) -> Option<f64> {
+    match config.statistic {
+        LatencyStatistic::Quantile(q) => counts.quantile(q),
+        LatencyStatistic::Mean => counts.mean(),
+    }
+}
+
+/// The fleet's bar from the endpoints' (statistic, calls), if there are enough of them and it is
+/// a positive number.
+fn bar_of(config: &LatencyConfig, judged: Vec<(f64, u64)>) -> Option<f64> {
+    match config.bar {
+        FleetBar::Median => median_of(
+            judged.into_iter().map(|(statistic, _)| statistic).collect(),
+            config.min_endpoints,
+        ),
+        FleetBar::CallWeightedMean => {
+            if judged.len() < config.min_endpoints.max(1) {
+                return None;
+            }
+            let calls: u64 = judged.iter().map(|(_, calls)| *calls).sum();
+            let sum: f64 = judged.iter().map(|(s, calls)| s * *calls as f64).sum();
+            let mean = sum / calls.max(1) as f64;
+            (mean.is_finite() && mean > 0.0).then_some(mean)
+        }
+    }
+}
+
 /// The median of `statistics`, if there are `at_least` of them and it is a positive number.
 fn median_of(mut statistics: Vec<f64>, at_least: usize) -> Option<f64> {
     if statistics.len() < at_least.max(1) {
@@ -423,7 +455,7 @@ mod tests {
 
     #[test]
     fn a_slow_endpoint_stands_out_and_a_fleet_slowing_together_does_not() {
-        let policy = LatencyPolicy::new(LatencyConfig::d2().intervals(1).build().unwrap());
+        let policy = LatencyPolicy::new(LatencyConfig::recommended().intervals(1).build().unwrap());
         let fleet = states(5);
         let slow = [
             (20, 30, 0, 0),
@@ -463,7 +495,7 @@ mod tests {
 
     #[test]
     fn calls_in_flight_count_at_their_age() {
-        let policy = LatencyPolicy::new(LatencyConfig::d2().intervals(1).build().unwrap());
+        let policy = LatencyPolicy::new(LatencyConfig::recommended().intervals(1).build().unwrap());
         let fleet = states(4);
         // Eight fast calls done and two hung for 2 s: a p90 of 2 s.
         let hung = [
@@ -482,7 +514,7 @@ mod tests {
 
     #[test]
     fn a_returning_endpoint_must_come_down_to_the_lower_bar() {
-        let policy = LatencyPolicy::new(LatencyConfig::d2().build().unwrap());
+        let policy = LatencyPolicy::new(LatencyConfig::recommended().build().unwrap());
         let fleet = states(4);
         fleet[0].reset();
         // 1.2 times the others: under the ejection bar, over the readmission one.
@@ -501,7 +533,7 @@ mod tests {
 
     #[test]
     fn an_endpoint_must_stand_out_the_intervals_in_a_row() {
-        let policy = LatencyPolicy::new(LatencyConfig::d2().build().unwrap());
+        let policy = LatencyPolicy::new(LatencyConfig::recommended().build().unwrap());
         let fleet = states(4);
         let slow = [
             (100, 30, 0, 0),
@@ -536,7 +568,7 @@ mod tests {
 
     #[test]
     fn one_slow_call_or_a_rare_tail_judges_nobody() {
-        let policy = LatencyPolicy::new(LatencyConfig::d2().intervals(1).build().unwrap());
+        let policy = LatencyPolicy::new(LatencyConfig::recommended().intervals(1).build().unwrap());
         let fleet = states(4);
         // 499 calls of 1 ms and one of 1 s on #0.
         fleet[0].record(&ms(1000), 0);
@@ -558,5 +590,38 @@ mod tests {
             (500, 10, 0, 0),
         ];
         assert_eq!(verdicts(&policy, &fleet, &tail), [false; 4]);
+    }
+
+    #[test]
+    fn d2_judges_means_against_the_call_weighted_mean_and_one_slow_call_moves_it() {
+        let policy = LatencyPolicy::new(LatencyConfig::d2().build().unwrap());
+        let fleet = states(4);
+        // Three times slower on #0, one interval: an outlier at once (D2 judges one interval).
+        let slow = [
+            (100, 30, 0, 0),
+            (100, 10, 0, 0),
+            (100, 10, 0, 0),
+            (100, 10, 0, 0),
+        ];
+        assert_eq!(
+            verdicts(&policy, &fleet, &slow),
+            [true, false, false, false]
+        );
+        let ratio = fleet[0].ratio();
+        // The call-weighted mean is 15 ms: 30 ms is twice it (within the sketch's buckets).
+        assert!((ratio - 2.0).abs() < 0.15, "{ratio}");
+        // One call of a second among 499 of a millisecond: the mean triples, an outlier (the
+        // weakness the recommended p90 and median do not have).
+        fleet[0].record(&ms(1000), 0);
+        let one_slow = [
+            (499, 1, 0, 0),
+            (500, 1, 0, 0),
+            (500, 1, 0, 0),
+            (500, 1, 0, 0),
+        ];
+        assert_eq!(
+            verdicts(&policy, &fleet, &one_slow),
+            [true, false, false, false]
+        );
     }
 }

@@ -248,15 +248,28 @@
 //! # 9b. Latency against the fleet (LinkedIn D2)
 //!
 //! With a `latency::LatencyPolicy` (feature `latency`): every interval (5 s) each endpoint in the
-//! balancer's set is timed by the p90 of its successes' and timeouts' latencies in the interval
-//! (a sketch of log-linear buckets), its calls in flight counted at how long they have waited
-//! with no call completing, each as many calls as the median's worth of time it has held. With at
+//! balancer's set is timed by a statistic of its successes' and timeouts' latencies in the
+//! interval (a sketch of log-linear buckets): the p90 (`LatencyConfig::recommended`) or the mean
+//! (`LatencyConfig::d2`), its calls in flight counted at how long they have waited with no call
+//! completing, each as many calls as the bar's worth of time it has held. The fleet's bar is the
+//! median of the endpoints' statistics (recommended) or their call-weighted mean (D2). With at
 //! least `min_endpoints` (3) endpoints of at least `min_calls` (10) calls, one at or above
-//! `eject_above` (1.3) times the median of the endpoints' p90s `intervals` (2) intervals in a row
-//! is an outlier until the next interval, ejected within the budget (section 3). Back on trial
-//! (section 4), one interval above `readmit_below` (1.1) times the median fails it, until an
-//! interval finds it at or below that.
+//! `eject_above` (1.3) times the bar `intervals` (2 recommended, 1 for D2) intervals in a row is
+//! an outlier until the next interval, ejected within the budget (section 3). Back on trial
+//! (section 4), one interval above `readmit_below` (1.1) times the bar fails it, until an
+//! interval finds it at or below that. With `down_weight`, nothing is ejected: while it stands
+//! out its relative weight is the bar over its statistic, doubling back each interval it gets
+//! too few calls to judge, and 1 once it is at or below `readmit_below`.
 //!
+//! # 9c. Policies combined
+//!
+//! A `ComposedPolicy` (`any_of`, `all_of`, `at_least(k)`) is one policy of the layer. Every
+//! member records every call; the composition judges an endpoint an outlier when at least one,
+//! every, or `k` members judge it one at that moment, with the first such member's reason. When
+//! it ejects, each member that judged proposes a time out (its own timing, else its recovery
+//! schedule after the episode's failed checks), and the latest wins; after a failed probe the
+//! same members propose again. A member judging on a timer is evaluated on its own interval.
+
 //! # 10. The detectors of Envoy, gRPC and linkerd
 //!
 //! `tower_outlier::detectors` (feature `detectors`). One endpoint state per endpoint holds
