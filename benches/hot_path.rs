@@ -33,6 +33,9 @@
 //!   the latency estimate update), however `crates/tower-outlier` implements them at the time.
 //! * Endpoint + D2 latency: the same layer with `LatencyPolicy` (`LatencyConfig::d2()`) added:
 //!   the latency rule's per-call cost (two shared atomic adds) beside the others.
+//! * Endpoint, Finagle preset (composed): a layer with `finagle::finagle()` alone, a
+//!   `ComposedPolicy` of two members recording every call: the success-rate average (a
+//!   compare-and-swap, an exponential, a window add) and the streak (one atomic add).
 //! * standalone breaker: the slow-call `CircuitBreakerLayer` exactly as `ours(Clock::tsc())` in
 //!   `circuit_breaker.rs` (slow above 500 ms, ratio 1.0, 5 calls minimum, 1 s interval, open
 //!   10 s): as `circuit_breaker.rs` lists it when this was written, two clock reads, one atomic
@@ -196,7 +199,7 @@ fn breaker_layer(clock: Clock) -> CircuitBreakerLayer {
     CircuitBreakerLayer::new(config).clock(clock)
 }
 
-const CASES: [&str; 8] = [
+const CASES: [&str; 9] = [
     "bare service",
     "floor: two clock reads",
     "floor: two reads + one shared atomic add",
@@ -205,6 +208,7 @@ const CASES: [&str; 8] = [
     "recloser",
     "failsafe consecutive",
     "Endpoint + D2 latency",
+    "Endpoint, Finagle preset (composed)",
 ];
 const TWO_READS: usize = 1;
 const FLOOR: usize = 2;
@@ -254,6 +258,11 @@ fn main() {
     ))
     .clock(Clock::tsc());
     let timed_endpoint = timed_layer.endpoint(Echo);
+    // Finagle's default: a composition of its success-rate average and its streak, each recording
+    // every call (a compare-and-swap of the average, an exponential, a window add).
+    let finagle_endpoint = OutlierDetectionLayer::new(tower_outlier::finagle::finagle())
+        .clock(Clock::tsc())
+        .endpoint(Echo);
     // The clock is kept (clones share its origin) to read the breaker's counts at the end.
     let breaker_clock = Clock::tsc();
     let breaker = breaker_layer(breaker_clock.clone()).layer(Echo);
@@ -288,7 +297,8 @@ fn main() {
             5 => run(threads, ITERATIONS, &|| recloser.clone()),
             6 => run(threads, ITERATIONS, &|| failsafe.clone()),
             7 => run(threads, ITERATIONS, &|| timed_endpoint.clone()),
-            _ => unreachable!("eight cases"),
+            8 => run(threads, ITERATIONS, &|| finagle_endpoint.clone()),
+            _ => unreachable!("nine cases"),
         }
     };
 
@@ -319,6 +329,7 @@ fn main() {
         allocations_per_call(recloser.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
         allocations_per_call(failsafe.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
         allocations_per_call(timed_endpoint.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
+        allocations_per_call(finagle_endpoint.clone(), WARM_UP_CALLS, ALLOCATION_CALLS),
     ];
 
     println!(
