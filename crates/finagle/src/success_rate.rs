@@ -192,7 +192,11 @@ impl SuccessRateEndpoint {
                 let (average, last) = unpack(word);
                 // Two racing calls: the later stamp may be written first.
                 let elapsed = millis.wrapping_sub(last);
-                let elapsed = if elapsed > u32::MAX / 2 { 0 } else { elapsed };
+                if elapsed == 0 || elapsed > u32::MAX / 2 {
+                    // No time has passed: the weight of the new call is 1 − e⁰ = 0, and the
+                    // word stays as it is (no write, so cores calling at once share it).
+                    return average;
+                }
                 let w = (-f64::from(elapsed) / self.window_millis).exp();
                 x * (1.0 - w) + average * w
             };
