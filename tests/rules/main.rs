@@ -9,6 +9,7 @@ mod all_out;
 mod all_out_and_pushback_edges;
 mod balance;
 mod compose;
+mod compose_edges;
 mod degraded;
 mod detection;
 mod detectors;

@@ -284,7 +284,13 @@ impl OutlierPolicy for ComposedPolicy {
                 None => member.new_endpoint(),
             })
             .collect();
-        self.endpoint(states)
+        let next = self.endpoint(states);
+        // The members that judged it an outlier still time its checks (it may be out now).
+        if previous.states.len() == next.states.len() {
+            next.judged
+                .store(previous.judged.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        next
     }
 
     fn enabled(&self) -> bool {
@@ -471,22 +477,19 @@ impl EndpointPolicy for ComposedEndpoint {
     }
 
     fn describe(&self, now: Nanos) -> Description {
-        // The first member's counts; a weight if any member weights it. Each member's own are
-        // in `members`.
-        let mut shown = self
-            .states
-            .first()
-            .map(|state| state.describe(now))
-            .unwrap_or_default();
-        shown.state = None;
-        if shown.weight.is_none() {
-            shown.weight = self
-                .states
+        // The counts of the member that saw the most calls (a passive trial adds them up to see
+        // whether it has seen enough: a streak's counts end at each success); the first weight
+        // any member gives it. Each member's own are in `members`.
+        let shown: Vec<Description> = self.states.iter().map(|s| s.describe(now)).collect();
+        Description {
+            counts: shown
                 .iter()
-                .skip(1)
-                .find_map(|state| state.describe(now).weight);
+                .map(|d| d.counts)
+                .max_by_key(|counts| counts.calls)
+                .unwrap_or_default(),
+            state: None,
+            weight: shown.iter().find_map(|d| d.weight),
         }
-        shown
     }
 
     fn reset(&self) {

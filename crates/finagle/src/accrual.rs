@@ -44,6 +44,11 @@ impl MarkDead {
     /// policy then forgets its history and starts its back-off again.
     #[inline]
     pub(crate) fn succeeded(&self) -> bool {
+        // A threshold crossed but not acted on yet no longer stands after a success (a streak
+        // ended; the average is judged again at the next failure).
+        if self.fired.load(Ordering::Relaxed) {
+            self.fired.store(false, Ordering::Relaxed);
+        }
         if !self.dead.load(Ordering::Relaxed) {
             return false;
         }
@@ -76,6 +81,17 @@ impl MarkDead {
     /// An operator reset the back-off.
     pub(crate) fn reset_backoff(&self) {
         self.attempt.store(0, Ordering::Relaxed);
+    }
+
+    /// Takes on `previous`'s state (a reconfiguration): its place in the back-off, whether it is
+    /// dead, and a threshold crossed but not acted on.
+    pub(crate) fn carry_from(&self, previous: &MarkDead) {
+        self.attempt
+            .store(previous.attempt.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.dead
+            .store(previous.dead.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.fired
+            .store(previous.fired.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// The layer re-admits the endpoint: nothing is forgotten until a success revives it (a

@@ -80,6 +80,19 @@ impl OutlierPolicy for ConsecutiveFailuresAccrual {
         }
     }
 
+    /// Keeps the streak, the back-off's place and whether the endpoint is dead.
+    fn new_endpoint_from(
+        &self,
+        previous: &ConsecutiveFailuresEndpoint,
+        _: Nanos,
+    ) -> ConsecutiveFailuresEndpoint {
+        let next = self.new_endpoint();
+        next.in_a_row
+            .store(previous.in_a_row.load(Ordering::Relaxed), Ordering::Relaxed);
+        next.mark.carry_from(&previous.mark);
+        next
+    }
+
     fn recovery(&self) -> RecoverySchedule {
         // The endpoint's back-off times each ejection; this is the layer's probe timeout.
         RecoverySchedule::fixed(self.backoff.start())

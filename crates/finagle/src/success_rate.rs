@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tower_outlier_core::{
-    check_ratio, duration_to_nanos, CallsNeeded, ConfigError, Description, EndpointPolicy,
-    Judgement, Nanos, Observation, Outcome, OutlierPolicy, OwnTiming, Reason, RecoverySchedule,
-    Signal, Window, WindowShape,
+    check_ratio, duration_to_nanos, ConfigError, Description, EndpointPolicy, Judgement, Nanos,
+    Observation, Outcome, OutlierPolicy, OwnTiming, Reason, RecoverySchedule, Signal, Window,
+    WindowShape,
 };
 
 use crate::accrual::MarkDead;
@@ -22,7 +22,9 @@ use crate::{seeds, EqualJitter};
 /// A failure marks the endpoint dead, for the next time of its [`EqualJitter`] back-off, when
 /// the average is below `rate`, at least `min_requests` calls came in the last `window` (in five
 /// slices), and the endpoint has been judged for a whole `window` since its first call or its
-/// revival. As in Finagle, only a failure marks dead; after the time out nothing is forgotten
+/// revival. It asks the layer for no calls: the average moves with time, and calls pulled to a
+/// failing endpoint would only fail (the balancer's next call to it is judged). As in Finagle,
+/// only a failure marks dead; after the time out nothing is forgotten
 /// until its first success revives it (the average, the count and the back-off start again).
 ///
 /// An endpoint that begins to fail every call crosses 0.8 after `window · ln(1/0.8)`, 6.7 s of
@@ -121,6 +123,19 @@ impl OutlierPolicy for SuccessRateAccrual {
             requests: self.shape.window(),
             mark: MarkDead::new(self.backoff, self.seeds.next()),
         }
+    }
+
+    /// Keeps the average, its time base, the request count (taken over by the new window) and
+    /// the back-off's place.
+    fn new_endpoint_from(&self, previous: &SuccessRateEndpoint, now: Nanos) -> SuccessRateEndpoint {
+        let next = self.new_endpoint();
+        next.average
+            .store(previous.average.load(Ordering::Relaxed), Ordering::Relaxed);
+        next.since
+            .store(previous.since.load(Ordering::Relaxed), Ordering::Relaxed);
+        next.requests.absorb(&previous.requests, now);
+        next.mark.carry_from(&previous.mark);
+        next
     }
 
     fn recovery(&self) -> RecoverySchedule {
@@ -275,29 +290,6 @@ impl EndpointPolicy for SuccessRateEndpoint {
 
     fn own_timing(&self) -> Option<&dyn OwnTiming> {
         Some(self)
-    }
-
-    fn calls_needed(&self) -> Option<&dyn CallsNeeded> {
-        Some(self)
-    }
-}
-
-impl CallsNeeded for SuccessRateEndpoint {
-    /// With the average below the bar for a whole window, the calls short of the minimum (at
-    /// least one: the failure that marks it dead). The average moves with time, not calls: above
-    /// the bar, no number of calls is sure to cross it, and none is asked for.
-    fn calls_wanted(&self, now: Nanos) -> u64 {
-        let since = self.since.load(Ordering::Relaxed);
-        if self.mark.fired()
-            || since == Nanos::MAX
-            || now.saturating_sub(since) < self.window_nanos
-            || self.success_rate() >= self.required
-        {
-            return 0;
-        }
-        self.min_requests
-            .saturating_sub(self.requests.counts(now).calls)
-            .max(1)
     }
 }
 

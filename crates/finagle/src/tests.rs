@@ -190,3 +190,43 @@ fn the_hybrid_marks_dead_for_the_longer_of_the_two_times() {
     // The success-rate rule's first (5 s) against the consecutive rule's second (5–10 s).
     assert!((5 * SECOND..10 * SECOND).contains(&out), "{out}");
 }
+
+// ---- red team ----
+
+#[test]
+fn two_threads_recording_at_once_lose_no_failure() {
+    // Both threads record failures at the same stamps: every call moves the average, none is lost,
+    // and it never becomes NaN.
+    let policy = SuccessRateAccrual::default_finagle().seeded(1);
+    let state = std::sync::Arc::new(policy.new_endpoint());
+    let s = state.clone();
+    let t = std::thread::spawn(move || {
+        for i in 0..200_000u64 {
+            s.record(&call(i % 2 == 0), i * MS);
+        }
+    });
+    for i in 0..200_000u64 {
+        state.record(&call(i % 3 == 0), i * MS);
+    }
+    t.join().unwrap();
+    let rate = state.success_rate();
+    assert!(rate.is_finite() && (0.0..=1.0).contains(&rate), "{rate}");
+}
+
+#[test]
+fn a_streak_broken_by_a_success_no_longer_judges_the_endpoint() {
+    // Fired at the 2nd failure in a row, but the layer never acted on it (a composition's other
+    // members did not agree); a success then ends the streak.
+    let policy = ConsecutiveFailuresAccrual::new(2).unwrap().seeded(1);
+    let state = policy.new_endpoint();
+    state.record(&call(false), 0);
+    assert_eq!(state.record(&call(false), MS), Signal::Evaluate);
+    for i in 0..1000 {
+        state.record(&call(true), 2 * MS + i * MS);
+    }
+    assert_eq!(
+        state.judge(3600 * SECOND),
+        Judgement::Healthy,
+        "a thousand successes after the streak"
+    );
+}
