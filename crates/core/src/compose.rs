@@ -50,7 +50,8 @@ impl Agreement {
 /// [`at_least`](Self::at_least)).
 ///
 /// * **Judgement.** An endpoint is an outlier when the [`Agreement`]'s number of members judge it
-///   one at the same time. The reason given is the first such member's (in the order they were
+///   one at the same time (a member's judgement stands from the call or evaluation that made it
+///   until the layer acts on it, the member's own state changes, or its next evaluation). The reason given is the first such member's (in the order they were
 ///   added), under that member's name, so events and metrics name the member; the snapshot shows
 ///   every member's counts and state under the composition
 ///   ([`EndpointPolicy::members`]).
@@ -60,13 +61,18 @@ impl Agreement {
 ///   `orElse`. After a failed recovery check the same members propose again, and the longest
 ///   wins again.
 /// * **Calls.** Every member records every call. A member that asks for calls to decide gets the
-///   most any member asks for; a passive trial needs the most calls any member needs.
+///   most any member asks for; a passive trial needs the most calls any member needs, counted on
+///   the member that saw the most.
 /// * **Fleet members.** A member that judges endpoints against each other on a timer (a latency
 ///   rule, weights from load reports) is evaluated on its own interval.
 /// * **Budget, all-out rule, trial.** The first member's budget and all-out rule that has one,
 ///   the longest trial period.
 /// * **Readiness gates.** At most one member may gate readiness (a half-open breaker): two gates
 ///   would each hold calls the other never sees.
+/// * **Limits.** A member judging on a timer asks for no calls: under [`all_of`](Self::all_of),
+///   an endpoint the balancer starves (slow and failing, say) may never get the calls such a
+///   member needs to judge it, and stays in, avoided by its load. The snapshot shows one level of
+///   members: a composition nested in another shows as one member.
 ///
 /// ```
 /// use std::time::Duration;

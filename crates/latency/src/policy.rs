@@ -28,7 +28,7 @@ use crate::sketch::{Counts, Sketch};
 /// [`eject_above`](LatencyConfig::eject_above) times the bar
 /// [`intervals`](LatencyConfig::intervals) in a row is an outlier until the next interval, and
 /// the layer ejects it within its budget (or, with
-/// [`down_weight`](LatencyConfigBuilder::down_weight), its weight is lowered). It comes back on
+/// [`down_weight`](crate::LatencyConfigBuilder::down_weight), its weight is lowered). It comes back on
 /// trial after the recovery schedule's wait; from then on it is an outlier above
 /// [`readmit_below`](LatencyConfig::readmit_below) times the bar, until an interval finds it at
 /// or below that (D2's hysteresis).
