@@ -10,29 +10,29 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower::balance::p2c::Balance;
-use tower::{Service, ServiceExt};
+use tower::Service;
 use tower_outlier::finagle::{ConsecutiveFailuresAccrual, EqualJitter};
 use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
 use tower_outlier::{
-    ComposedPolicy, ComposedPolicyBuilder, EndpointStatus, ErrorRateConfig, ErrorRatePolicy,
-    Monitor, OutlierDetectionLayer,
+    ComposedPolicy, ComposedPolicyBuilder, ErrorRateConfig, ErrorRatePolicy, Monitor,
+    OutlierDetectionLayer,
 };
 
-use crate::support::{announce, SeededRng};
+use crate::support::{announce, ejected, traffic, SeededRng};
 
 /// A replica answering its id after `latency_ms` on tokio's clock, or refusing the call (after
 /// the same time) while `failing`, or two calls of three while `flaky`.
 #[derive(Clone, Debug)]
-struct Replica {
-    id: usize,
-    latency_ms: Arc<AtomicU64>,
-    failing: Arc<AtomicBool>,
-    flaky: Arc<AtomicBool>,
-    calls: Arc<AtomicU64>,
+pub(super) struct Replica {
+    pub(super) id: usize,
+    pub(super) latency_ms: Arc<AtomicU64>,
+    pub(super) failing: Arc<AtomicBool>,
+    pub(super) flaky: Arc<AtomicBool>,
+    pub(super) calls: Arc<AtomicU64>,
 }
 
 impl Replica {
-    fn new(id: usize) -> Self {
+    pub(super) fn new(id: usize) -> Self {
         Replica {
             id,
             latency_ms: Arc::new(AtomicU64::new(10)),
@@ -69,7 +69,7 @@ impl Service<()> for Replica {
     }
 }
 
-fn error_rate() -> ErrorRatePolicy {
+pub(super) fn error_rate() -> ErrorRatePolicy {
     ErrorRatePolicy::new(
         ErrorRateConfig::hsf()
             .max_ejection_ratio(0.4)
@@ -78,11 +78,11 @@ fn error_rate() -> ErrorRatePolicy {
     )
 }
 
-fn latency() -> LatencyPolicy {
+pub(super) fn latency() -> LatencyPolicy {
     LatencyPolicy::new(LatencyConfig::recommended().min_calls(5).build().unwrap())
 }
 
-fn consecutive(backoff_secs: u64) -> ConsecutiveFailuresAccrual {
+pub(super) fn consecutive(backoff_secs: u64) -> ConsecutiveFailuresAccrual {
     ConsecutiveFailuresAccrual::new(5)
         .unwrap()
         .backoff(
@@ -92,7 +92,7 @@ fn consecutive(backoff_secs: u64) -> ConsecutiveFailuresAccrual {
 }
 
 /// Five replicas behind the composition: the monitor, the replicas, and the balancer.
-fn fleet(
+pub(super) fn fleet(
     composed: ComposedPolicyBuilder,
 ) -> (
     Monitor,
@@ -105,35 +105,6 @@ fn fleet(
     let keyed: Vec<(usize, Replica)> = replicas.iter().map(|r| (r.id, r.clone())).collect();
     let balancer = Balance::from_rng(tower::Layer::layer(&layer, announce(&keyed)), SeededRng(5));
     (monitor, replicas, balancer)
-}
-
-/// `rate` calls a second for `span`, each in its own task (open loop), awaited at the end.
-async fn traffic<B>(balancer: &mut B, rate: u64, span: Duration)
-where
-    B: Service<(), Response = usize, Error = tower::BoxError>,
-    B::Future: Send + 'static,
-{
-    let every = Duration::from_nanos(1_000_000_000 / rate);
-    let until = tokio::time::Instant::now() + span;
-    let mut calls = tokio::task::JoinSet::new();
-    while tokio::time::Instant::now() < until {
-        let call = balancer.ready().await.unwrap().call(());
-        calls.spawn(async move {
-            let _ = call.await;
-        });
-        tokio::time::sleep(every).await;
-    }
-    while calls.join_next().await.is_some() {}
-}
-
-fn ejected(monitor: &Monitor) -> Vec<String> {
-    monitor
-        .snapshot()
-        .endpoints
-        .iter()
-        .filter(|e| e.status == EndpointStatus::Ejected)
-        .map(|e| e.key.to_string())
-        .collect()
 }
 
 #[tokio::test(start_paused = true)]

@@ -5,137 +5,21 @@
 //! dry run, and the failures a gray replica delivers to callers against no detection.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower::balance::p2c::Balance;
 use tower::{Service, ServiceExt};
-use tower_outlier::finagle::{ConsecutiveFailuresAccrual, EqualJitter};
 use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
 use tower_outlier::{
     ComposedPolicy, ComposedPolicyBuilder, EndpointStatus, ErrorRateConfig, ErrorRatePolicy,
     Monitor, OutlierDetectionLayer,
 };
 
-use crate::support::{announce, SeededRng};
-
-/// A replica answering its id after `latency_ms` on tokio's clock, or refusing the call (after
-/// the same time) while `failing`, or two calls of three while `flaky`.
-#[derive(Clone, Debug)]
-struct Replica {
-    id: usize,
-    latency_ms: Arc<AtomicU64>,
-    failing: Arc<AtomicBool>,
-    flaky: Arc<AtomicBool>,
-    calls: Arc<AtomicU64>,
-}
-
-impl Replica {
-    fn new(id: usize) -> Self {
-        Replica {
-            id,
-            latency_ms: Arc::new(AtomicU64::new(10)),
-            failing: Arc::default(),
-            flaky: Arc::default(),
-            calls: Arc::default(),
-        }
-    }
-}
-
-impl Service<()> for Replica {
-    type Response = usize;
-    type Error = io::Error;
-    type Future = futures::future::BoxFuture<'static, Result<usize, io::Error>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), io::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: ()) -> Self::Future {
-        let latency = Duration::from_millis(self.latency_ms.load(Ordering::SeqCst));
-        let call = self.calls.fetch_add(1, Ordering::SeqCst);
-        let failing = self.failing.load(Ordering::SeqCst)
-            || (self.flaky.load(Ordering::SeqCst) && !call.is_multiple_of(3));
-        let id = self.id;
-        Box::pin(async move {
-            tokio::time::sleep(latency).await;
-            if failing {
-                Err(io::Error::from(io::ErrorKind::ConnectionRefused))
-            } else {
-                Ok(id)
-            }
-        })
-    }
-}
-
-fn error_rate() -> ErrorRatePolicy {
-    ErrorRatePolicy::new(
-        ErrorRateConfig::hsf()
-            .max_ejection_ratio(0.4)
-            .build()
-            .unwrap(),
-    )
-}
-
-fn latency() -> LatencyPolicy {
-    LatencyPolicy::new(LatencyConfig::recommended().min_calls(5).build().unwrap())
-}
-
-fn consecutive(backoff_secs: u64) -> ConsecutiveFailuresAccrual {
-    ConsecutiveFailuresAccrual::new(5)
-        .unwrap()
-        .backoff(
-            EqualJitter::new(Duration::from_secs(backoff_secs), Duration::from_secs(300)).unwrap(),
-        )
-        .seeded(1)
-}
-
-/// Five replicas behind the composition: the monitor, the replicas, and the balancer.
-fn fleet(
-    composed: ComposedPolicyBuilder,
-) -> (
-    Monitor,
-    Vec<Replica>,
-    impl Service<(), Response = usize, Error = tower::BoxError, Future: Send + 'static>,
-) {
-    let layer = OutlierDetectionLayer::new(composed.build().unwrap());
-    let monitor = layer.monitor();
-    let replicas: Vec<Replica> = (0..5).map(Replica::new).collect();
-    let keyed: Vec<(usize, Replica)> = replicas.iter().map(|r| (r.id, r.clone())).collect();
-    let balancer = Balance::from_rng(tower::Layer::layer(&layer, announce(&keyed)), SeededRng(5));
-    (monitor, replicas, balancer)
-}
-
-/// `rate` calls a second for `span`, each in its own task (open loop), awaited at the end.
-async fn traffic<B>(balancer: &mut B, rate: u64, span: Duration)
-where
-    B: Service<(), Response = usize, Error = tower::BoxError>,
-    B::Future: Send + 'static,
-{
-    let every = Duration::from_nanos(1_000_000_000 / rate);
-    let until = tokio::time::Instant::now() + span;
-    let mut calls = tokio::task::JoinSet::new();
-    while tokio::time::Instant::now() < until {
-        let call = balancer.ready().await.unwrap().call(());
-        calls.spawn(async move {
-            let _ = call.await;
-        });
-        tokio::time::sleep(every).await;
-    }
-    while calls.join_next().await.is_some() {}
-}
-
-fn ejected(monitor: &Monitor) -> Vec<String> {
-    monitor
-        .snapshot()
-        .endpoints
-        .iter()
-        .filter(|e| e.status == EndpointStatus::Ejected)
-        .map(|e| e.key.to_string())
-        .collect()
-}
+use super::compose::{consecutive, error_rate, fleet, latency};
+use crate::support::{announce, ejected, traffic, SeededRng};
 
 /// #0 fails every call until ejected, then heals; the status it reaches after `heal_for` of
 /// healthy traffic.

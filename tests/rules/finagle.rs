@@ -10,12 +10,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower::balance::p2c::Balance;
-use tower::{Service, ServiceExt};
+use tower::Service;
 use tower_outlier::finagle::{finagle_seeded, SuccessRateAccrual};
 use tower_outlier::policy::OutlierPolicy;
 use tower_outlier::{EndpointStatus, Monitor, OutlierDetectionLayer};
 
-use crate::support::{announce, SeededRng};
+use crate::support::{announce, traffic, SeededRng};
 
 /// A replica answering after 10 ms on tokio's clock, or refusing at once while `failing`.
 #[derive(Clone, Debug, Default)]
@@ -73,25 +73,6 @@ fn fleet<P: OutlierPolicy>(
     }
 }
 
-/// `rate` calls a second for `span`, each in its own task (open loop), awaited at the end.
-async fn traffic<B>(balancer: &mut B, span: Duration)
-where
-    B: Service<(), Response = usize, Error = tower::BoxError>,
-    B::Future: Send + 'static,
-{
-    let every = Duration::from_millis(5);
-    let until = tokio::time::Instant::now() + span;
-    let mut calls = tokio::task::JoinSet::new();
-    while tokio::time::Instant::now() < until {
-        let call = balancer.ready().await.unwrap().call(());
-        calls.spawn(async move {
-            let _ = call.await;
-        });
-        tokio::time::sleep(every).await;
-    }
-    while calls.join_next().await.is_some() {}
-}
-
 fn status(monitor: &Monitor) -> EndpointStatus {
     monitor.snapshot().get("0").unwrap().status
 }
@@ -104,7 +85,7 @@ where
 {
     let started = tokio::time::Instant::now();
     while status(&fleet.monitor) != wanted {
-        traffic(&mut fleet.balancer, Duration::from_millis(10)).await;
+        traffic(&mut fleet.balancer, 200, Duration::from_millis(10)).await;
         assert!(started.elapsed() < limit, "not {wanted:?} within {limit:?}");
     }
     started.elapsed()
@@ -113,7 +94,7 @@ where
 #[tokio::test(start_paused = true)]
 async fn the_default_marks_a_hard_down_replica_dead_at_its_fifth_failure() {
     let mut fleet = fleet(finagle_seeded(1));
-    traffic(&mut fleet.balancer, Duration::from_secs(40)).await;
+    traffic(&mut fleet.balancer, 200, Duration::from_secs(40)).await;
     fleet.replicas[0].failing.store(true, Ordering::SeqCst);
     let took = until_status(&mut fleet, EndpointStatus::Ejected, Duration::from_secs(10)).await;
     let failed = fleet.replicas[0].failed.load(Ordering::SeqCst);
@@ -132,7 +113,7 @@ async fn the_default_marks_a_hard_down_replica_dead_at_its_fifth_failure() {
 #[tokio::test(start_paused = true)]
 async fn the_success_rate_alone_marks_it_dead_after_the_window_times_ln_one_point_two_five() {
     let mut fleet = fleet(SuccessRateAccrual::default_finagle().seeded(1));
-    traffic(&mut fleet.balancer, Duration::from_secs(40)).await;
+    traffic(&mut fleet.balancer, 200, Duration::from_secs(40)).await;
     fleet.replicas[0].failing.store(true, Ordering::SeqCst);
     let took = until_status(&mut fleet, EndpointStatus::Ejected, Duration::from_secs(20)).await;
     let failed = fleet.replicas[0].failed.load(Ordering::SeqCst);
@@ -147,7 +128,7 @@ async fn the_success_rate_alone_marks_it_dead_after_the_window_times_ln_one_poin
 #[tokio::test(start_paused = true)]
 async fn a_replica_that_stays_down_backs_off_and_one_that_heals_starts_again() {
     let mut fleet = fleet(finagle_seeded(2));
-    traffic(&mut fleet.balancer, Duration::from_secs(5)).await;
+    traffic(&mut fleet.balancer, 200, Duration::from_secs(5)).await;
     fleet.replicas[0].failing.store(true, Ordering::SeqCst);
     // Each time it is back it fails its first call and is out again, for the next time of the
     // equal-jitter back-off: 5 s, 5–10 s, 10–20 s, 20–40 s.
@@ -155,7 +136,7 @@ async fn a_replica_that_stays_down_backs_off_and_one_that_heals_starts_again() {
     let mut seen = None;
     let started = tokio::time::Instant::now();
     while outs.len() < 4 {
-        traffic(&mut fleet.balancer, Duration::from_millis(10)).await;
+        traffic(&mut fleet.balancer, 200, Duration::from_millis(10)).await;
         let shown = fleet.monitor.snapshot().get("0").unwrap().clone();
         // A new ejection: one more failed check (a relapse on its return).
         if shown.status == EndpointStatus::Ejected && Some(shown.failed_checks) != seen {
@@ -176,7 +157,7 @@ async fn a_replica_that_stays_down_backs_off_and_one_that_heals_starts_again() {
     // Healed while back: its first call succeeds, and the next trip starts at 5 s again.
     fleet.replicas[0].failing.store(false, Ordering::SeqCst);
     until_status(&mut fleet, EndpointStatus::Trial, Duration::from_secs(45)).await;
-    traffic(&mut fleet.balancer, Duration::from_secs(6)).await;
+    traffic(&mut fleet.balancer, 200, Duration::from_secs(6)).await;
     assert_eq!(status(&fleet.monitor), EndpointStatus::Available);
     fleet.replicas[0].failing.store(true, Ordering::SeqCst);
     until_status(&mut fleet, EndpointStatus::Ejected, Duration::from_secs(10)).await;

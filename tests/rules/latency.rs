@@ -6,45 +6,15 @@
 use std::time::Duration;
 
 use tower::balance::p2c::Balance;
-use tower::{Service, ServiceExt};
 use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
-use tower_outlier::{EndpointStatus, Monitor, OutlierDetectionLayer};
+use tower_outlier::OutlierDetectionLayer;
 
-use crate::support::{announce, SeededRng, Sleepy};
+use crate::support::{announce, ejected, traffic, SeededRng, Sleepy};
 
 fn layer() -> OutlierDetectionLayer {
     OutlierDetectionLayer::new(LatencyPolicy::new(
         LatencyConfig::recommended().min_calls(5).build().unwrap(),
     ))
-}
-
-/// `rate` calls a second for `span`, each in its own task (open loop), awaited at the end.
-async fn traffic<B>(balancer: &mut B, rate: u64, span: Duration)
-where
-    B: Service<(), Response = usize, Error = tower::BoxError>,
-    B::Future: Send + 'static,
-{
-    let every = Duration::from_nanos(1_000_000_000 / rate);
-    let until = tokio::time::Instant::now() + span;
-    let mut calls = tokio::task::JoinSet::new();
-    while tokio::time::Instant::now() < until {
-        let call = balancer.ready().await.unwrap().call(());
-        calls.spawn(async move {
-            let _ = call.await;
-        });
-        tokio::time::sleep(every).await;
-    }
-    while calls.join_next().await.is_some() {}
-}
-
-fn ejected(monitor: &Monitor) -> Vec<String> {
-    monitor
-        .snapshot()
-        .endpoints
-        .iter()
-        .filter(|e| e.status == EndpointStatus::Ejected)
-        .map(|e| e.key.to_string())
-        .collect()
 }
 
 #[tokio::test(start_paused = true)]

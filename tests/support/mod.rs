@@ -367,3 +367,33 @@ pub fn reset_while(
         })
     })
 }
+
+/// `rate` calls a second for `span`, each in its own task (open loop), awaited at the end.
+pub async fn traffic<B>(balancer: &mut B, rate: u64, span: std::time::Duration)
+where
+    B: Service<(), Response = usize, Error = tower::BoxError>,
+    B::Future: Send + 'static,
+{
+    let every = std::time::Duration::from_nanos(1_000_000_000 / rate);
+    let until = tokio::time::Instant::now() + span;
+    let mut calls = tokio::task::JoinSet::new();
+    while tokio::time::Instant::now() < until {
+        let call = balancer.ready().await.unwrap().call(());
+        calls.spawn(async move {
+            let _ = call.await;
+        });
+        tokio::time::sleep(every).await;
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+/// The keys of the endpoints the monitor shows ejected.
+pub fn ejected(monitor: &tower_outlier::Monitor) -> Vec<String> {
+    monitor
+        .snapshot()
+        .endpoints
+        .iter()
+        .filter(|e| e.status == tower_outlier::EndpointStatus::Ejected)
+        .map(|e| e.key.to_string())
+        .collect()
+}
