@@ -32,11 +32,16 @@ use tower_outlier::{
 };
 
 /// tonic-health's service, its `Check` calls counted; without `Watch` when `watchless` (a
-/// server that answers UNIMPLEMENTED, as one without the health service does).
+/// server that answers UNIMPLEMENTED, as one without the health service does); with
+/// `healthless`, every call the layer makes (`Watch`, and `Check` of the service `"app"`) answers
+/// UNIMPLEMENTED, as a server without `grpc.health.v1` does, while the callers' `Check("")`
+/// stands for its application; those fail (UNAVAILABLE) while `broken`.
 struct Counted {
     inner: HealthService,
     checks: Arc<AtomicUsize>,
     watchless: bool,
+    healthless: bool,
+    broken: Arc<AtomicBool>,
 }
 
 #[tonic::async_trait]
@@ -45,7 +50,13 @@ impl Health for Counted {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
+        if self.healthless && request.get_ref().service == "app" {
+            return Err(Status::unimplemented("no grpc.health.v1 here"));
+        }
         self.checks.fetch_add(1, Ordering::SeqCst);
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("the application is down"));
+        }
         self.inner.check(request).await
     }
 
@@ -55,7 +66,7 @@ impl Health for Counted {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        if self.watchless {
+        if self.watchless || self.healthless {
             return Err(Status::unimplemented("no Watch here"));
         }
         self.inner.watch(request).await
@@ -66,10 +77,20 @@ struct TestServer {
     addr: SocketAddr,
     reporter: HealthReporter,
     checks: Arc<AtomicUsize>,
+    broken: Arc<AtomicBool>,
 }
 
 impl TestServer {
     async fn start(watchless: bool) -> TestServer {
+        TestServer::started(watchless, false).await
+    }
+
+    /// A server without `grpc.health.v1` (see [`Counted`]).
+    async fn healthless() -> TestServer {
+        TestServer::started(true, true).await
+    }
+
+    async fn started(watchless: bool, healthless: bool) -> TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let reporter = HealthReporter::new();
@@ -80,10 +101,13 @@ impl TestServer {
             .set_service_status("app", tonic_health::ServingStatus::Serving)
             .await;
         let checks = Arc::new(AtomicUsize::new(0));
+        let broken = Arc::new(AtomicBool::new(false));
         let health = Counted {
             inner: HealthService::from_health_reporter(reporter.clone()),
             checks: checks.clone(),
             watchless,
+            healthless,
+            broken: broken.clone(),
         };
         let incoming = futures::stream::unfold(listener, |listener| async move {
             let stream = listener.accept().await.map(|(stream, _)| {
@@ -101,6 +125,7 @@ impl TestServer {
             addr,
             reporter,
             checks,
+            broken,
         }
     }
 
@@ -288,4 +313,58 @@ async fn a_server_without_watch_counts_as_serving() {
     assert!(servers[0].checks() > 20, "{} calls", servers[0].checks());
     let shown = monitor.snapshot().get(&servers[0].key()).unwrap().clone();
     assert!(!shown.not_serving, "{shown:#?}");
+}
+
+/// A server without `grpc.health.v1` that the rules ejected is re-admitted by `GrpcHealth`'s
+/// recovery check once it heals: `Check` answering UNIMPLEMENTED counts as serving there as it does
+/// in the watch (before, every check failed and the server stayed out for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_health_service_ejected_by_the_rules_comes_back_once_healed() {
+    let _turn = super::timed_turn().await;
+    let servers = vec![
+        TestServer::healthless().await,
+        TestServer::healthless().await,
+        TestServer::healthless().await,
+    ];
+    let (client, monitor, _discovery, events, _callback) = client(&servers);
+    let stop = Arc::new(AtomicBool::new(false));
+    let steps = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        servers[0].broken.store(true, Ordering::SeqCst);
+        let out = async {
+            while status(&monitor, &servers[0]) != Some(EndpointStatus::Ejected) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), out)
+            .await
+            .expect("the broken server is ejected");
+        servers[0].broken.store(false, Ordering::SeqCst);
+        let healed = Instant::now();
+        let back = async {
+            while status(&monitor, &servers[0]) != Some(EndpointStatus::Available) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let shown = || monitor.snapshot().get(&servers[0].key()).cloned();
+        tokio::time::timeout(Duration::from_secs(15), back)
+            .await
+            .unwrap_or_else(|_| panic!("still out 15 s after healing: {:#?}", shown()));
+        eprintln!("back {:?} after healing", healed.elapsed());
+        let readmitted = events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, event)| matches!(event, Event::Readmitted { .. }));
+        assert!(readmitted, "no re-admission event");
+        let from = servers[0].checks();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            servers[0].checks() > from + 20,
+            "{} calls in the second after it came back",
+            servers[0].checks() - from
+        );
+        stop.store(true, Ordering::SeqCst);
+    };
+    let (_failed, ()) = tokio::join!(traffic(&client, stop.clone()), steps);
 }

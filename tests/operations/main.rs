@@ -5,6 +5,7 @@
 mod support;
 
 mod admin_component;
+mod admin_readers;
 mod file_source;
 mod metrics;
 mod observability;

@@ -138,6 +138,54 @@ async fn the_last_endpoint_not_serving_stays_in() {
     );
 }
 
+/// Every endpoint NOT_SERVING under the presets that fail fast (linkerd's, gRPC's): health is a
+/// signal, not the rules' judgement, so the last endpoint stays in and gets the calls (before, the
+/// whole fleet went out; gRPC's own client does that, this layer keeps one).
+#[tokio::test(start_paused = true)]
+async fn every_endpoint_not_serving_keeps_the_last_under_fail_fast_presets() {
+    for (name, config) in [
+        ("linkerd", DetectorConfig::linkerd()),
+        ("grpc", DetectorConfig::grpc()),
+    ] {
+        let watched = Watched::default();
+        let layer = OutlierDetectionLayer::new(DetectorPolicy::new(config.build().unwrap()))
+            .probe(watched.clone());
+        let monitor = layer.monitor();
+        let backends: Vec<(usize, Backend)> = (0..3).map(|i| (i, Backend::new(i))).collect();
+        let mut balancer = Balance::from_rng(
+            tower::Layer::layer(&layer, announce(&backends)),
+            SeededRng(9),
+        );
+        traffic(&mut balancer, Duration::from_millis(100)).await;
+        for (key, _) in &backends {
+            watched.say(*key, Health::NotServing);
+        }
+        let before: usize = backends.iter().map(|(_, b)| b.calls()).sum();
+        let flowed = tokio::time::timeout(
+            Duration::from_secs(5),
+            traffic(&mut balancer, Duration::from_secs(1)),
+        )
+        .await;
+        let snapshot = monitor.snapshot();
+        assert!(
+            flowed.is_ok(),
+            "{name}: the balancer has no endpoint; {snapshot:#?}"
+        );
+        let kept = snapshot
+            .endpoints
+            .iter()
+            .filter(|e| e.status == EndpointStatus::Available)
+            .count();
+        assert!(kept >= 1, "{name}: every endpoint out; {snapshot:#?}");
+        let after: usize = backends.iter().map(|(_, b)| b.calls()).sum();
+        assert!(
+            after > before + 50,
+            "{name}: {} calls in 1 s",
+            after - before
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn in_dry_run_not_serving_is_only_reported() {
     let watched = Watched::default();

@@ -349,3 +349,61 @@ async fn in_dry_run_pushback_is_reported_and_changes_nothing() {
         (EndpointStatus::Available, Some(EndpointStatus::Ejected))
     );
 }
+
+/// One 503 with `Retry-After: 10` from every server, under the presets that fail fast when the
+/// rules leave none (linkerd's and gRPC's), behind the fail-fast guard: pushback is a signal, not
+/// the rules' judgement, and never takes the last endpoint (before, the whole fleet went out and
+/// every call for the next 10 s failed although every server was healthy again).
+#[tokio::test(start_paused = true)]
+async fn pushback_from_every_server_never_takes_the_last_under_fail_fast_presets() {
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    for (name, config) in [
+        ("linkerd", DetectorConfig::linkerd()),
+        ("grpc", DetectorConfig::grpc()),
+    ] {
+        let layer = OutlierDetectionLayer::new(DetectorPolicy::seeded(config.build().unwrap(), 7))
+            .classifier(ServerErrors);
+        let servers: Vec<Server> = (0..3).map(|_| Server::new()).collect();
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        for (id, server) in servers.iter().enumerate() {
+            tx.unbounded_send(Ok::<_, Infallible>(Change::Insert(id, server.clone())))
+                .unwrap();
+        }
+        let mut balancer = tower::ServiceBuilder::new()
+            .layer(layer.fail_fast())
+            .layer_fn(Balance::new)
+            .layer(layer.clone())
+            .service(rx);
+        for server in &servers {
+            server.busy(Some("10"));
+        }
+        // Until every server has answered one 503.
+        let mut tries = 0;
+        while servers.iter().any(|s| s.served() == 0) && tries < 100 {
+            tries += 1;
+            let _ = tokio::time::timeout(SECOND, async { balancer.ready().await?.call(()).await })
+                .await;
+        }
+        for server in &servers {
+            server.busy(None);
+        }
+        let mut failed = 0;
+        for _ in 0..100 {
+            let call =
+                tokio::time::timeout(SECOND, async { balancer.ready().await?.call(()).await })
+                    .await;
+            if !matches!(&call, Ok(Ok(response)) if response.status() == 200) {
+                failed += 1;
+            }
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        let snapshot = layer.monitor().snapshot();
+        assert_eq!(failed, 0, "{name}: calls failed; {snapshot:#?}");
+        assert!(
+            servers.iter().all(|s| s.served() > 0),
+            "{name}: not every server asked"
+        );
+        drop(tx);
+    }
+}

@@ -59,11 +59,10 @@ use bytes::Bytes;
 use http::header::{ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use tokio::sync::broadcast::error::RecvError;
-use tower_outlier_core::Lock;
 use tower_service::Service;
 
 pub use body::AdminBody;
-use history::{History, Limits};
+use history::{Limits, Memory, Parts};
 
 use crate::monitor::EventCallback;
 use crate::monitor::Monitor;
@@ -79,7 +78,7 @@ pub struct Admin {
 
 struct Inner {
     monitor: Monitor,
-    history: Arc<Lock<History>>,
+    history: Arc<Memory>,
     callback: Option<EventCallback>,
     sampling: AtomicBool,
     every: Duration,
@@ -163,11 +162,15 @@ impl Admin {
                 "snapshot" => ("application/json", AdminBody::full(self.snapshot_json())),
                 "history" => (
                     "application/json",
-                    AdminBody::full(json::history(&self.inner.history.lock()).to_string()),
+                    AdminBody::full(
+                        json::history(&self.inner.history.history(Parts::Timeline)).to_string(),
+                    ),
                 ),
                 "events" => (
                     "application/json",
-                    AdminBody::full(json::events(&self.inner.history.lock()).to_string()),
+                    AdminBody::full(
+                        json::events(&self.inner.history.history(Parts::Journal)).to_string(),
+                    ),
                 ),
                 "metrics" => match self.metrics_text() {
                     // What prometheus-client's text encoder writes: OpenMetrics, ending in `# EOF`.
@@ -188,7 +191,7 @@ impl Admin {
                     let now = SystemTime::now();
                     let html = page::render(
                         &snapshot,
-                        &self.inner.history.lock(),
+                        &self.inner.history.history(Parts::Both),
                         now,
                         self.inner.refresh,
                     );
@@ -304,19 +307,19 @@ impl AdminBuilder {
     /// The component; it starts sampling now if built inside a tokio runtime.
     pub fn build(self) -> Admin {
         let ticks = (self.keep.as_nanos() / self.every.as_nanos().max(1)).clamp(1, 10_000) as usize;
-        let history = Arc::new(Lock::new(History::new(Limits {
+        let history = Arc::new(Memory::new(Limits {
             every: self.every,
             ticks,
             endpoints: self.endpoints,
             events: self.events,
-        })));
-        let kept: Weak<Lock<History>> = Arc::downgrade(&history);
+        }));
+        let kept: Weak<Memory> = Arc::downgrade(&history);
         let callback = self.monitor.on_event(move |event| {
             if let Some(history) = kept.upgrade() {
                 // Wall-clock time for the people reading the events.
                 #[allow(clippy::disallowed_methods)]
                 let at = SystemTime::now();
-                history.lock().record(at, event);
+                history.record(at, event);
             }
         });
         let admin = Admin {

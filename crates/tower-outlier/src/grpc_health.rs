@@ -6,7 +6,8 @@
 //! once; `NOT_SERVING`, `SERVICE_UNKNOWN` and `UNKNOWN` take it out at once, within the budget and
 //! never the last (kept in, p2c avoids it), so a server that drains by setting its status leaves
 //! rotation before a single call fails. A server without the health service (`UNIMPLEMENTED`)
-//! counts as serving, with one warning. A stream that fails or ends otherwise is called again
+//! counts as serving, with one warning, in the watch and in the recovery check alike: an ejected
+//! server of that kind passes its check once it answers, and its calls judge it on trial. A stream that fails or ends otherwise is called again
 //! after a back-off (1 s, × 1.6 each time in a row, up to 2 minutes: gRPC's connection back-off
 //! without its jitter), the endpoint keeping its last word meanwhile: whether its calls fail is
 //! the rules' to judge.
@@ -118,14 +119,23 @@ where
     S::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     <S::ResponseBody as http_body::Body>::Error: Into<tower::BoxError> + Send,
 {
-    fn probe(&mut self, _: &K, service: S) -> Option<ProbeFuture> {
+    fn probe(&mut self, key: &K, service: S) -> Option<ProbeFuture> {
         let request = self.request();
+        let check = self.clone();
+        let endpoint = format!("{key:?}");
         Some(Box::pin(async move {
             let mut client = HealthClient::new(service);
-            client
-                .check(request)
-                .await
-                .is_ok_and(|answer| health_of(answer.get_ref()) == Health::Serving)
+            match client.check(request).await {
+                Ok(answer) => health_of(answer.get_ref()) == Health::Serving,
+                // A server without the health service answered: it is reachable, and counts as
+                // serving here as it does in the watch (otherwise an ejected server of that kind
+                // would never pass a check, and stay out for good). Its calls judge it on trial.
+                Err(status) if status.code() == tonic::Code::Unimplemented => {
+                    check.warn_unimplemented(&endpoint);
+                    true
+                }
+                Err(_) => false,
+            }
         }))
     }
 
@@ -186,14 +196,7 @@ impl GrpcHealth {
     /// on with, or `None` when the server has no health service (it counts as serving).
     fn failed(&self, endpoint: &str, status: &tonic::Status, failures: u32) -> Option<Phase> {
         if status.code() == tonic::Code::Unimplemented {
-            if !self.warned_unimplemented.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    target: "tower_outlier",
-                    endpoint,
-                    service = %self.service,
-                    "the server has no grpc.health.v1 service: its endpoints count as serving"
-                );
-            }
+            self.warn_unimplemented(endpoint);
             return None;
         }
         let failures = failures.saturating_add(1);
@@ -205,5 +208,17 @@ impl GrpcHealth {
             "the health watch failed; its last word stands"
         );
         Some(Phase::Call { failures })
+    }
+
+    /// Says once per layer that a server has no health service.
+    fn warn_unimplemented(&self, endpoint: &str) {
+        if !self.warned_unimplemented.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                target: "tower_outlier",
+                endpoint,
+                service = %self.service,
+                "the server has no grpc.health.v1 service: its endpoints count as serving"
+            );
+        }
     }
 }

@@ -50,6 +50,11 @@
 //!   fleet the rules would empty is far more often failing as a whole (a bad deploy, a shared
 //!   dependency) than failing everywhere at once, and whatever it still answers reaches callers;
 //!   failing fast only helps a caller with a fallback of its own.
+//! * Only the rules' own judgement may take the last endpoint, and only under `FailFast` or
+//!   `PanicBelow`. What else takes an endpoint out — its server's pushback, its health service
+//!   saying it is not serving, its host held out by another adaptor, an operator — never takes
+//!   the last one the balancer can pick, whatever `WhenAllOut` says: a fleet whose servers all
+//!   asked for a pause, or all said they drain, keeps one to call.
 //! * A refusal is said in the log and in the monitor
 //!   ([`EndpointSnapshot::refused`](crate::EndpointSnapshot), with the budget's arithmetic:
 //!   "ejection budget of 1 for 5 endpoints at 20 % is spent"); a budget that allows no ejection at
@@ -221,8 +226,8 @@
 //!
 //! Every change keeps these, and the tests check them:
 //! 1. While the upstream holds endpoints, at least one is available (rule 3; under
-//!    `WhenAllOut::KeepLast`, and always when only an operator's overrides would take the last
-//!    one): in the balancer's set and ready. An endpoint whose service failed `poll_ready` is held in the set but reports
+//!    `WhenAllOut::KeepLast`, and always when only pushback, health, a host held out or an
+//!    operator's overrides would take the last one): in the balancer's set and ready. An endpoint whose service failed `poll_ready` is held in the set but reports
 //!    itself not ready, asks its service again after a back-off (100 ms doubling to 30 s), and is
 //!    shown `Unready`; it does not count as one to fall back on, and if no endpoint is left to
 //!    pick an ejected one comes back on trial.

@@ -2,7 +2,7 @@
 //! events, both bounded.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use tower_outlier_core::Lock;
@@ -22,7 +22,7 @@ pub(super) struct Sample {
 }
 
 /// Every endpoint sampled at one moment.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Tick {
     pub(super) at: SystemTime,
     pub(super) samples: Vec<Sample>,
@@ -35,19 +35,54 @@ pub(super) struct Kept {
     pub(super) event: Event,
 }
 
-/// The bounded memory of the admin component.
+/// The bounded memory of the admin component, in two parts under locks of their own: the
+/// timeline, written by the sampler, and the journal of events, written by the event callback on
+/// the balancer's task. Each lock is held only to push or to copy pointers: a reader builds its
+/// document from a [`History`] copied out ([`Memory::history`]), outside both, so no page however
+/// large holds up a balancer that emits an event (building `/history` at 256 endpoints × 300
+/// ticks under the one lock the callback also took stalled the balancer's poll for 249 ms).
+#[derive(Debug)]
+pub(super) struct Memory {
+    timeline: Lock<Timeline>,
+    journal: Lock<Journal>,
+    limits: Limits,
+}
+
+#[derive(Debug)]
+struct Timeline {
+    ticks: VecDeque<Arc<Tick>>,
+    /// Endpoint keys by their index in samples, and back.
+    keys: Arc<Vec<String>>,
+    index: HashMap<String, u32>,
+    /// Endpoints not sampled because [`Limits::endpoints`] were already tracked.
+    untracked: usize,
+}
+
+#[derive(Debug, Default)]
+struct Journal {
+    events: VecDeque<Arc<Kept>>,
+    /// When each endpoint out of rotation now was last ejected.
+    ejected_since: HashMap<Arc<str>, SystemTime>,
+}
+
+/// What a reader of the admin component sees: a copy of the memory's pointers, taken in
+/// microseconds, read without any lock.
 #[derive(Debug)]
 pub(super) struct History {
-    pub(super) ticks: VecDeque<Tick>,
-    /// Endpoint keys by their index in samples, and back.
-    pub(super) keys: Vec<String>,
-    index: HashMap<String, u32>,
-    pub(super) events: VecDeque<Kept>,
-    /// When each endpoint out of rotation now was last ejected.
-    pub(super) ejected_since: HashMap<String, SystemTime>,
-    /// Endpoints not sampled because [`Limits::endpoints`] were already tracked.
+    pub(super) ticks: Vec<Arc<Tick>>,
+    pub(super) keys: Arc<Vec<String>>,
     pub(super) untracked: usize,
+    pub(super) events: Vec<Arc<Kept>>,
+    pub(super) ejected_since: HashMap<Arc<str>, SystemTime>,
     limits: Limits,
+}
+
+/// Which parts of the memory a reader copies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Parts {
+    Timeline,
+    Journal,
+    Both,
 }
 
 /// How much the admin component keeps.
@@ -59,34 +94,94 @@ pub(super) struct Limits {
     pub(super) events: usize,
 }
 
-impl History {
+impl Memory {
     pub(super) fn new(limits: Limits) -> Self {
-        History {
-            ticks: VecDeque::with_capacity(limits.ticks.min(1024)),
-            keys: Vec::new(),
-            index: HashMap::new(),
-            events: VecDeque::new(),
-            ejected_since: HashMap::new(),
-            untracked: 0,
+        Memory {
+            timeline: Lock::new(Timeline {
+                ticks: VecDeque::with_capacity(limits.ticks.min(1024)),
+                keys: Arc::default(),
+                index: HashMap::new(),
+                untracked: 0,
+            }),
+            journal: Lock::new(Journal::default()),
             limits,
         }
     }
 
-    pub(super) fn limits(&self) -> Limits {
-        self.limits
+    /// A copy of `parts` of the memory for a reader: pointers only, under each lock in turn.
+    pub(super) fn history(&self, parts: Parts) -> History {
+        let mut history = History {
+            ticks: Vec::new(),
+            keys: Arc::default(),
+            untracked: 0,
+            events: Vec::new(),
+            ejected_since: HashMap::new(),
+            limits: self.limits,
+        };
+        if parts != Parts::Journal {
+            let timeline = self.timeline.lock();
+            history.ticks = timeline.ticks.iter().cloned().collect();
+            history.keys = timeline.keys.clone();
+            history.untracked = timeline.untracked;
+        }
+        if parts != Parts::Timeline {
+            let journal = self.journal.lock();
+            history.events = journal.events.iter().cloned().collect();
+            history.ejected_since = journal.ejected_since.clone();
+        }
+        history
     }
 
     /// Samples every endpoint of `snapshot`, taken at `at`.
-    pub(super) fn sample(&mut self, at: SystemTime, snapshot: &Snapshot) {
-        let mut samples = Vec::with_capacity(snapshot.endpoints.len().min(self.limits.endpoints));
+    pub(super) fn sample(&self, at: SystemTime, snapshot: &Snapshot) {
+        self.timeline.lock().sample(at, snapshot, self.limits);
+    }
+
+    /// Keeps `event`, seen at `at`: on the balancer's task, under the journal's lock only.
+    pub(super) fn record(&self, at: SystemTime, event: &Event) {
+        let kept = Arc::new(Kept {
+            at,
+            event: event.clone(),
+        });
+        let limits = self.limits;
+        let mut journal = self.journal.lock();
+        match event {
+            Event::Ejected { key, .. }
+                if journal.ejected_since.len() < limits.endpoints
+                    || journal.ejected_since.contains_key(key.as_str()) =>
+            {
+                journal.ejected_since.insert(Arc::from(key.as_str()), at);
+            }
+            Event::Readmitted { key, .. } | Event::Removed { key, .. } => {
+                journal.ejected_since.remove(key.as_str());
+            }
+            _ => {}
+        }
+        if journal.events.len() == limits.events {
+            journal.events.pop_front();
+        }
+        journal.events.push_back(kept);
+    }
+}
+
+impl History {
+    pub(super) fn limits(&self) -> Limits {
+        self.limits
+    }
+}
+
+impl Timeline {
+    fn sample(&mut self, at: SystemTime, snapshot: &Snapshot, limits: Limits) {
+        let mut samples = Vec::with_capacity(snapshot.endpoints.len().min(limits.endpoints));
         let mut untracked = 0;
         for endpoint in &snapshot.endpoints {
             let key = endpoint.key.as_str();
             let index = match self.index.get(key) {
                 Some(&index) => index,
-                None if self.keys.len() < self.limits.endpoints => {
+                None if self.keys.len() < limits.endpoints => {
                     let index = self.keys.len() as u32;
-                    self.keys.push(key.to_owned());
+                    // Copied only if a reader still holds the old list.
+                    Arc::make_mut(&mut self.keys).push(key.to_owned());
                     self.index.insert(key.to_owned(), index);
                     index
                 }
@@ -107,17 +202,17 @@ impl History {
             });
         }
         self.untracked = untracked;
-        if self.ticks.len() == self.limits.ticks {
+        if self.ticks.len() == limits.ticks {
             self.ticks.pop_front();
         }
-        self.ticks.push_back(Tick { at, samples });
-        self.forget_gone();
+        self.ticks.push_back(Arc::new(Tick { at, samples }));
+        self.forget_gone(limits);
     }
 
     /// Drops the keys no tick holds any more (endpoints removed a whole history ago), so that
     /// churn does not grow the key table.
-    fn forget_gone(&mut self) {
-        if self.keys.len() < self.limits.endpoints {
+    fn forget_gone(&mut self, limits: Limits) {
+        if self.keys.len() < limits.endpoints {
             return;
         }
         let mut seen = vec![false; self.keys.len()];
@@ -129,17 +224,18 @@ impl History {
         if seen.iter().all(|s| *s) {
             return;
         }
-        // Renumber the keys still seen, and the samples with them.
+        // Renumber the keys still seen, and the samples with them (ticks a reader still holds
+        // are copied: the reader keeps the numbering it copied with its keys).
         let mut renumbered = vec![u32::MAX; self.keys.len()];
         let mut keys = Vec::new();
-        for (old, key) in self.keys.drain(..).enumerate() {
+        for (old, key) in self.keys.iter().enumerate() {
             if seen[old] {
                 renumbered[old] = keys.len() as u32;
-                keys.push(key);
+                keys.push(key.clone());
             }
         }
         for tick in &mut self.ticks {
-            for sample in &mut tick.samples {
+            for sample in &mut Arc::make_mut(tick).samples {
                 sample.endpoint = renumbered[sample.endpoint as usize];
             }
         }
@@ -148,41 +244,15 @@ impl History {
             .enumerate()
             .map(|(i, k)| (k.clone(), i as u32))
             .collect();
-        self.keys = keys;
-    }
-
-    pub(super) fn record(&mut self, at: SystemTime, event: &Event) {
-        match event {
-            Event::Ejected { key, .. }
-                if self.ejected_since.len() < self.limits.endpoints
-                    || self.ejected_since.contains_key(key.as_str()) =>
-            {
-                self.ejected_since.insert(key.as_str().to_owned(), at);
-            }
-            Event::Readmitted { key, .. } | Event::Removed { key, .. } => {
-                self.ejected_since.remove(key.as_str());
-            }
-            _ => {}
-        }
-        if self.events.len() == self.limits.events {
-            self.events.pop_front();
-        }
-        self.events.push_back(Kept {
-            at,
-            event: event.clone(),
-        });
+        self.keys = Arc::new(keys);
     }
 }
 
-/// Samples `monitor` into `history` every `every` until the history is dropped. A tick is one
+/// Samples `monitor` into `memory` every `every` until the memory is dropped. A tick is one
 /// monitor snapshot, taken on tokio's blocking pool (about 2.4 µs per endpoint: a quarter of a
 /// second at 100 000), and the next waits at least ten times as long as the last took, so that
 /// sampling never takes more than a tenth of a core.
-pub(super) async fn sample_while_kept(
-    history: Weak<Lock<History>>,
-    monitor: Monitor,
-    every: Duration,
-) {
+pub(super) async fn sample_while_kept(history: Weak<Memory>, monitor: Monitor, every: Duration) {
     loop {
         if history.strong_count() == 0 {
             return;
@@ -199,7 +269,7 @@ pub(super) async fn sample_while_kept(
         // Wall-clock time for the people reading the page; nothing is measured with it.
         #[allow(clippy::disallowed_methods)]
         let at = SystemTime::now();
-        kept.lock().sample(at, &snapshot);
+        kept.sample(at, &snapshot);
         drop(kept);
         tokio::time::sleep(every.max(took.saturating_mul(10))).await;
     }

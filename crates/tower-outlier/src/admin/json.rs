@@ -106,7 +106,7 @@ fn fields(event: &Event) -> Value {
 
 /// The kept events, oldest first.
 pub(super) fn events(history: &History) -> Value {
-    Value::Array(history.events.iter().map(event).collect())
+    Value::Array(history.events.iter().map(|kept| event(kept)).collect())
 }
 
 /// The sampled history: each tick with every sampled endpoint.

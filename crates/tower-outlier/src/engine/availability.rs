@@ -28,6 +28,19 @@ where
     /// would make: that one counts what dry run holds out as out, as an enforcing layer would
     /// have it, so a dry run makes the decisions the same rules would.
     pub(super) fn room_for(&self, dry: bool) -> Result<(), Refusal> {
+        self.room_with(dry, self.settings.all_out.keeps_last())
+    }
+
+    /// [`room_for`](Self::room_for) for a signal that is not the rules' own judgement (a
+    /// server's pushback, its health service, a host held out by another adaptor): never the last
+    /// endpoint the balancer can pick, whatever [`WhenAllOut`](tower_outlier_core::WhenAllOut)
+    /// says. Fail-fast and panic are for a fleet the rules judged broken; a fleet whose servers
+    /// all asked for a pause, or all said they drain, keeps one to call (`rules`, section 3).
+    pub(super) fn room_for_signal(&self, dry: bool) -> Result<(), Refusal> {
+        self.room_with(dry, true)
+    }
+
+    fn room_with(&self, dry: bool, keep_last: bool) -> Result<(), Refusal> {
         let (out, available) = if dry {
             (
                 self.ejected + self.shadow_out.len(),
@@ -36,7 +49,7 @@ where
         } else {
             (self.ejected, self.available())
         };
-        if available <= 1 && self.settings.all_out.keeps_last() {
+        if available <= 1 && keep_last {
             Err(Refusal::LastEndpoint)
         } else if out >= self.settings.budget.max_ejected(self.entries.len()) {
             Err(Refusal::Budget)

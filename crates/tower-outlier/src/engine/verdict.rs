@@ -125,7 +125,7 @@ where
             return None;
         }
         let (cause, reason) = (Cause::Health, super::controls::health_reason());
-        Some(match self.room_for(self.controls.dry_run) {
+        Some(match self.room_for_signal(self.controls.dry_run) {
             Ok(()) => Verdict::Eject { cause, reason },
             Err(refusal) => {
                 if !self.controls.dry_run {
@@ -159,7 +159,7 @@ where
         }
         let cause = Cause::Pushback { until };
         let reason = super::controls::pushback_reason(Duration::from_nanos(until - now));
-        Some(match self.room_for(self.controls.dry_run) {
+        Some(match self.room_for_signal(self.controls.dry_run) {
             Ok(()) => Verdict::Eject { cause, reason },
             Err(refusal) => {
                 if !self.controls.dry_run {
@@ -220,7 +220,7 @@ where
             return Verdict::Keep;
         }
         let reason = super::hosts::host_reason();
-        match self.room_for(self.controls.dry_run) {
+        match self.room_for_signal(self.controls.dry_run) {
             Ok(()) => Verdict::Eject {
                 cause: Cause::Host,
                 reason,

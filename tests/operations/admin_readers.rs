@@ -1,0 +1,123 @@
+//! Readers of the admin component never hold up the balancer: 8 threads read `/history`, the
+//! page and `/metrics` in a loop at 256 endpoints × 300 ticks while the adaptor, polled as a
+//! balancer polls it, applies operator actions that each emit events (and so run the admin's event
+//! callback on the adaptor's task). Before the admin kept its timeline and its events under
+//! separate locks and built documents from a copy, every such poll waited for a reader building
+//! its document under the one lock: as long as a whole `/history` read.
+
+use crate::support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use http_body_util::BodyExt;
+use support::Harness;
+use tower::ServiceExt;
+use tower_outlier::admin::Admin;
+use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
+
+const ENDPOINTS: usize = 256;
+const TICKS: usize = 300;
+
+/// The body of `GET path`, called on the component directly: its future and a document's body
+/// are ready at once.
+fn read(admin: &Admin, path: &str) -> String {
+    let request = http::Request::get(path).body(()).unwrap();
+    let body = async {
+        let response = admin.clone().oneshot(request).await.unwrap();
+        response.into_body().collect().await.unwrap().to_bytes()
+    };
+    let body = body.now_or_never().expect("a document is ready at once");
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+fn ticks(admin: &Admin) -> usize {
+    let history: serde_json::Value = serde_json::from_str(&read(admin, "/history")).unwrap();
+    history["ticks"].as_array().map_or(0, Vec::len)
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values[values.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_history_the_page_and_metrics_never_stalls_the_balancer() {
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ));
+    let rules = layer.rules();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let _metrics = tower_outlier::metrics::register(&mut registry, &layer.monitor());
+    let admin = Admin::builder(&layer.monitor())
+        .sample_every(Duration::from_millis(10))
+        .keep(Duration::from_millis(10 * TICKS as u64))
+        .max_endpoints(ENDPOINTS)
+        .metrics(Arc::new(registry))
+        .build();
+    let mut h = Harness::new(&layer, ENDPOINTS);
+    // A full history: 300 ticks of 256 endpoints.
+    let filled = Instant::now();
+    while ticks(&admin) < TICKS {
+        assert!(
+            filled.elapsed() < Duration::from_secs(60),
+            "{} ticks after a minute",
+            ticks(&admin)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // How long one reader takes to build `/history`, alone.
+    let alone = Instant::now();
+    let size = read(&admin, "/history").len();
+    let one_read = alone.elapsed();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let readers: Vec<_> = (0..8)
+        .map(|i| {
+            let (admin, stop, reads) = (admin.clone(), stop.clone(), reads.clone());
+            std::thread::spawn(move || {
+                let path = ["/history", "/", "/metrics", "/history"][i % 4];
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = read(&admin, path);
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    // The readers under way.
+    while reads.load(Ordering::Relaxed) < 8 {
+        tokio::task::yield_now().await;
+    }
+    let mut polls = Vec::new();
+    for round in 0..40 {
+        let key = round % ENDPOINTS;
+        rules.force_out(&key);
+        let started = Instant::now();
+        h.sync();
+        polls.push(started.elapsed());
+        assert!(!h.is_live(key), "round {round}: not forced out");
+        rules.release(&key);
+        let started = Instant::now();
+        h.sync();
+        polls.push(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().unwrap();
+    }
+    let (typical, worst) = (median(polls.clone()), *polls.iter().max().unwrap());
+    eprintln!(
+        "/history: {size} bytes in {one_read:?}; a poll that emits events while 8 readers read: \
+         median {typical:?}, worst {worst:?}; {} reads",
+        reads.load(Ordering::Relaxed)
+    );
+    // Building `/history` is what a poll used to wait for; now a poll waits for no reader.
+    assert!(
+        typical < one_read / 10,
+        "median poll {typical:?} against one /history read of {one_read:?}"
+    );
+}
