@@ -418,6 +418,7 @@ mod controls;
 mod entry;
 mod health;
 mod hosts;
+mod membership;
 mod reconfigure;
 mod recovery;
 mod settings;

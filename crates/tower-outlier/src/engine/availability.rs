@@ -1,8 +1,6 @@
 //! What the balancer can pick: the endpoints in its set and ready, kept in step with the
 //! handles that report themselves unready, and the room to eject that the records read.
 
-use tower::discover::Change;
-
 use crate::events::Refusal;
 
 use super::*;
@@ -58,12 +56,6 @@ where
         }
     }
 
-    /// Whether the balancer has `entry` in its set: available, out only in dry run, or out while
-    /// the fleet panics (an operator's forced out stays out even then).
-    pub(super) fn in_set(&self, entry: &Entry<S>) -> bool {
-        entry.in_set(self.panicking)
-    }
-
     /// Follows what the layer does when the rules leave too few endpoints to pick
     /// ([`WhenAllOut`](tower_outlier_core::WhenAllOut)): enters or leaves Envoy's panic, handing
     /// the balancer every endpoint or taking the ejected ones back out, and tells the registry
@@ -88,15 +80,7 @@ where
             let held: Vec<K> =
                 self.keys_where(|e| e.is_out() && !matches!(e.status(), Status::HeldByOperator));
             for key in held {
-                let Some(entry) = self.entries.get(&key) else {
-                    continue;
-                };
-                let change = if panic {
-                    Change::Insert(key.clone(), entry.endpoint())
-                } else {
-                    Change::Remove(key.clone())
-                };
-                self.queue.push_back(change);
+                self.sync_member(&key);
             }
         }
         let nothing = n > 0 && healthy == 0 && !self.panicking;

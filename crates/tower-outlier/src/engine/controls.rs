@@ -2,7 +2,6 @@
 //! endpoints, back-off resets. Applied when published, on the adaptor's task like new rules.
 
 use tokio::time::Instant;
-use tower::discover::Change;
 use tower_outlier_core::{Reason, WindowCounts};
 
 use super::{DiscoverKey, Ejector, Engine, Stage, Status};
@@ -142,14 +141,7 @@ where
                     }
                     self.ejected -= 1;
                     self.shadow_out.insert(id);
-                    let Some(entry) = self.entries.get(&key) else {
-                        continue;
-                    };
-                    // In the set already while the fleet panics.
-                    if !self.panicking {
-                        self.queue
-                            .push_back(Change::Insert(key.clone(), entry.endpoint()));
-                    }
+                    self.sync_member(&key);
                     tracing::info!(target: "tower_outlier", endpoint = ?key, "dry run: ejected endpoint back in the balancer's set");
                     self.registry
                         .emit_about(self.roster, id, |key| Event::Readmitted {
@@ -260,10 +252,6 @@ where
                     if matches!(entry.status(), Status::Probing) {
                         self.cancelled.push(id);
                     }
-                    if self.panicking {
-                        // Panic had it in the set; an operator's forced out is out even then.
-                        self.queue.push_back(Change::Remove(key.clone()));
-                    }
                     if entry.holds_host_out() {
                         self.share_host(id, false);
                     }
@@ -275,6 +263,8 @@ where
                         episode.schedule = None;
                         episode.set_stage(Stage::HeldByOperator, key, id, &mut self.deadlines);
                     }
+                    // Panic had it in the set; an operator's forced out is out even then.
+                    self.sync_member(key);
                     self.publish(key, None, Some(operator_reason()));
                 } else {
                     let verdict = self.decide(key);

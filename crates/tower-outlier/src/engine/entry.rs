@@ -15,6 +15,10 @@ use crate::monitor::EndpointStatus;
 pub(super) struct Entry<S> {
     // Its slot on the signal board.
     pub(super) slot: u32,
+    // What the balancer was last given of it (`membership.rs`): written only there.
+    pub(super) given: Given,
+    // The upstream removed it: out of the balancer's set whatever its standing.
+    pub(super) leaving: bool,
     // What a handle for the balancer is made of ([`Entry::endpoint`]): the layer's own handle
     // would never call, so it keeps no handle's per-call state (a lane, draws, permits).
     pub(super) service: S,
@@ -25,6 +29,19 @@ pub(super) struct Entry<S> {
     pub(super) episode: Option<Box<Episode>>,
     // What events last reported of the endpoint: mostly the engine's `usual_report`, shared.
     pub(super) reported: Arc<Reported>,
+}
+
+/// What the balancer was last given of an endpoint, by the one writer of its set
+/// ([`Engine::sync_member`](super::Engine::sync_member)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Given {
+    /// Nothing: the endpoint is not in the balancer's set.
+    Nothing,
+    /// A handle made of the endpoint's current service and record.
+    Current,
+    /// A handle made of a service or record since replaced (an upstream re-insert, new rules, a
+    /// rebuilt service): to be replaced in turn while the endpoint stays in the set.
+    Stale,
 }
 
 /// An endpoint's weight and policy states as events last reported them.
@@ -182,10 +199,20 @@ impl<S> Entry<S> {
         self.status().is_available() || self.is_shadow()
     }
 
-    /// Whether the balancer has the endpoint in its set, `panicking` or not: while the fleet
-    /// panics it has every endpoint but one an operator forced out.
+    /// Whether the balancer is to have the endpoint in its set, `panicking` or not: while the
+    /// fleet panics it has every endpoint but one an operator forced out; never one the upstream
+    /// removed.
     pub(super) fn in_set(&self, panicking: bool) -> bool {
-        self.in_balancer() || (panicking && !matches!(self.status(), Status::HeldByOperator))
+        !self.leaving
+            && (self.in_balancer()
+                || (panicking && !matches!(self.status(), Status::HeldByOperator)))
+    }
+
+    /// Notes that the endpoint's service or record was replaced: a handle given before is stale.
+    pub(super) fn replaced(&mut self) {
+        if self.given == Given::Current {
+            self.given = Given::Stale;
+        }
     }
 
     /// Whether the endpoint is out of the balancer's set for real.

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use tokio::time::Instant;
-use tower::discover::Change;
 
 use super::{fleet_schedules, trial_period, DiscoverKey, Ejector, Engine, Settings, Status};
 use crate::endpoint::{HasRecord, Shared};
@@ -64,10 +63,8 @@ where
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
             records.push((entry.id, weak));
             replaced.push(std::mem::replace(&mut entry.shared, shared));
-            if entry.in_set(self.panicking) {
-                self.queue
-                    .push_back(Change::Insert(key.clone(), entry.endpoint()));
-            }
+            entry.replaced();
+            self.sync_member(&key);
         }
         self.registry
             .reconfigure(self.roster, self.names.clone(), records);

@@ -5,7 +5,6 @@ use std::fmt;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower::discover::Change;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
 use super::{deadline_is_current, later, DiscoverKey, Engine, ProbeStart, Stage, Status};
@@ -362,10 +361,7 @@ where
         );
         let trial = trial_until.map(|at| at.saturating_duration_since(now));
         let id = entry.id;
-        if !shadow && !panicked_in {
-            let endpoint = entry.endpoint();
-            self.queue.push_back(Change::Insert(key.clone(), endpoint));
-        }
+        self.sync_member(key);
         self.emit_for(id, shadow, |key| Event::Readmitted { key, cause, trial });
         self.publish(key, trial_until, None);
         self.report_states(key);
@@ -399,6 +395,7 @@ where
         match made {
             Ok(Some(fresh)) => {
                 entry.service = fresh;
+                entry.replaced();
                 self.rebuilt.push(key.clone());
                 tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint's service rebuilt after connection failures: it returns with fresh connections");
             }

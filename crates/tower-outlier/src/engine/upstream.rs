@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use tokio::time::Instant;
-use tower::discover::Change;
 use tower_outlier_core::EndpointRecord;
 
+use super::entry::Given;
 use super::{policy_states, DiscoverKey, Engine, Entry, Reported, Status};
-use crate::endpoint::{EndpointParts, HasRecord, Shared};
+use crate::endpoint::{HasRecord, Shared};
 use crate::events::{EndpointKey, Event};
 use crate::monitor::Tracked;
 
@@ -22,13 +22,8 @@ where
     pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.service = service;
-            if entry.in_set(self.panicking) {
-                let Some(entry) = self.entries.get(&key) else {
-                    return;
-                };
-                self.queue
-                    .push_back(Change::Insert(key.clone(), entry.endpoint()));
-            }
+            entry.replaced();
+            self.sync_member(&key);
             tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream replaced the service");
             return;
         }
@@ -59,10 +54,6 @@ where
         if self.fleet_serves() {
             self.start_ramp(&shared.record);
         }
-        self.queue.push_back(Change::Insert(
-            key.clone(),
-            EndpointParts::new(service.clone(), shared.clone()),
-        ));
         let held_out = self.host_out_elsewhere(id);
         let states = policy_states(&shared.record);
         if *states != *self.usual_report.states {
@@ -74,6 +65,8 @@ where
         }
         let entry = Entry {
             slot,
+            given: Given::Nothing,
+            leaving: false,
             service,
             shared,
             id,
@@ -82,6 +75,7 @@ where
             reported: self.usual_report.clone(),
         };
         self.entries.insert(key.clone(), entry);
+        self.sync_member(&key);
         // An operator's override waiting for this key.
         if !self.controls.overrides.is_empty() {
             self.override_joined(&key, now);
@@ -96,8 +90,13 @@ where
 
     /// The upstream removed `key`.
     pub(crate) fn remove(&mut self, key: &K, now: Instant) {
-        let Some(entry) = self.entries.remove(key) else {
+        let Some(entry) = self.entries.get_mut(key) else {
             tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream removed an unknown endpoint");
+            return;
+        };
+        entry.leaving = true;
+        self.sync_member(key);
+        let Some(entry) = self.entries.remove(key) else {
             return;
         };
         let tracked = self.registry.remove(self.roster, entry.id);
@@ -109,9 +108,6 @@ where
         let status = entry.status();
         if matches!(status, Status::Probing) {
             self.cancelled.push(entry.id);
-        }
-        if self.in_set(&entry) {
-            self.queue.push_back(Change::Remove(key.clone()));
         }
         if entry.is_shadow_out() {
             self.shadow_out.remove(&entry.id);

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower::discover::Change;
 use tower_outlier_core::{Judgement, Reason};
 
 use super::{later, DiscoverKey, Ejector, Engine, Stage, Status};
@@ -525,10 +524,7 @@ where
         let event_reason = reason.clone();
         self.publish(key, shown_check, Some(reason));
         // While the fleet panics the balancer keeps every endpoint, but an operator's.
-        let kept_by_panic = self.panicking && cause != Cause::Operator;
-        if !shadow && !kept_by_panic {
-            self.queue.push_back(Change::Remove(key.clone()));
-        }
+        self.sync_member(key);
         if let (Cause::Policy { .. }, false) = (cause, shadow) {
             self.share_host(id, true);
         }
