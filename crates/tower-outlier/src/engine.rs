@@ -26,10 +26,10 @@ use crate::events::Event;
 use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Registry;
 use crate::probe::ProbeFuture;
-use entry::{deadline_is_current, Entry, Reported, Stage, Status};
 pub(crate) use settings::Settings;
 use settings::{fleet_schedules, trial_period, FleetSchedule};
 use signals::SignalBoard;
+use standing::{deadline_is_current, Entry, Reported, Stage, Status};
 
 /// What the engine needs of a discover key: hashed and compared (the entries), cloned (the
 /// balancer's changes), printed (the monitor and events) and shared with the monitor's tasks.
@@ -413,18 +413,18 @@ impl<K, S> Drop for Engine<K, S> {
     }
 }
 
+mod apply;
 mod availability;
 mod controls;
-mod entry;
+mod decide;
 mod health;
 mod hosts;
-mod membership;
 mod reconfigure;
 mod recovery;
 mod settings;
 mod shown;
 mod signals;
+mod standing;
 #[cfg(test)]
 mod tests;
 mod upstream;
-mod verdict;

@@ -1,8 +1,6 @@
 //! What the balancer can pick: the endpoints in its set and ready, kept in step with the
 //! handles that report themselves unready, and the room to eject that the records read.
 
-use crate::events::Refusal;
-
 use super::*;
 
 impl<K, S> Engine<K, S>
@@ -10,52 +8,6 @@ where
     K: DiscoverKey,
     S: Clone,
 {
-    /// Endpoints the balancer can pick: in its set and ready.
-    pub(super) fn available(&self) -> usize {
-        self.entries.len() - self.ejected - self.unready.len()
-    }
-
-    /// Whether one more ejection is allowed now, or which rule refuses it (`rules`, section 3):
-    /// never the balancer's last endpoint it can pick, and never past the budget. The one place
-    /// the rule is written.
-    pub(super) fn room(&self) -> Result<(), Refusal> {
-        self.room_for(false)
-    }
-
-    /// [`room`](Self::room) for an ejection that is real, or (`dry`) that a policy in dry run
-    /// would make: that one counts what dry run holds out as out, as an enforcing layer would
-    /// have it, so a dry run makes the decisions the same rules would.
-    pub(super) fn room_for(&self, dry: bool) -> Result<(), Refusal> {
-        self.room_with(dry, self.settings.all_out.keeps_last())
-    }
-
-    /// [`room_for`](Self::room_for) for a signal that is not the rules' own judgement (a
-    /// server's pushback, its health service, a host held out by another adaptor): never the last
-    /// endpoint the balancer can pick, whatever [`WhenAllOut`](tower_outlier_core::WhenAllOut)
-    /// says. Fail-fast and panic are for a fleet the rules judged broken; a fleet whose servers
-    /// all asked for a pause, or all said they drain, keeps one to call (`rules`, section 3).
-    pub(super) fn room_for_signal(&self, dry: bool) -> Result<(), Refusal> {
-        self.room_with(dry, true)
-    }
-
-    fn room_with(&self, dry: bool, keep_last: bool) -> Result<(), Refusal> {
-        let (out, available) = if dry {
-            (
-                self.ejected + self.shadow_out.len(),
-                self.hypothetically_available(),
-            )
-        } else {
-            (self.ejected, self.available())
-        };
-        if available <= 1 && keep_last {
-            Err(Refusal::LastEndpoint)
-        } else if out >= self.settings.budget.max_ejected(self.entries.len()) {
-            Err(Refusal::Budget)
-        } else {
-            Ok(())
-        }
-    }
-
     /// Follows what the layer does when the rules leave too few endpoints to pick
     /// ([`WhenAllOut`](tower_outlier_core::WhenAllOut)): enters or leaves Envoy's panic, handing
     /// the balancer every endpoint or taking the ejected ones back out, and tells the registry
@@ -106,17 +58,6 @@ where
             self.all_out_shown.clone_from(&why);
             self.registry.all_out(self.roster, why, counted);
         }
-    }
-
-    /// Endpoints the balancer could pick were dry run's ejections real: in its set, ready, and
-    /// not out in dry run.
-    pub(super) fn hypothetically_available(&self) -> usize {
-        let unready_in = self
-            .unready
-            .iter()
-            .filter(|id| !self.shadow_out.contains(id))
-            .count();
-        self.entries.len() - self.ejected - self.shadow_out.len() - unready_in
     }
 
     /// Whether the policy at `index` is in dry run.

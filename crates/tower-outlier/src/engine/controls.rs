@@ -111,7 +111,7 @@ where
     /// re-admission forgets it), so nothing is ejected on a verdict it may have outgrown.
     fn switch_modes(&mut self, now: Instant) {
         let _ = now;
-        for key in self.keys_where(|e| e.episode.is_some()) {
+        for key in self.keys_where(|e| e.episode().is_some()) {
             let Some(entry) = self.entries.get(&key) else {
                 continue;
             };
@@ -121,27 +121,19 @@ where
                 Some(Ejector::Operator) | None => continue,
             };
             let (id, shadow, out) = (entry.id, entry.is_shadow(), !entry.status().is_available());
-            let holds_host_out = entry.holds_host_out();
             let probing = matches!(entry.status(), Status::Probing);
             if dry == shadow {
                 continue;
             }
             if dry {
-                // Real until now: it comes back into the balancer's set.
-                if let Some(episode) = self
-                    .entries
-                    .get_mut(&key)
-                    .and_then(|e| e.episode.as_deref_mut())
-                {
-                    episode.shadow = true;
-                }
-                if out {
-                    if holds_host_out {
-                        self.share_host(id, false);
+                // Real until now: it comes back into the balancer's set, its host no longer
+                // held out by it.
+                self.restand(&key, |s| {
+                    if let Some(episode) = s.episode() {
+                        episode.shadow = true;
                     }
-                    self.ejected -= 1;
-                    self.shadow_out.insert(id);
-                    self.sync_member(&key);
+                });
+                if out {
                     tracing::info!(target: "tower_outlier", endpoint = ?key, "dry run: ejected endpoint back in the balancer's set");
                     self.registry
                         .emit_about(self.roster, id, |key| Event::Readmitted {
@@ -157,13 +149,10 @@ where
                 if probing {
                     self.cancelled.push(id);
                 }
-                if out {
-                    self.shadow_out.remove(&id);
-                }
-                if let Some(entry) = self.entries.get_mut(&key) {
+                if let Some(entry) = self.entries.get(&key) {
                     entry.record().reset();
-                    entry.episode = None;
                 }
+                self.restand(&key, |s| s.end_episode());
                 if self.refused.remove(&id).is_some() {
                     self.registry.refused(self.roster, id, None);
                 }
@@ -244,27 +233,22 @@ where
             .emit_about(self.roster, id, |key| Event::Operator { key, action });
         match wanted {
             Some(Override::ForcedOut) => {
-                let Some(entry) = self.entries.get_mut(key) else {
+                let Some(entry) = self.entries.get(key) else {
                     return;
                 };
                 if entry.is_out() {
-                    // Out already for real: held there, without a check, until released.
+                    // Out already for real: held there, without a check, until released (no
+                    // longer holding its host out; out of the set even while the fleet panics).
                     if matches!(entry.status(), Status::Probing) {
                         self.cancelled.push(id);
                     }
-                    if entry.holds_host_out() {
-                        self.share_host(id, false);
-                    }
-                    let Some(entry) = self.entries.get_mut(key) else {
-                        return;
-                    };
-                    if let Some(episode) = entry.episode.as_deref_mut() {
-                        episode.ejected_by = Ejector::Operator;
-                        episode.schedule = None;
-                        episode.set_stage(Stage::HeldByOperator, key, id, &mut self.deadlines);
-                    }
-                    // Panic had it in the set; an operator's forced out is out even then.
-                    self.sync_member(key);
+                    self.restand(key, |s| {
+                        if let Some(episode) = s.episode() {
+                            episode.ejected_by = Ejector::Operator;
+                            episode.schedule = None;
+                        }
+                        s.set_stage(Stage::HeldByOperator);
+                    });
                     self.publish(key, None, Some(operator_reason()));
                 } else {
                     let verdict = self.decide(key);
@@ -320,12 +304,14 @@ where
             let Some(key) = named.remove(&text) else {
                 continue;
             };
-            let Some(entry) = self.entries.get_mut(&key) else {
+            self.restand(&key, |s| {
+                if let Some(episode) = s.episode() {
+                    episode.failed_checks = 0;
+                }
+            });
+            let Some(entry) = self.entries.get(&key) else {
                 continue;
             };
-            if let Some(episode) = entry.episode.as_deref_mut() {
-                episode.failed_checks = 0;
-            }
             for policy in entry.record().policies().iter() {
                 if let Some(timing) = policy.own_timing() {
                     timing.reset_backoff();

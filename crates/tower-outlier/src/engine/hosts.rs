@@ -12,15 +12,6 @@ where
     K: DiscoverKey,
     S: Clone,
 {
-    /// Tells the registry this adaptor holds the host of endpoint `id` out, or no longer does.
-    pub(super) fn share_host(&self, id: u64, out: bool) {
-        if let Some(sharing) = &self.sharing {
-            if let Some(host) = sharing.hosts.get(&id) {
-                sharing.registry.set(sharing.member, host, out);
-            }
-        }
-    }
-
     /// Whether another adaptor sharing the host of endpoint `id` holds it out.
     pub(super) fn host_out_elsewhere(&self, id: u64) -> bool {
         self.sharing.as_ref().is_some_and(|sharing| {
@@ -74,7 +65,7 @@ where
 
     /// Ejects `key` because another adaptor holds its host out, if this layer's rules allow.
     pub(super) fn mirror(&mut self, key: &K, now: Instant) {
-        let verdict = self.decide_for_host(key);
+        let verdict = self.decide(key);
         self.apply(key, verdict, now);
     }
 }

@@ -60,42 +60,36 @@ where
     /// last-endpoint rule keeps it in); it stays on trial and is ejected, with the longer
     /// interval, as soon as the rules allow.
     fn trial_ended(&mut self, key: &K, now: Instant) {
-        let judged = self
-            .entries
-            .get(key)
-            .is_some_and(|entry| self.judged(entry).is_some());
-        let Some(entry) = self.entries.get_mut(key) else {
+        let Some(entry) = self.entries.get(key) else {
             return;
         };
-        let Some(episode) = entry.episode.as_deref_mut() else {
+        let judged = self.judged(entry).is_some();
+        let Some(episode) = entry.episode() else {
             return;
         };
-        let record = &entry.shared.record;
-        let recorded_now = record.clock().now();
+        let (id, shadow) = (entry.id, episode.shadow);
         let until = later(now, self.trial);
-        let shadow = episode.shadow;
         if judged {
-            if let Some(failed_checks) = episode.breach_trial() {
-                let id = entry.id;
+            let breached = self.restand(key, |s| {
+                let failed = s.episode().and_then(|e| e.breach_trial());
+                s.set_stage(Stage::Trial { until });
+                failed
+            });
+            if let Some(failed_checks) = breached.flatten() {
                 self.emit_for(id, shadow, |key| Event::TrialFailed { key, failed_checks });
             }
-            let Some(entry) = self.entries.get_mut(key) else {
-                return;
-            };
-            let Some(episode) = entry.episode.as_deref_mut() else {
-                return;
-            };
-            episode.set_stage(Stage::Trial { until }, key, entry.id, &mut self.deadlines);
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
-                failed_checks = episode.failed_checks,
+                failed_checks = self.entries.get(key).map_or(0, |e| e.failed_checks()),
                 "trial failed: the endpoint is still an outlier"
             );
             self.publish(key, Some(until), None);
             self.consider(key, now);
             return;
         }
+        let record = entry.record();
+        let recorded_now = record.clock().now();
         let (seen, needed) = episode
             .ejected_by
             .policy()
@@ -106,22 +100,26 @@ where
                     policy.calls_needed().map_or(0, |needs| needs.trial_calls()),
                 )
             });
-        episode.trial_calls = episode.trial_calls.saturating_add(seen);
-        if episode.trial_calls < needed {
-            episode.set_stage(Stage::Trial { until }, key, entry.id, &mut self.deadlines);
+        let calls = episode.trial_calls.saturating_add(seen);
+        if calls < needed {
+            self.restand(key, |s| {
+                if let Some(episode) = s.episode() {
+                    episode.trial_calls = calls;
+                }
+                s.set_stage(Stage::Trial { until });
+            });
             tracing::debug!(
                 target: "tower_outlier",
                 endpoint = ?key,
-                calls = episode.trial_calls,
+                calls,
                 needed,
                 "trial extended: too few calls to judge"
             );
             self.publish(key, Some(until), None);
         } else {
             // Recovered: the episode ends, and its failed checks with it.
-            entry.episode = None;
+            self.restand(key, |s| s.end_episode());
             tracing::info!(target: "tower_outlier", endpoint = ?key, dry_run = shadow, "endpoint recovered: trial passed");
-            let id = entry.id;
             self.emit_for(id, shadow, |key| Event::Recovered { key });
             self.publish(key, None, None);
         }
@@ -202,10 +200,7 @@ where
         now: Instant,
         probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
     ) {
-        let Some(entry) = self.entries.get_mut(&key) else {
-            return;
-        };
-        let Some(episode) = entry.episode.as_deref_mut() else {
+        let Some(episode) = self.entries.get(&key).and_then(|e| e.episode()) else {
             return;
         };
         if episode.ejected_by == super::Ejector::Pushback {
@@ -215,10 +210,10 @@ where
         }
         // The probe runs on the service the endpoint will come back with.
         self.rebuild_if_due(&key);
-        let Some(entry) = self.entries.get_mut(&key) else {
+        let Some(entry) = self.entries.get(&key) else {
             return;
         };
-        let Some(episode) = entry.episode.as_deref_mut() else {
+        let Some(episode) = entry.episode() else {
             return;
         };
         match probe(&key, &entry.service) {
@@ -227,15 +222,15 @@ where
                 let timeout = episode
                     .schedule
                     .map_or(Duration::from_secs(10), |s| s.unit());
-                episode.set_stage(Stage::Probing, &key, entry.id, &mut self.deadlines);
+                let (id, shadow, failed_checks) = (entry.id, episode.shadow, episode.failed_checks);
+                self.restand(&key, |s| s.set_stage(Stage::Probing));
                 self.probes.push_back(ProbeStart {
                     key: key.clone(),
-                    id: entry.id,
+                    id,
                     probe,
                     timeout,
                 });
-                tracing::info!(target: "tower_outlier", endpoint = ?key, failed_checks = episode.failed_checks, dry_run = episode.shadow, "probing ejected endpoint");
-                let (id, shadow) = (entry.id, episode.shadow);
+                tracing::info!(target: "tower_outlier", endpoint = ?key, failed_checks, dry_run = shadow, "probing ejected endpoint");
                 self.emit_for(id, shadow, |key| Event::ProbeStarted { key });
                 self.publish(&key, None, None);
             }
@@ -247,23 +242,23 @@ where
     }
 
     pub(crate) fn probe_done(&mut self, key: K, id: u64, healthy: bool, now: Instant) {
-        let Some(entry) = self.entries.get_mut(&key) else {
+        let Some(entry) = self.entries.get(&key) else {
             return;
         };
         if entry.id != id {
             return;
         }
-        let Some(episode) = entry.episode.as_deref_mut() else {
+        let Some(episode) = entry.episode() else {
             return;
         };
-        if !matches!(episode.stage, Stage::Probing) {
+        if !matches!(episode.stage(), Stage::Probing) {
             return;
         }
         if healthy {
             // Available without condition: the episode ends, and its failed checks with it.
             self.readmit(&key, None, Readmission::ProbeSucceeded, now);
         } else {
-            episode.failed_checks = episode.failed_checks.saturating_add(1);
+            let failed_checks = episode.failed_checks.saturating_add(1);
             // The ejecting state's own timing, when it has one (a composition's members, an
             // equal-jitter back-off); otherwise the policy's recovery schedule.
             let record = &entry.shared.record;
@@ -271,7 +266,7 @@ where
             let own = match episode.ejected_by {
                 super::Ejector::Policy(index) => record.policies().get(index).and_then(|p| {
                     p.own_timing()?
-                        .check_after_failed_probe(episode.failed_checks, recorded_now)
+                        .check_after_failed_probe(failed_checks, recorded_now)
                 }),
                 _ => None,
             };
@@ -279,19 +274,23 @@ where
                 Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
                 None => episode
                     .schedule
-                    .map_or(Duration::from_secs(10), |s| s.delay(episode.failed_checks)),
+                    .map_or(Duration::from_secs(10), |s| s.delay(failed_checks)),
             };
+            let shadow = episode.shadow;
             let next_check = later(now, delay);
-            let stage = Stage::Ejected { next_check };
-            episode.set_stage(stage, &key, entry.id, &mut self.deadlines);
+            self.restand(&key, |s| {
+                if let Some(episode) = s.episode() {
+                    episode.failed_checks = failed_checks;
+                }
+                s.set_stage(Stage::Ejected { next_check });
+            });
             tracing::info!(
                 target: "tower_outlier",
                 endpoint = ?key,
-                failed_checks = episode.failed_checks,
+                failed_checks,
                 next_check_in = ?delay,
                 "probe failed: endpoint stays ejected"
             );
-            let (id, shadow) = (entry.id, episode.shadow);
             self.emit_for(id, shadow, |key| Event::ProbeFailed {
                 key,
                 next_check_in: delay,
@@ -322,17 +321,10 @@ where
         if !shadow && !panicked_in {
             self.rebuild_if_due(key);
         }
-        let Some(entry) = self.entries.get_mut(key) else {
-            return;
-        };
-        entry.record().reset();
-        if entry.holds_host_out() {
-            let id = entry.id;
-            self.share_host(id, false);
-        }
         let Some(entry) = self.entries.get(key) else {
             return;
         };
+        entry.record().reset();
         if self.refused.remove(&entry.id).is_some() {
             self.registry.refused(self.roster, entry.id, None);
         }
@@ -341,15 +333,11 @@ where
         if !shadow && !panicked_in {
             self.start_ramp(&shared.record);
         }
-        let Some(entry) = self.entries.get_mut(key) else {
+        // Back in the balancer's set, unless dry run or panic had it there already.
+        self.restand(key, |s| s.readmit(trial_until));
+        let Some(entry) = self.entries.get(key) else {
             return;
         };
-        entry.readmit(key, trial_until, &mut self.deadlines);
-        if shadow {
-            self.shadow_out.remove(&entry.id);
-        } else {
-            self.ejected -= 1;
-        }
         tracing::info!(
             target: "tower_outlier",
             endpoint = ?key,
@@ -361,7 +349,6 @@ where
         );
         let trial = trial_until.map(|at| at.saturating_duration_since(now));
         let id = entry.id;
-        self.sync_member(key);
         self.emit_for(id, shadow, |key| Event::Readmitted { key, cause, trial });
         self.publish(key, trial_until, None);
         self.report_states(key);

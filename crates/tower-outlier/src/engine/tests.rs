@@ -325,7 +325,7 @@ fn a_passive_check_readmits_on_trial_and_a_clean_trial_with_calls_recovers() {
     assert!(matches!(b.status(0), Status::Available));
     assert_eq!(b.failed_checks(0), 0);
     assert!(
-        b.engine.entries[&0].episode.is_none(),
+        b.engine.entries[&0].episode().is_none(),
         "a recovered endpoint holds nothing of its ejection"
     );
 }
@@ -408,7 +408,7 @@ fn an_active_probe_readmits_or_lengthens_the_interval() {
     assert_eq!(b.drain(), vec![(0, true)]);
     assert!(matches!(b.status(0), Status::Available));
     assert_eq!(b.failed_checks(0), 0);
-    assert!(b.engine.entries[&0].episode.is_none());
+    assert!(b.engine.entries[&0].episode().is_none());
 }
 
 #[test]
@@ -603,4 +603,57 @@ fn a_removed_refused_endpoint_leaves_nothing_behind() {
     // A new endpoint under the same key is judged afresh.
     b.engine.insert(1, Svc(1), b.at(2));
     assert!(b.engine.refused.is_empty());
+}
+
+/// `decide` writes nothing, whatever it decides: the record's signals (its server's pushback, the
+/// layer's avoidance of its load) are as they were, and deciding again gives the same verdict;
+/// what the record is to be told comes back in the verdict, for `apply` to write.
+#[tokio::test(start_paused = true)]
+async fn deciding_writes_nothing_and_says_what_to_tell() {
+    use crate::controls::{Controls, Override};
+
+    let b = Bench::new(4, 0.25);
+    let clock_now = b.engine.entries[&0].record().clock().now();
+    // #0 asks for an hour (beyond the layer's bound), #1 says it is not serving, #2 is judged an
+    // outlier by the rules: one of four may be out, so what comes second is refused.
+    let hour = Duration::from_secs(3600).as_nanos() as u64;
+    b.engine.entries[&0]
+        .record()
+        .push_back(clock_now.saturating_add(hour));
+    b.engine.entries[&1].record().set_not_serving(true);
+    b.switch(2).outlier.store(true, Ordering::Relaxed);
+    let mut engine = b.engine;
+    let mut told_something = 0;
+    let modes: [(&str, Option<Override>, bool); 3] = [
+        ("enforcing", None, false),
+        ("forced in", Some(Override::ForcedIn), false),
+        ("dry run", None, true),
+    ];
+    for (mode, forced, dry_run) in modes {
+        engine.controls = Arc::new(Controls {
+            dry_run,
+            ..Controls::default()
+        });
+        for key in 0..4u32 {
+            let id = engine.entries[&key].id;
+            match forced {
+                Some(value) => engine.forced.insert(id, value),
+                None => engine.forced.remove(&id),
+            };
+            let record = engine.entries[&key].record();
+            let before = (record.pushed_back_until(0), record.avoided_until(0));
+            let verdict = engine.decide(&key);
+            let record = engine.entries[&key].record();
+            assert_eq!(
+                (record.pushed_back_until(0), record.avoided_until(0)),
+                before,
+                "{mode}: deciding on #{key} wrote its record"
+            );
+            assert_eq!(engine.decide(&key), verdict, "{mode}: #{key} decided twice");
+            if verdict.told != super::decide::Told::default() {
+                told_something += 1;
+            }
+        }
+    }
+    assert!(told_something >= 3, "the verdicts said nothing to tell");
 }

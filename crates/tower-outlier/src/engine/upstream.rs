@@ -7,7 +7,6 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tower_outlier_core::EndpointRecord;
 
-use super::entry::Given;
 use super::{policy_states, DiscoverKey, Engine, Entry, Reported, Status};
 use crate::endpoint::{HasRecord, Shared};
 use crate::events::{EndpointKey, Event};
@@ -63,17 +62,8 @@ where
                 states,
             });
         }
-        let entry = Entry {
-            slot,
-            given: Given::Nothing,
-            leaving: false,
-            service,
-            shared,
-            id,
-            episode: None,
-            // The states it starts in are no change to report.
-            reported: self.usual_report.clone(),
-        };
+        // The states it starts in are no change to report.
+        let entry = Entry::new(slot, service, shared, id, self.usual_report.clone());
         self.entries.insert(key.clone(), entry);
         self.sync_member(&key);
         // An operator's override waiting for this key.
@@ -90,12 +80,16 @@ where
 
     /// The upstream removed `key`.
     pub(crate) fn remove(&mut self, key: &K, now: Instant) {
-        let Some(entry) = self.entries.get_mut(key) else {
+        let Some(entry) = self.entries.get(key) else {
             tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream removed an unknown endpoint");
             return;
         };
-        entry.leaving = true;
-        self.sync_member(key);
+        let (status, id) = (entry.status(), entry.id);
+        if matches!(status, Status::Probing) {
+            self.cancelled.push(id);
+        }
+        // Out of the counts, the shared host and the balancer's set.
+        self.restand(key, |s| s.leave());
         let Some(entry) = self.entries.remove(key) else {
             return;
         };
@@ -105,18 +99,6 @@ where
         self.unready.remove(&entry.id);
         self.forced.remove(&entry.id);
         self.signals.release(entry.slot);
-        let status = entry.status();
-        if matches!(status, Status::Probing) {
-            self.cancelled.push(entry.id);
-        }
-        if entry.is_shadow_out() {
-            self.shadow_out.remove(&entry.id);
-        } else if entry.is_out() {
-            self.ejected -= 1;
-        }
-        if entry.holds_host_out() {
-            self.share_host(entry.id, false);
-        }
         if let Some(sharing) = &mut self.sharing {
             sharing.hosts.remove(&entry.id);
         }

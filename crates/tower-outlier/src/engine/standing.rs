@@ -1,4 +1,11 @@
-//! One endpoint as the engine holds it: its handle's parts, and the ejection episode it is in.
+//! One endpoint as the engine holds it, and where it stands: its handle's parts, the ejection
+//! episode it is in, and what the balancer was last given of it.
+//!
+//! Standing is written in one place, [`Engine::restand`]: a change of it is a closure given a
+//! [`Restanding`] (the episode is private to this module, so nothing else can write it), after
+//! which what follows from standing is brought in line — the counts of endpoints out, the host
+//! this adaptor holds out, and the balancer's set, whose one writer is
+//! [`Engine::sync_member`].
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -7,7 +14,9 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tower_outlier_core::{EndpointRecord, RecoverySchedule};
 
-use super::Ejector;
+use tower::discover::Change;
+
+use super::{DiscoverKey, Ejector, Engine};
 use crate::deadlines::Deadlines;
 use crate::endpoint::{EndpointParts, Shared};
 use crate::monitor::EndpointStatus;
@@ -16,17 +25,18 @@ pub(super) struct Entry<S> {
     // Its slot on the signal board.
     pub(super) slot: u32,
     // What the balancer was last given of it (`membership.rs`): written only there.
-    pub(super) given: Given,
+    given: Given,
     // The upstream removed it: out of the balancer's set whatever its standing.
-    pub(super) leaving: bool,
+    leaving: bool,
     // What a handle for the balancer is made of ([`Entry::endpoint`]): the layer's own handle
     // would never call, so it keeps no handle's per-call state (a lane, draws, permits).
     pub(super) service: S,
     pub(super) shared: Arc<Shared>,
     pub(super) id: u64,
     // The ejection the endpoint is out for, or on trial after. Most endpoints are available
-    // most of the time, so what only an ejection needs is held only while one lasts.
-    pub(super) episode: Option<Box<Episode>>,
+    // most of the time, so what only an ejection needs is held only while one lasts. Written
+    // only through [`Engine::restand`].
+    episode: Option<Box<Episode>>,
     // What events last reported of the endpoint: mostly the engine's `usual_report`, shared.
     pub(super) reported: Arc<Reported>,
 }
@@ -56,7 +66,8 @@ pub(super) struct Reported {
 /// again without condition (its trial passed or a probe succeeded). An endpoint ejected again
 /// during its trial stays in the same episode, its failed checks with it.
 pub(super) struct Episode {
-    pub(super) stage: Stage,
+    // Moved only by [`Restanding::set_stage`], which schedules its deadline.
+    stage: Stage,
     // Recovery checks failed in a row.
     pub(super) failed_checks: u32,
     // The ejecting policy's, for the intervals between checks (none for a host's ejection).
@@ -117,9 +128,14 @@ impl Episode {
         Some(self.failed_checks)
     }
 
+    /// Where the endpoint is in this episode.
+    pub(super) fn stage(&self) -> Stage {
+        self.stage
+    }
+
     /// Moves on to `stage`, scheduling its deadline for entry `id` (under `key`) if it has one.
     /// Every move goes through here, so no deadline is ever missing from the heap.
-    pub(super) fn set_stage<K: Clone>(
+    fn set_stage<K: Clone>(
         &mut self,
         stage: Stage,
         key: &K,
@@ -134,6 +150,31 @@ impl Episode {
 }
 
 impl<S> Entry<S> {
+    /// A new endpoint, available, not yet given to the balancer.
+    pub(super) fn new(
+        slot: u32,
+        service: S,
+        shared: Arc<Shared>,
+        id: u64,
+        reported: Arc<Reported>,
+    ) -> Self {
+        Entry {
+            slot,
+            given: Given::Nothing,
+            leaving: false,
+            service,
+            shared,
+            id,
+            episode: None,
+            reported,
+        }
+    }
+
+    /// The ejection the endpoint is out for, or on trial after.
+    pub(super) fn episode(&self) -> Option<&Episode> {
+        self.episode.as_deref()
+    }
+
     /// The endpoint's record: its policies' windows, latency estimate and weight.
     pub(super) fn record(&self) -> &EndpointRecord {
         &self.shared.record
@@ -224,17 +265,49 @@ impl<S> Entry<S> {
     pub(super) fn is_shadow_out(&self) -> bool {
         !self.status().is_available() && self.is_shadow()
     }
+}
+
+/// A change of one endpoint's standing under way: the only way to write its episode, given by
+/// [`Engine::restand`].
+pub(super) struct Restanding<'a, K, S> {
+    entry: &'a mut Entry<S>,
+    key: &'a K,
+    deadlines: &'a mut Deadlines<K>,
+}
+
+impl<K: Clone, S> Restanding<'_, K, S> {
+    /// Its episode, to change what is not its stage (failed checks, schedule, ejector, trial
+    /// counts, dry run).
+    pub(super) fn episode(&mut self) -> Option<&mut Episode> {
+        self.entry.episode.as_deref_mut()
+    }
+
+    /// Moves its episode, if any, on to `stage`, scheduling the stage's deadline.
+    pub(super) fn set_stage(&mut self, stage: Stage) {
+        if let Some(episode) = self.entry.episode.as_deref_mut() {
+            episode.set_stage(stage, self.key, self.entry.id, self.deadlines);
+        }
+    }
+
+    /// Ends its episode: available without condition, its failed checks forgotten.
+    pub(super) fn end_episode(&mut self) {
+        self.entry.episode = None;
+    }
+
+    /// Marks it removed by the upstream: out of the balancer's set, its episode over.
+    pub(super) fn leave(&mut self) {
+        self.entry.leaving = true;
+        self.entry.episode = None;
+    }
 
     /// Takes the endpoint out for `ejected_by` until `next_check` (`None`: held out for its host
     /// or by an operator, with no check of its own), or (`shadow`) would in dry run: an episode
     /// starts, or the one of its trial goes on.
-    pub(super) fn eject<K: Clone>(
+    pub(super) fn eject(
         &mut self,
-        key: &K,
         ejected_by: Ejector,
         next_check: Option<Instant>,
         shadow: bool,
-        deadlines: &mut Deadlines<K>,
     ) -> &mut Episode {
         let stage = match (next_check, ejected_by) {
             (Some(next_check), _) => Stage::Ejected { next_check },
@@ -242,7 +315,8 @@ impl<S> Entry<S> {
             (None, Ejector::Health) => Stage::HeldNotServing,
             (None, _) => Stage::HeldForHost,
         };
-        let episode = self.episode.get_or_insert_with(|| {
+        let (key, id) = (self.key, self.entry.id);
+        let episode = self.entry.episode.get_or_insert_with(|| {
             Box::new(Episode {
                 stage,
                 failed_checks: 0,
@@ -255,29 +329,136 @@ impl<S> Entry<S> {
         });
         episode.ejected_by = ejected_by;
         episode.shadow = shadow;
-        episode.set_stage(stage, key, self.id, deadlines);
+        episode.set_stage(stage, key, id, self.deadlines);
         episode
     }
 
     /// Brings the endpoint back: on a new trial until `trial_until`, or (`None`) available
     /// without condition, which ends the episode (its failed checks with it).
-    pub(super) fn readmit<K: Clone>(
-        &mut self,
-        key: &K,
-        trial_until: Option<Instant>,
-        deadlines: &mut Deadlines<K>,
-    ) {
+    pub(super) fn readmit(&mut self, trial_until: Option<Instant>) {
         match trial_until {
             // Only an endpoint that is out comes back, so it is in an episode.
             Some(until) => {
-                if let Some(episode) = self.episode.as_deref_mut() {
+                if let Some(episode) = self.entry.episode.as_deref_mut() {
                     episode.trial_breached = false;
                     episode.trial_calls = 0;
-                    episode.set_stage(Stage::Trial { until }, key, self.id, deadlines);
+                    episode.set_stage(
+                        Stage::Trial { until },
+                        self.key,
+                        self.entry.id,
+                        self.deadlines,
+                    );
                 }
             }
-            None => self.episode = None,
+            None => self.entry.episode = None,
         }
+    }
+}
+
+/// What follows from an endpoint's standing and is kept beside it, so that it is read in
+/// constant time: whether it counts among the endpoints out for real or out in dry run, and
+/// whether it holds its host out in the registry it shares.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Derived {
+    out: bool,
+    shadow_out: bool,
+    holds_host: bool,
+}
+
+impl Derived {
+    fn of<S>(entry: &Entry<S>) -> Derived {
+        Derived {
+            out: !entry.leaving && entry.is_out(),
+            shadow_out: !entry.leaving && entry.is_shadow_out(),
+            holds_host: !entry.leaving && entry.holds_host_out(),
+        }
+    }
+}
+
+impl<K, S> Engine<K, S>
+where
+    K: DiscoverKey,
+    S: Clone,
+{
+    /// Changes `key`'s standing with `change`, the one writer of standing, then brings what
+    /// follows from it in line: the counts of endpoints out (for real, and in dry run), the
+    /// readiness kept only for endpoints in the set, the host held out, and the balancer's set.
+    pub(super) fn restand<R>(
+        &mut self,
+        key: &K,
+        change: impl FnOnce(&mut Restanding<'_, K, S>) -> R,
+    ) -> Option<R> {
+        let entry = self.entries.get_mut(key)?;
+        let before = Derived::of(entry);
+        let mut restanding = Restanding {
+            entry,
+            key,
+            deadlines: &mut self.deadlines,
+        };
+        let result = change(&mut restanding);
+        let after = Derived::of(restanding.entry);
+        let id = restanding.entry.id;
+        if after != before {
+            self.follow(id, before, after);
+        }
+        self.sync_member(key);
+        Some(result)
+    }
+
+    /// Keeps the counts and the shared host in line with a change of standing.
+    fn follow(&mut self, id: u64, before: Derived, after: Derived) {
+        match (before.out, after.out) {
+            (false, true) => self.ejected += 1,
+            (true, false) => self.ejected -= 1,
+            _ => {}
+        }
+        match (before.shadow_out, after.shadow_out) {
+            (false, true) => {
+                self.shadow_out.insert(id);
+            }
+            (true, false) => {
+                self.shadow_out.remove(&id);
+            }
+            _ => {}
+        }
+        // Out of the set for real, its readiness no longer counts.
+        if after.out && self.unready.remove(&id) {
+            self.registry.unready(self.roster, id, false);
+        }
+        if before.holds_host != after.holds_host {
+            self.share_host(id, after.holds_host);
+        }
+    }
+
+    /// Tells the registry this adaptor holds the host of endpoint `id` out, or no longer does.
+    fn share_host(&self, id: u64, out: bool) {
+        if let Some(sharing) = &self.sharing {
+            if let Some(host) = sharing.hosts.get(&id) {
+                sharing.registry.set(sharing.member, host, out);
+            }
+        }
+    }
+
+    /// Brings the balancer's set in line for `key`: gives it the endpoint if it should have it
+    /// and lacks it (or holds a stale handle), takes it back if it should not have it. The only
+    /// code that writes a [`Change`] for the balancer.
+    pub(super) fn sync_member(&mut self, key: &K) {
+        let Some(entry) = self.entries.get_mut(key) else {
+            return;
+        };
+        let wanted = entry.in_set(self.panicking);
+        let change = match (wanted, entry.given) {
+            (true, Given::Current) | (false, Given::Nothing) => return,
+            (true, Given::Nothing | Given::Stale) => {
+                entry.given = Given::Current;
+                Change::Insert(key.clone(), entry.endpoint())
+            }
+            (false, Given::Current | Given::Stale) => {
+                entry.given = Given::Nothing;
+                Change::Remove(key.clone())
+            }
+        };
+        self.queue.push_back(change);
     }
 }
 
