@@ -29,7 +29,7 @@ use crate::probe::ProbeFuture;
 pub(crate) use settings::Settings;
 use settings::{fleet_schedules, trial_period, FleetSchedule};
 use signals::SignalBoard;
-use standing::{deadline_is_current, Entry, Reported, Stage, Status};
+use standing::{deadline_is_current, Entry, Reported, Standing};
 
 /// What the engine needs of a discover key: hashed and compared (the entries), cloned (the
 /// balancer's changes), printed (the monitor and events) and shared with the monitor's tasks.
@@ -296,7 +296,7 @@ where
         self.deadlines.compact(entries.len(), || {
             entries
                 .iter()
-                .filter_map(|(key, e)| Some((e.status().deadline()?, key.clone(), e.id)))
+                .filter_map(|(key, e)| Some((e.standing().deadline()?, key.clone(), e.id)))
                 .collect()
         });
         self.deadlines
@@ -403,7 +403,7 @@ impl<K, S> Drop for Engine<K, S> {
         gone.sort_unstable_by_key(|entry| entry.id);
         for entry in gone {
             if let Some(tracked) = tracked.remove(&entry.id) {
-                let status = entry.status().public();
+                let status = entry.standing().public();
                 self.registry.events.emit(|| Event::Removed {
                     key: tracked.key,
                     status,
@@ -419,6 +419,7 @@ mod controls;
 mod decide;
 mod health;
 mod hosts;
+mod readmit;
 mod reconfigure;
 mod recovery;
 mod settings;

@@ -91,7 +91,7 @@ struct Roster {
     // Where the adaptor last put each endpoint, from its first ejection on; one missing is
     // available and was never ejected, as most are. Apart from `endpoints`, where every slot
     // would pay for it, and boxed, so that a map holding many costs little beyond the boxes.
-    standings: HashMap<u64, Box<Standing>>,
+    shown: HashMap<u64, Box<Shown>>,
     // Why the adaptor can eject no endpoint at all now (its budget rounds to none), if so.
     no_ejection: Option<Box<str>>,
     // Why the balancer has every endpoint or none (panic, fail fast), if so.
@@ -103,8 +103,8 @@ pub(crate) struct Tracked {
     record: Weak<dyn HasRecord>,
 }
 
-/// Where the adaptor put an endpoint, and why it last ejected it.
-struct Standing {
+/// What the monitor shows of an endpoint: where the adaptor put it, and why it last ejected it.
+struct Shown {
     status: EndpointStatus,
     next_check: Option<Instant>,
     failed_checks: u32,
@@ -116,9 +116,9 @@ struct Standing {
     forced: Option<Override>,
 }
 
-impl Standing {
+impl Shown {
     /// Where every endpoint starts.
-    const INITIAL: Standing = Standing {
+    const INITIAL: Shown = Shown {
         status: EndpointStatus::Available,
         next_check: None,
         failed_checks: 0,
@@ -139,10 +139,10 @@ impl Tracked {
 
 impl Roster {
     /// Where endpoint `id` stands.
-    fn standing(&self, id: u64) -> &Standing {
-        self.standings
+    fn shown(&self, id: u64) -> &Shown {
+        self.shown
             .get(&id)
-            .map_or(&Standing::INITIAL, |standing| standing)
+            .map_or(&Shown::INITIAL, |standing| standing)
     }
 }
 
@@ -207,7 +207,7 @@ impl Monitor {
                 let Some(shared) = tracked.record.upgrade() else {
                     continue;
                 };
-                let standing = roster.standing(id);
+                let standing = roster.shown(id);
                 copied.push(Copied {
                     key: tracked.key.clone(),
                     names: roster.policies.clone(),

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tower_outlier_core::Reason;
 
 use super::decide::{Act, Cause, Told, Verdict};
-use super::{later, DiscoverKey, Ejector, Engine, Status};
+use super::{later, DiscoverKey, Ejector, Engine, Standing};
 use crate::events::{Event, Refusal};
 
 impl<K, S> Engine<K, S>
@@ -38,7 +38,7 @@ where
                 ..
             }
         );
-        let trial_breach = if policy_judged && matches!(entry.status(), Status::Trial { .. }) {
+        let trial_breach = if policy_judged && matches!(entry.standing(), Standing::Trial { .. }) {
             self.restand(key, |s| s.episode().and_then(|e| e.breach_trial()))
                 .flatten()
         } else {
@@ -145,7 +145,7 @@ where
             self.refused.insert(id, key.clone());
         }
         if trial_breach {
-            let trial_until = entry.status().deadline();
+            let trial_until = entry.standing().deadline();
             self.publish(key, trial_until, Some(reason));
         }
     }
@@ -185,7 +185,7 @@ where
         };
         // Out in dry run until now: that ejection ends here, for one that is real.
         let was_shadow_out = entry.is_shadow_out();
-        if was_shadow_out && matches!(entry.status(), Status::Probing) {
+        if was_shadow_out && matches!(entry.standing(), Standing::Probing) {
             self.cancelled.push(id);
         }
         // Counted after a trial's breach: the check after a failed one comes later.

@@ -29,8 +29,8 @@ where
             } else {
                 tracing::info!(target: "tower_outlier", healthy, endpoints = n, "panic over");
             }
-            let held: Vec<K> =
-                self.keys_where(|e| e.is_out() && !matches!(e.status(), Status::HeldByOperator));
+            let held: Vec<K> = self
+                .keys_where(|e| e.is_out() && !matches!(e.standing(), Standing::HeldByOperator));
             for key in held {
                 self.sync_member(&key);
             }

@@ -4,7 +4,7 @@
 use tokio::time::Instant;
 use tower_outlier_core::{Reason, WindowCounts};
 
-use super::{DiscoverKey, Ejector, Engine, Stage, Status};
+use super::{DiscoverKey, Ejector, Engine, Standing};
 use crate::controls::{OperatorAction, Override};
 use crate::events::{Event, Readmission};
 
@@ -120,8 +120,12 @@ where
                 Some(Ejector::Host | Ejector::Pushback | Ejector::Health) => self.controls.dry_run,
                 Some(Ejector::Operator) | None => continue,
             };
-            let (id, shadow, out) = (entry.id, entry.is_shadow(), !entry.status().is_available());
-            let probing = matches!(entry.status(), Status::Probing);
+            let (id, shadow, out) = (
+                entry.id,
+                entry.is_shadow(),
+                !entry.standing().is_available(),
+            );
+            let probing = matches!(entry.standing(), Standing::Probing);
             if dry == shadow {
                 continue;
             }
@@ -142,7 +146,7 @@ where
                             trial: None,
                         });
                 }
-                let next = self.entries.get(&key).and_then(|e| e.status().deadline());
+                let next = self.entries.get(&key).and_then(|e| e.standing().deadline());
                 self.publish(&key, next, None);
             } else {
                 // Dry run's until now: forgotten.
@@ -239,7 +243,7 @@ where
                 if entry.is_out() {
                     // Out already for real: held there, without a check, until released (no
                     // longer holding its host out; out of the set even while the fleet panics).
-                    if matches!(entry.status(), Status::Probing) {
+                    if matches!(entry.standing(), Standing::Probing) {
                         self.cancelled.push(id);
                     }
                     self.restand(key, |s| {
@@ -247,7 +251,7 @@ where
                             episode.ejected_by = Ejector::Operator;
                             episode.schedule = None;
                         }
-                        s.set_stage(Stage::HeldByOperator);
+                        s.set_stage(Standing::HeldByOperator);
                     });
                     self.publish(key, None, Some(operator_reason()));
                 } else {
@@ -259,8 +263,8 @@ where
                 let Some(entry) = self.entries.get(key) else {
                     return;
                 };
-                if !entry.status().is_available() {
-                    if matches!(entry.status(), Status::Probing) {
+                if !entry.standing().is_available() {
+                    if matches!(entry.standing(), Standing::Probing) {
                         // Its answer no longer matters: abandoned, as the budget abandons one.
                         self.cancelled.push(id);
                     }
@@ -272,7 +276,7 @@ where
                     && self
                         .entries
                         .get(key)
-                        .is_some_and(|e| matches!(e.status(), Status::HeldByOperator));
+                        .is_some_and(|e| matches!(e.standing(), Standing::HeldByOperator));
                 if forced_out {
                     self.readmit(key, None, Readmission::Operator, now);
                     // Its host may be held out by another service meanwhile.
@@ -319,7 +323,7 @@ where
             }
             let id = entry.id;
             tracing::warn!(target: "tower_outlier", endpoint = ?key, "operator reset the endpoint's back-off");
-            let next = entry.status().deadline();
+            let next = entry.standing().deadline();
             self.publish(&key, next, None);
             self.registry
                 .emit_about(self.roster, id, |key| Event::Operator {

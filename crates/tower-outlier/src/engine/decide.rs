@@ -94,7 +94,7 @@ where
             self.forced.get(&entry.id).copied()
         };
         let shadow_out = entry.is_shadow_out();
-        if !entry.status().is_available() && !shadow_out {
+        if !entry.standing().is_available() && !shadow_out {
             return Verdict::keep(Told::default());
         }
         if forced == Some(Override::ForcedOut) {

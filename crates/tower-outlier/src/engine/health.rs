@@ -3,7 +3,7 @@
 
 use tokio::time::Instant;
 
-use super::{DiscoverKey, Engine, Status};
+use super::{DiscoverKey, Engine, Standing};
 use crate::events::Readmission;
 use crate::probe::Health;
 
@@ -28,7 +28,7 @@ where
             return;
         }
         record.end_open_avoidance();
-        if matches!(entry.status(), Status::HeldNotServing) {
+        if matches!(entry.standing(), Standing::HeldNotServing) {
             self.readmit(key, None, Readmission::Serving, now);
         } else {
             // Kept in while not serving: the refusal ends.

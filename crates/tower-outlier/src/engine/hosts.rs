@@ -56,7 +56,7 @@ where
             self.mirror_refused.remove(&id);
         }
         let held_out = self.keys_where(|e| {
-            (e.status().is_available() || e.is_shadow_out()) && self.host_out_elsewhere(e.id)
+            (e.standing().is_available() || e.is_shadow_out()) && self.host_out_elsewhere(e.id)
         });
         for key in held_out {
             self.mirror(&key, now);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{fleet_schedules, trial_period, DiscoverKey, Ejector, Engine, Settings, Status};
+use super::{fleet_schedules, trial_period, DiscoverKey, Ejector, Engine, Settings, Standing};
 use crate::endpoint::{HasRecord, Shared};
 use crate::events::Readmission;
 
@@ -71,7 +71,7 @@ where
         drop(replaced);
         // Endpoints held out for their host come back with the host instead.
         let switched_off = self.keys_where(|e| {
-            !e.status().is_available()
+            !e.standing().is_available()
                 && e.ejected_by()
                     .and_then(Ejector::policy)
                     .and_then(|index| policies.get(index))
@@ -80,7 +80,7 @@ where
         for key in switched_off {
             let until = super::later(now, self.trial);
             if let Some(entry) = self.entries.get(&key) {
-                if matches!(entry.status(), Status::Probing) {
+                if matches!(entry.standing(), Standing::Probing) {
                     self.cancelled.push(entry.id);
                 }
             }

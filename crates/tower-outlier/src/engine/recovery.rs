@@ -1,5 +1,5 @@
 //! The detector's timed work: fleet evaluations, recovery checks (passive trials and active
-//! probes), trial ends, probe results and re-admissions.
+//! probes), trial ends and probe results.
 
 use std::fmt;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
-use super::{deadline_is_current, later, DiscoverKey, Engine, ProbeStart, Stage, Status};
+use super::{deadline_is_current, later, DiscoverKey, Engine, ProbeStart, Standing};
 use crate::events::{Event, Readmission};
 use crate::probe::ProbeFuture;
 
@@ -31,18 +31,18 @@ where
             };
             // An earlier endpoint's check may have changed this one (a re-admission freed the
             // budget and it was ejected anew): only a deadline still due counts.
-            let status = entry.status();
+            let status = entry.standing();
             if status.deadline().is_none_or(|at| at > now) {
                 continue;
             }
             match status {
-                Status::Trial { .. } => self.trial_ended(&key, now),
-                Status::Ejected { .. } => self.check(key, now, probe),
-                Status::Available
-                | Status::Probing
-                | Status::HeldForHost
-                | Status::HeldByOperator
-                | Status::HeldNotServing => {}
+                Standing::Trial { .. } => self.trial_ended(&key, now),
+                Standing::Ejected { .. } => self.check(key, now, probe),
+                Standing::Available
+                | Standing::Probing
+                | Standing::HeldForHost
+                | Standing::HeldByOperator
+                | Standing::HeldNotServing => {}
             }
         }
         // After the re-admissions that were due, so the endpoints an evaluation condemned
@@ -72,7 +72,7 @@ where
         if judged {
             let breached = self.restand(key, |s| {
                 let failed = s.episode().and_then(|e| e.breach_trial());
-                s.set_stage(Stage::Trial { until });
+                s.set_stage(Standing::Trial { until });
                 failed
             });
             if let Some(failed_checks) = breached.flatten() {
@@ -106,7 +106,7 @@ where
                 if let Some(episode) = s.episode() {
                     episode.trial_calls = calls;
                 }
-                s.set_stage(Stage::Trial { until });
+                s.set_stage(Standing::Trial { until });
             });
             tracing::debug!(
                 target: "tower_outlier",
@@ -160,7 +160,7 @@ where
                         key: key as &dyn fmt::Debug,
                         state: &*record.policies()[schedule.policy],
                         record,
-                        available: entry.status().is_available(),
+                        available: entry.standing().is_available(),
                         in_flight,
                         waited,
                     }
@@ -223,7 +223,7 @@ where
                     .schedule
                     .map_or(Duration::from_secs(10), |s| s.unit());
                 let (id, shadow, failed_checks) = (entry.id, episode.shadow, episode.failed_checks);
-                self.restand(&key, |s| s.set_stage(Stage::Probing));
+                self.restand(&key, |s| s.set_stage(Standing::Probing));
                 self.probes.push_back(ProbeStart {
                     key: key.clone(),
                     id,
@@ -251,7 +251,7 @@ where
         let Some(episode) = entry.episode() else {
             return;
         };
-        if !matches!(episode.stage(), Stage::Probing) {
+        if !matches!(episode.stage(), Standing::Probing) {
             return;
         }
         if healthy {
@@ -282,7 +282,7 @@ where
                 if let Some(episode) = s.episode() {
                     episode.failed_checks = failed_checks;
                 }
-                s.set_stage(Stage::Ejected { next_check });
+                s.set_stage(Standing::Ejected { next_check });
             });
             tracing::info!(
                 target: "tower_outlier",
@@ -297,202 +297,5 @@ where
             });
             self.publish(&key, Some(next_check), None);
         }
-    }
-
-    /// Brings back an endpoint that is out: on trial until `trial_until`, or (`None`) available
-    /// without condition.
-    pub(super) fn readmit(
-        &mut self,
-        key: &K,
-        trial_until: Option<Instant>,
-        cause: Readmission,
-        now: Instant,
-    ) {
-        let Some(entry) = self.entries.get_mut(key) else {
-            return;
-        };
-        if entry.status().is_available() {
-            return;
-        }
-        // Out only in dry run: the balancer has it already, and dry run reports its return.
-        let shadow = entry.is_shadow();
-        // In the set already while the fleet panics.
-        let panicked_in = entry.in_set(self.panicking);
-        if !shadow && !panicked_in {
-            self.rebuild_if_due(key);
-        }
-        let Some(entry) = self.entries.get(key) else {
-            return;
-        };
-        entry.record().reset();
-        if self.refused.remove(&entry.id).is_some() {
-            self.registry.refused(self.roster, entry.id, None);
-        }
-        let shared = entry.shared.clone();
-        self.seed_rtt(&shared.record);
-        if !shadow && !panicked_in {
-            self.start_ramp(&shared.record);
-        }
-        // Back in the balancer's set, unless dry run or panic had it there already.
-        self.restand(key, |s| s.readmit(trial_until));
-        let Some(entry) = self.entries.get(key) else {
-            return;
-        };
-        tracing::info!(
-            target: "tower_outlier",
-            endpoint = ?key,
-            dry_run = shadow,
-            cause = %cause,
-            failed_checks = entry.failed_checks(),
-            trial_until = ?trial_until.map(|at| at.saturating_duration_since(now)),
-            "endpoint re-admitted"
-        );
-        let trial = trial_until.map(|at| at.saturating_duration_since(now));
-        let id = entry.id;
-        self.emit_for(id, shadow, |key| Event::Readmitted { key, cause, trial });
-        self.publish(key, trial_until, None);
-        self.report_states(key);
-        self.retry_refused(now);
-        // Back for another reason while its health service says it is not serving.
-        if self
-            .entries
-            .get(key)
-            .is_some_and(|e| e.record().is_not_serving() && e.status().is_available())
-        {
-            self.consider(key, now);
-        }
-    }
-
-    /// Makes `key`'s endpoint a fresh service if a call of it timed out or failed in transport
-    /// since it was last rebuilt, joined or re-admitted, and the layer rebuilds services
-    /// ([`rebuild`](crate::rebuild)). A rebuild that panics, or says `None`, keeps the service.
-    pub(super) fn rebuild_if_due(&mut self, key: &K) {
-        let Some(rebuild) = self.rebuild.as_deref() else {
-            return;
-        };
-        let Some(entry) = self.entries.get_mut(key) else {
-            return;
-        };
-        if !entry.record().take_connection_failed() {
-            return;
-        }
-        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            rebuild.rebuild(key, &entry.service)
-        }));
-        match made {
-            Ok(Some(fresh)) => {
-                entry.service = fresh;
-                entry.replaced();
-                self.rebuilt.push(key.clone());
-                tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint's service rebuilt after connection failures: it returns with fresh connections");
-            }
-            Ok(None) => {}
-            Err(panic) => {
-                tracing::error!(
-                    target: "tower_outlier",
-                    endpoint = ?key,
-                    panic = tower_outlier_core::panic_message(&*panic),
-                    "rebuilding an endpoint's service panicked: it keeps its service"
-                );
-                tower_outlier_core::drop_panic(panic);
-            }
-        }
-    }
-
-    /// The endpoints rebuilt since the last call, with their new services (for their health
-    /// watches).
-    pub(crate) fn take_rebuilt(&mut self) -> Vec<(K, S)> {
-        if self.rebuilt.is_empty() {
-            return Vec::new();
-        }
-        let keys = std::mem::take(&mut self.rebuilt);
-        keys.into_iter()
-            .filter_map(|key| {
-                let service = self.entries.get(&key)?.service.clone();
-                Some((key, service))
-            })
-            .collect()
-    }
-
-    /// Re-admits ejected endpoints while more are ejected than the budget allows, or none is
-    /// available; the ones due soonest go first, and the ones an operator forced out last. Then
-    /// the same for what dry run holds out, counted with the real ejections as an enforcing
-    /// layer would count them (dry run takes back only its own).
-    pub(super) fn enforce_budget(&mut self, now: Instant) {
-        // Only a layer that keeps the last endpoint brings one back for want of any.
-        let keeps_last = self.settings.all_out.keeps_last();
-        'again: loop {
-            let max = self.settings.budget.max_ejected(self.entries.len());
-            let shadowed = self.shadow_out.len();
-            // In order: the real set first, then what dry run holds out.
-            // An operator's forced out never leaves the balancer nothing, whatever the choice.
-            let wanted = [
-                (
-                    self.ejected > 0 && self.available() == 0,
-                    Readmission::LastEndpoint,
-                    false,
-                ),
-                (self.ejected > max, Readmission::BudgetShrank, false),
-                (
-                    keeps_last && shadowed > 0 && self.hypothetically_available() == 0,
-                    Readmission::LastEndpoint,
-                    true,
-                ),
-                (
-                    shadowed > 0 && self.ejected + shadowed > max,
-                    Readmission::BudgetShrank,
-                    true,
-                ),
-            ];
-            for (due, cause, shadow) in wanted {
-                if !due {
-                    continue;
-                }
-                let soonest = self
-                    .entries
-                    .iter()
-                    .filter(|(_, e)| !e.status().is_available() && e.is_shadow() == shadow)
-                    // Forced out is over the budget by design; only no endpoint at all takes it
-                    // back.
-                    .filter(|(_, e)| {
-                        let forced_out = matches!(e.status(), Status::HeldByOperator);
-                        match cause {
-                            Readmission::LastEndpoint => keeps_last || forced_out,
-                            _ => !forced_out,
-                        }
-                    })
-                    .min_by_key(|(_, e)| (readmission_order(e.status()), e.id))
-                    .map(|(k, _)| k.clone());
-                // None to take back for this rule (forced out only): the next rule may have.
-                let Some(key) = soonest else { continue };
-                let mut forced_out = false;
-                if let Some(entry) = self.entries.get(&key) {
-                    forced_out = matches!(entry.status(), Status::HeldByOperator);
-                    if matches!(entry.status(), Status::Probing) {
-                        self.cancelled.push(entry.id);
-                    }
-                }
-                let until = later(now, self.trial);
-                self.readmit(&key, Some(until), cause, now);
-                if forced_out {
-                    // Still forced out: kept in as the last endpoint, out again once another is.
-                    let verdict = self.decide(&key);
-                    self.apply(&key, verdict, now);
-                }
-                continue 'again;
-            }
-            return;
-        }
-    }
-}
-
-/// The order in which the budget takes endpoints back: an abandoned probe's first, then the
-/// soonest check, and an endpoint held out only for its host last.
-fn readmission_order(status: Status) -> (u8, Option<Instant>) {
-    match status {
-        Status::Probing | Status::Available | Status::Trial { .. } => (0, None),
-        Status::Ejected { next_check } => (1, Some(next_check)),
-        Status::HeldForHost | Status::HeldNotServing => (2, None),
-        Status::HeldByOperator => (3, None),
     }
 }

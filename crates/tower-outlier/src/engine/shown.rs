@@ -49,7 +49,7 @@ where
     pub(super) fn publish(&self, key: &K, next_check: Option<Instant>, reason: Option<Reason>) {
         if let Some(entry) = self.entries.get(key) {
             let placed = Placement {
-                status: entry.status().public(),
+                status: entry.standing().public(),
                 dry_run: entry.is_shadow(),
                 next_check,
                 failed_checks: entry.failed_checks(),

@@ -67,7 +67,7 @@ pub(super) struct Reported {
 /// during its trial stays in the same episode, its failed checks with it.
 pub(super) struct Episode {
     // Moved only by [`Restanding::set_stage`], which schedules its deadline.
-    stage: Stage,
+    stage: Standing,
     // Recovery checks failed in a row.
     pub(super) failed_checks: u32,
     // The ejecting policy's, for the intervals between checks (none for a host's ejection).
@@ -83,39 +83,6 @@ pub(super) struct Episode {
     pub(super) shadow: bool,
 }
 
-/// Where an endpoint is in an [`Episode`].
-#[derive(Clone, Copy)]
-pub(super) enum Stage {
-    Trial {
-        until: Instant,
-    },
-    Ejected {
-        next_check: Instant,
-    },
-    Probing,
-    /// Out because another adaptor sharing its host holds the host out: no check of its own, it
-    /// comes back when the host does.
-    HeldForHost,
-    /// Forced out by an operator: no check, it comes back when released.
-    HeldByOperator,
-    /// Out because its health service says it is not serving: no check of its own, it comes
-    /// back when the service says it is.
-    HeldNotServing,
-}
-
-impl From<Stage> for Status {
-    fn from(stage: Stage) -> Status {
-        match stage {
-            Stage::Trial { until } => Status::Trial { until },
-            Stage::Ejected { next_check } => Status::Ejected { next_check },
-            Stage::Probing => Status::Probing,
-            Stage::HeldForHost => Status::HeldForHost,
-            Stage::HeldByOperator => Status::HeldByOperator,
-            Stage::HeldNotServing => Status::HeldNotServing,
-        }
-    }
-}
-
 impl Episode {
     /// Counts a breach of this trial as a failed recovery check, once per trial: the failed
     /// checks in a row when this is the trial's first breach.
@@ -129,7 +96,7 @@ impl Episode {
     }
 
     /// Where the endpoint is in this episode.
-    pub(super) fn stage(&self) -> Stage {
+    pub(super) fn stage(&self) -> Standing {
         self.stage
     }
 
@@ -137,12 +104,12 @@ impl Episode {
     /// Every move goes through here, so no deadline is ever missing from the heap.
     fn set_stage<K: Clone>(
         &mut self,
-        stage: Stage,
+        stage: Standing,
         key: &K,
         id: u64,
         deadlines: &mut Deadlines<K>,
     ) {
-        if let Some(at) = Status::from(stage).deadline() {
+        if let Some(at) = stage.deadline() {
             deadlines.push(at, key.clone(), id);
         }
         self.stage = stage;
@@ -188,10 +155,10 @@ impl<S> Entry<S> {
         EndpointParts::new(self.service.clone(), self.shared.clone())
     }
 
-    pub(super) fn status(&self) -> Status {
+    pub(super) fn standing(&self) -> Standing {
         self.episode
             .as_deref()
-            .map_or(Status::Available, |episode| episode.stage.into())
+            .map_or(Standing::Available, |episode| episode.stage)
     }
 
     pub(super) fn reported_weight(&self) -> f64 {
@@ -225,7 +192,7 @@ impl<S> Entry<S> {
     /// Whether the endpoint is out (ejected or probing) for an ejection of its own, not for its
     /// host: such an endpoint holds its host out in the registry it shares.
     pub(super) fn holds_host_out(&self) -> bool {
-        !self.status().is_available()
+        !self.standing().is_available()
             && matches!(self.ejected_by(), Some(Ejector::Policy(_)))
             && !self.is_shadow()
     }
@@ -237,7 +204,7 @@ impl<S> Entry<S> {
 
     /// Whether the balancer has the endpoint in its set: available, or out only in dry run.
     pub(super) fn in_balancer(&self) -> bool {
-        self.status().is_available() || self.is_shadow()
+        self.standing().is_available() || self.is_shadow()
     }
 
     /// Whether the balancer is to have the endpoint in its set, `panicking` or not: while the
@@ -246,7 +213,7 @@ impl<S> Entry<S> {
     pub(super) fn in_set(&self, panicking: bool) -> bool {
         !self.leaving
             && (self.in_balancer()
-                || (panicking && !matches!(self.status(), Status::HeldByOperator)))
+                || (panicking && !matches!(self.standing(), Standing::HeldByOperator)))
     }
 
     /// Notes that the endpoint's service or record was replaced: a handle given before is stale.
@@ -263,7 +230,7 @@ impl<S> Entry<S> {
 
     /// Whether the endpoint is out only in dry run (ejected or probing as the rules would have it).
     pub(super) fn is_shadow_out(&self) -> bool {
-        !self.status().is_available() && self.is_shadow()
+        !self.standing().is_available() && self.is_shadow()
     }
 }
 
@@ -283,7 +250,7 @@ impl<K: Clone, S> Restanding<'_, K, S> {
     }
 
     /// Moves its episode, if any, on to `stage`, scheduling the stage's deadline.
-    pub(super) fn set_stage(&mut self, stage: Stage) {
+    pub(super) fn set_stage(&mut self, stage: Standing) {
         if let Some(episode) = self.entry.episode.as_deref_mut() {
             episode.set_stage(stage, self.key, self.entry.id, self.deadlines);
         }
@@ -310,10 +277,10 @@ impl<K: Clone, S> Restanding<'_, K, S> {
         shadow: bool,
     ) -> &mut Episode {
         let stage = match (next_check, ejected_by) {
-            (Some(next_check), _) => Stage::Ejected { next_check },
-            (None, Ejector::Operator) => Stage::HeldByOperator,
-            (None, Ejector::Health) => Stage::HeldNotServing,
-            (None, _) => Stage::HeldForHost,
+            (Some(next_check), _) => Standing::Ejected { next_check },
+            (None, Ejector::Operator) => Standing::HeldByOperator,
+            (None, Ejector::Health) => Standing::HeldNotServing,
+            (None, _) => Standing::HeldForHost,
         };
         let (key, id) = (self.key, self.entry.id);
         let episode = self.entry.episode.get_or_insert_with(|| {
@@ -343,7 +310,7 @@ impl<K: Clone, S> Restanding<'_, K, S> {
                     episode.trial_breached = false;
                     episode.trial_calls = 0;
                     episode.set_stage(
-                        Stage::Trial { until },
+                        Standing::Trial { until },
                         self.key,
                         self.entry.id,
                         self.deadlines,
@@ -470,48 +437,59 @@ pub(super) fn deadline_is_current<K: Hash + Eq, S>(
     move |key, id, at| {
         entries
             .get(key)
-            .is_some_and(|e| e.id == id && e.status().deadline() == Some(at))
+            .is_some_and(|e| e.id == id && e.standing().deadline() == Some(at))
     }
 }
 
-/// Where an endpoint stands, as the engine reads it from its [`Episode`], if any.
-#[derive(Clone, Copy)]
-pub(super) enum Status {
+/// Where an endpoint stands: available, or where it is in an [`Episode`] (an episode is never
+/// `Available`). The engine's one word for it; the monitor shows it as an
+/// [`EndpointStatus`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Standing {
     Available,
-    Trial { until: Instant },
-    Ejected { next_check: Instant },
+    Trial {
+        until: Instant,
+    },
+    Ejected {
+        next_check: Instant,
+    },
     Probing,
+    /// Out because another adaptor sharing its host holds the host out: no check of its own, it
+    /// comes back when the host does.
     HeldForHost,
+    /// Forced out by an operator: no check, it comes back when released.
     HeldByOperator,
+    /// Out because its health service says it is not serving: no check of its own, it comes
+    /// back when the service says it is.
     HeldNotServing,
 }
 
-impl Status {
+impl Standing {
     pub(super) fn is_available(self) -> bool {
-        matches!(self, Status::Available | Status::Trial { .. })
+        matches!(self, Standing::Available | Standing::Trial { .. })
     }
 
     pub(super) fn deadline(self) -> Option<Instant> {
         match self {
-            Status::Trial { until } => Some(until),
-            Status::Ejected { next_check } => Some(next_check),
-            Status::Available
-            | Status::Probing
-            | Status::HeldForHost
-            | Status::HeldByOperator
-            | Status::HeldNotServing => None,
+            Standing::Trial { until } => Some(until),
+            Standing::Ejected { next_check } => Some(next_check),
+            Standing::Available
+            | Standing::Probing
+            | Standing::HeldForHost
+            | Standing::HeldByOperator
+            | Standing::HeldNotServing => None,
         }
     }
 
     pub(super) fn public(self) -> EndpointStatus {
         match self {
-            Status::Available => EndpointStatus::Available,
-            Status::Trial { .. } => EndpointStatus::Trial,
-            Status::Ejected { .. }
-            | Status::HeldForHost
-            | Status::HeldByOperator
-            | Status::HeldNotServing => EndpointStatus::Ejected,
-            Status::Probing => EndpointStatus::Probing,
+            Standing::Available => EndpointStatus::Available,
+            Standing::Trial { .. } => EndpointStatus::Trial,
+            Standing::Ejected { .. }
+            | Standing::HeldForHost
+            | Standing::HeldByOperator
+            | Standing::HeldNotServing => EndpointStatus::Ejected,
+            Standing::Probing => EndpointStatus::Probing,
         }
     }
 }

@@ -13,7 +13,7 @@ use tower_outlier_core::{
     Signal, WindowCounts,
 };
 
-use super::{Engine, Settings, Status};
+use super::{Engine, Settings, Standing};
 use crate::endpoint::OutlierEndpoint;
 use crate::monitor::Monitor;
 use crate::probe::ProbeFuture;
@@ -226,8 +226,8 @@ impl Bench {
             .classified(NetworkErrors)
     }
 
-    fn status(&self, key: u32) -> Status {
-        self.engine.entries[&key].status()
+    fn status(&self, key: u32) -> Standing {
+        self.engine.entries[&key].standing()
     }
 
     fn failed_checks(&self, key: u32) -> u32 {
@@ -255,7 +255,7 @@ fn a_new_endpoint_is_yielded_and_a_known_one_replaced_keeping_its_history() {
     b.engine.insert(1, Svc(11), b.start);
     assert_eq!(b.drain(), vec![(1, true)]);
     assert_eq!(b.live[&1].get_ref(), &Svc(11));
-    assert!(matches!(b.status(0), Status::Ejected { .. }));
+    assert!(matches!(b.status(0), Standing::Ejected { .. }));
     assert_eq!(b.endpoint(0).get_ref(), &Svc(10));
 }
 
@@ -271,7 +271,7 @@ fn removal_forgets_the_endpoint_and_cancels_its_probe() {
     b.drain();
     b.engine.advance(b.at(30), &mut probe_with(false));
     let probe = b.engine.pop_probe().expect("a probe is due");
-    assert!(matches!(b.status(0), Status::Probing));
+    assert!(matches!(b.status(0), Standing::Probing));
     b.engine.remove(&0, b.at(31));
     assert!(
         b.drain().is_empty(),
@@ -287,7 +287,7 @@ fn an_outlier_is_ejected_with_its_first_check_one_unit_later() {
     let mut b = Bench::new(4, 0.5);
     b.fail(2, b.at(5));
     assert_eq!(b.drain(), vec![(2, false)]);
-    assert!(matches!(b.status(2), Status::Ejected { next_check } if next_check == b.at(35)));
+    assert!(matches!(b.status(2), Standing::Ejected { next_check } if next_check == b.at(35)));
     assert_eq!(b.engine.next_deadline(), Some(b.at(35)));
     assert_eq!(b.engine.ejected(), 1);
 }
@@ -317,12 +317,12 @@ fn a_passive_check_readmits_on_trial_and_a_clean_trial_with_calls_recovers() {
     assert!(b.drain().is_empty(), "not before its check");
     b.advance_passive(b.at(30));
     assert_eq!(b.drain(), vec![(0, true)]);
-    assert!(matches!(b.status(0), Status::Trial { until } if until == b.at(40)));
+    assert!(matches!(b.status(0), Standing::Trial { until } if until == b.at(40)));
     for _ in 0..MIN_TRIAL_CALLS {
         b.record_call(0);
     }
     b.advance_passive(b.at(40));
-    assert!(matches!(b.status(0), Status::Available));
+    assert!(matches!(b.status(0), Standing::Available));
     assert_eq!(b.failed_checks(0), 0);
     assert!(
         b.engine.entries[&0].episode().is_none(),
@@ -338,14 +338,17 @@ fn a_trial_goes_on_until_its_calls_add_up() {
     b.heal(0);
     b.advance_passive(b.at(30));
     b.advance_passive(b.at(40));
-    assert!(matches!(b.status(0), Status::Trial { until } if until == b.at(50)));
+    assert!(matches!(b.status(0), Standing::Trial { until } if until == b.at(50)));
     b.record_call(0);
     b.advance_passive(b.at(50));
-    assert!(matches!(b.status(0), Status::Trial { .. }), "1 of 3 calls");
+    assert!(
+        matches!(b.status(0), Standing::Trial { .. }),
+        "1 of 3 calls"
+    );
     b.record_call(0);
     b.record_call(0);
     b.advance_passive(b.at(60));
-    assert!(matches!(b.status(0), Status::Available), "1 + 2 calls");
+    assert!(matches!(b.status(0), Standing::Available), "1 + 2 calls");
 }
 
 #[test]
@@ -358,7 +361,7 @@ fn a_relapse_on_trial_is_a_failed_check_with_a_longer_interval() {
     b.fail(0, b.at(31));
     assert_eq!(b.drain(), vec![(0, false)]);
     assert_eq!(b.failed_checks(0), 1);
-    assert!(matches!(b.status(0), Status::Ejected { next_check } if next_check == b.at(91)));
+    assert!(matches!(b.status(0), Standing::Ejected { next_check } if next_check == b.at(91)));
 }
 
 #[test]
@@ -375,14 +378,14 @@ fn a_breach_the_budget_keeps_in_counts_once_and_ejects_when_room_comes() {
     assert_eq!(b.failed_checks(0), 1);
     b.advance_passive(b.at(40));
     assert!(
-        matches!(b.status(0), Status::Trial { .. }),
+        matches!(b.status(0), Standing::Trial { .. }),
         "a breached trial is not a recovery"
     );
     assert_eq!(b.failed_checks(0), 1, "one re-admission, one failed check");
     // 1's check re-admits it and frees the slot: 0 goes out two units later.
     b.advance_passive(b.at(61));
     assert_eq!(b.drain(), vec![(1, true), (0, false)]);
-    assert!(matches!(b.status(0), Status::Ejected { next_check } if next_check == b.at(121)));
+    assert!(matches!(b.status(0), Standing::Ejected { next_check } if next_check == b.at(121)));
 }
 
 #[test]
@@ -396,17 +399,17 @@ fn an_active_probe_readmits_or_lengthens_the_interval() {
     assert!(b.drain().is_empty(), "a probing endpoint stays out");
     b.engine.probe_done(0, probe.id, false, b.at(31));
     assert_eq!(b.failed_checks(0), 1);
-    assert!(matches!(b.status(0), Status::Ejected { next_check } if next_check == b.at(91)));
+    assert!(matches!(b.status(0), Standing::Ejected { next_check } if next_check == b.at(91)));
     // A result for another probe (an older id) changes nothing.
     b.engine.probe_done(0, probe.id + 100, true, b.at(32));
-    assert!(matches!(b.status(0), Status::Ejected { .. }));
+    assert!(matches!(b.status(0), Standing::Ejected { .. }));
 
     b.heal(0);
     b.engine.advance(b.at(91), &mut probe_with(true));
     let probe = b.engine.pop_probe().expect("a probe is due");
     b.engine.probe_done(0, probe.id, true, b.at(92));
     assert_eq!(b.drain(), vec![(0, true)]);
-    assert!(matches!(b.status(0), Status::Available));
+    assert!(matches!(b.status(0), Standing::Available));
     assert_eq!(b.failed_checks(0), 0);
     assert!(b.engine.entries[&0].episode().is_none());
 }
@@ -420,7 +423,7 @@ fn removing_the_available_endpoints_readmits_the_earliest_due() {
     b.engine.remove(&2, b.at(2));
     // Three endpoints allow one out: the one due first comes back on trial.
     assert_eq!(b.drain(), vec![(2, false), (0, true)]);
-    assert!(matches!(b.status(0), Status::Trial { .. }));
+    assert!(matches!(b.status(0), Standing::Trial { .. }));
     b.engine.remove(&3, b.at(3));
     assert_eq!(
         b.drain(),
@@ -465,7 +468,7 @@ fn an_endpoint_ejected_during_a_wake_up_waits_for_its_own_check() {
     b.heal(0);
     b.advance_passive(b.at(61));
     assert_eq!(b.drain(), vec![(0, true), (1, false)]);
-    assert!(matches!(b.status(1), Status::Ejected { next_check } if next_check == b.at(121)));
+    assert!(matches!(b.status(1), Standing::Ejected { next_check } if next_check == b.at(121)));
 }
 
 #[test]
@@ -485,10 +488,10 @@ fn a_probe_abandoned_when_the_budget_shrinks_is_cancelled_and_its_result_ignored
         vec![(1, false), (2, false), (3, false), (0, true)]
     );
     assert_eq!(b.engine.take_cancelled(), vec![probe.id]);
-    assert!(matches!(b.status(0), Status::Trial { .. }));
+    assert!(matches!(b.status(0), Standing::Trial { .. }));
     // The abandoned probe's result, should it still arrive, changes nothing.
     b.engine.probe_done(0, probe.id, false, b.at(32));
-    assert!(matches!(b.status(0), Status::Trial { .. }));
+    assert!(matches!(b.status(0), Standing::Trial { .. }));
     assert_eq!(b.failed_checks(0), 0);
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tower_outlier_core::EndpointRecord;
 
-use super::{policy_states, DiscoverKey, Engine, Entry, Reported, Status};
+use super::{policy_states, DiscoverKey, Engine, Entry, Reported, Standing};
 use crate::endpoint::{HasRecord, Shared};
 use crate::events::{EndpointKey, Event};
 use crate::monitor::Tracked;
@@ -84,8 +84,8 @@ where
             tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream removed an unknown endpoint");
             return;
         };
-        let (status, id) = (entry.status(), entry.id);
-        if matches!(status, Status::Probing) {
+        let (status, id) = (entry.standing(), entry.id);
+        if matches!(status, Standing::Probing) {
             self.cancelled.push(id);
         }
         // Out of the counts, the shared host and the balancer's set.
@@ -136,7 +136,7 @@ where
             self.fleet_served = self
                 .entries
                 .values()
-                .filter(|e| e.status().is_available())
+                .filter(|e| e.standing().is_available())
                 .take(SAMPLE)
                 .any(|e| e.record().has_served());
         }
@@ -153,7 +153,7 @@ where
         let (sum, count) = self
             .entries
             .values()
-            .filter(|e| e.status().is_available())
+            .filter(|e| e.standing().is_available())
             .take(SAMPLE)
             .map(|e| e.record().rtt_estimate(now))
             .fold((0.0, 0usize), |(sum, n), rtt| (sum + rtt, n + 1));

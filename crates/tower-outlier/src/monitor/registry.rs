@@ -58,7 +58,7 @@ impl Registry {
         let joined = Roster {
             policies,
             endpoints: HashMap::new(),
-            standings: HashMap::new(),
+            shown: HashMap::new(),
             no_ejection: None,
             all_out: None,
         };
@@ -100,7 +100,7 @@ impl Registry {
     pub(crate) fn remove(&self, roster: u64, id: u64) -> Option<Tracked> {
         let mut rosters = self.rosters();
         let roster = rosters.get_mut(&roster)?;
-        roster.standings.remove(&id);
+        roster.shown.remove(&id);
         roster.endpoints.remove(&id)
     }
 
@@ -179,7 +179,7 @@ impl Registry {
         if !roster.endpoints.contains_key(&id) {
             return;
         }
-        let standing = match roster.standings.entry(id) {
+        let standing = match roster.shown.entry(id) {
             hash_map::Entry::Occupied(standing) => standing.into_mut(),
             hash_map::Entry::Vacant(vacant) => {
                 let initial = status == EndpointStatus::Available
@@ -191,7 +191,7 @@ impl Registry {
                     // Nothing to hold: it stands where every endpoint starts.
                     return;
                 }
-                vacant.insert(Box::new(Standing::INITIAL))
+                vacant.insert(Box::new(Shown::INITIAL))
             }
         };
         standing.status = status;
@@ -212,12 +212,12 @@ impl Registry {
         if !roster.endpoints.contains_key(&id) {
             return;
         }
-        match roster.standings.entry(id) {
+        match roster.shown.entry(id) {
             hash_map::Entry::Occupied(standing) => standing.into_mut().forced = forced,
             hash_map::Entry::Vacant(vacant) if forced.is_some() => {
-                vacant.insert(Box::new(Standing {
+                vacant.insert(Box::new(Shown {
                     forced,
-                    ..Standing::INITIAL
+                    ..Shown::INITIAL
                 }));
             }
             hash_map::Entry::Vacant(_) => {}
@@ -238,12 +238,12 @@ impl Registry {
         if !roster.endpoints.contains_key(&id) {
             return;
         }
-        match roster.standings.entry(id) {
+        match roster.shown.entry(id) {
             hash_map::Entry::Occupied(standing) => standing.into_mut().unready = unready,
             hash_map::Entry::Vacant(vacant) if unready => {
-                vacant.insert(Box::new(Standing {
+                vacant.insert(Box::new(Shown {
                     unready,
-                    ..Standing::INITIAL
+                    ..Shown::INITIAL
                 }));
             }
             hash_map::Entry::Vacant(_) => {}
@@ -289,14 +289,14 @@ impl Registry {
         if !roster.endpoints.contains_key(&id) {
             return;
         }
-        match (roster.standings.entry(id), why) {
+        match (roster.shown.entry(id), why) {
             (hash_map::Entry::Occupied(standing), why) => {
                 standing.into_mut().refused = why.map(String::into_boxed_str);
             }
             (hash_map::Entry::Vacant(vacant), Some(why)) => {
-                vacant.insert(Box::new(Standing {
+                vacant.insert(Box::new(Shown {
                     refused: Some(why.into_boxed_str()),
-                    ..Standing::INITIAL
+                    ..Shown::INITIAL
                 }));
             }
             (hash_map::Entry::Vacant(_), None) => {}
