@@ -20,6 +20,7 @@
 
 mod backend;
 mod peers;
+mod sample;
 mod stack;
 
 use std::fmt::Write as _;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::stack::{Sample, TIMEOUT};
+use crate::sample::{Sample, TIMEOUT};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Proxy {

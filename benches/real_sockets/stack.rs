@@ -38,10 +38,7 @@ use tower_outlier::{
 };
 
 use crate::backend::Protocol;
-
-/// Every caller gives up after this long, and so does every endpoint (`tower::timeout`) and every
-/// proxy (`proxy_read_timeout`, `timeout server`).
-pub const TIMEOUT: Duration = Duration::from_secs(1);
+pub use crate::sample::{Sample, TIMEOUT};
 
 /// A tower-outlier configuration under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,13 +166,6 @@ impl Stack {
             Stack::Grpcio => "grpcio (C-core), outlier_detection_experimental",
         }
     }
-}
-
-/// One request and its fate: how long it took, and whether the caller got a good answer.
-#[derive(Clone, Copy, Debug)]
-pub struct Sample {
-    pub latency: f64,
-    pub ok: bool,
 }
 
 /// What the layer decided, with the time (seconds since the run's start).

@@ -9,7 +9,7 @@ use futures::task::AtomicWaker;
 use tower_outlier_core::{duration_to_nanos, Nanos, Signal, Window, WindowShape};
 
 use crate::config::{DetectorSemantics, RecentSuccessRate, MIN_RECENT_WINDOW, RECENT_BUCKETS};
-use crate::policy::{Detector, Shared};
+use crate::detector::{Detector, Shared};
 use crate::statistics::Tally;
 
 const NONE: Nanos = Nanos::MAX;

@@ -54,6 +54,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+mod detector;
 #[cfg(any(feature = "envoy", feature = "grpc"))]
 mod dialect;
 mod endpoint;
@@ -72,6 +73,7 @@ pub use config::{
     Consecutive, DetectorBuilder, DetectorConfig, DetectorSemantics, FailurePercentage,
     RecentSuccessRate, SuccessRate, SuccessRateRule,
 };
+pub use detector::{Detector, DetectorStats};
 #[cfg(feature = "envoy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "envoy")))]
 pub use dialect::Envoy;
@@ -86,7 +88,7 @@ pub use envoy::EnvoyOutlierDetection;
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use grpc::GrpcOutlierDetection;
 pub use linkerd::LinkerdAnnotations;
-pub use policy::{Detector, DetectorPolicy, DetectorStats};
+pub use policy::DetectorPolicy;
 /// The readers' error type.
 #[cfg(any(feature = "envoy", feature = "grpc"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "envoy", feature = "grpc"))))]

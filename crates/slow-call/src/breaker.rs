@@ -313,7 +313,7 @@ impl Breaker {
             value,
             counts,
         };
-        crate::observe::changed(&self.observers, change, self.strategy);
+        observe::changed(&self.observers, change, self.strategy);
     }
 
     /// The open duration.
@@ -341,7 +341,9 @@ impl fmt::Debug for Breaker {
     }
 }
 
+mod observe;
 mod state;
 
+pub use observe::{state_observers_told, wait_for_state_observers};
 use state::*;
 pub use state::{Admission, Observer, State, StateChange};

@@ -9,7 +9,7 @@ use tower_outlier_core::classify::{ClassifyFn, Immediate, Predicate};
 use tower_outlier_core::{Classify, Nanos, NetworkErrors, Observation, Outcome, ServerErrors};
 
 use crate::breaker::Admission;
-use crate::service::Lane;
+use crate::shared::Lane;
 
 /// Decides the outcome of a call through a [`CircuitBreaker`](crate::CircuitBreaker) and hands
 /// the caller its response: at once (every classifier of the core crate, and any

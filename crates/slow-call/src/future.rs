@@ -12,7 +12,7 @@ use tower_outlier_core::{BoxError, Nanos};
 use crate::breaker::Admission;
 use crate::classify::{BreakerClassifier, PendingCall};
 use crate::error::BrokenCircuit;
-use crate::service::Lane;
+use crate::shared::Lane;
 
 pin_project! {
     /// The response future of a [`CircuitBreaker`](crate::CircuitBreaker).

@@ -47,12 +47,13 @@ mod dialect;
 mod error;
 mod future;
 mod layer;
-mod observe;
 mod policy;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod service;
+mod shared;
 
+pub use breaker::{state_observers_told, wait_for_state_observers};
 pub use breaker::{Admission, Breaker, Observer, State, StateChange};
 pub use classify::{BreakerClassifier, PendingCall};
 pub use config::{BreakerBuilder, BreakerConfig, Strategy};
@@ -62,7 +63,6 @@ pub use dialect::Sentinel;
 pub use error::BrokenCircuit;
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
-pub use observe::{state_observers_told, wait_for_state_observers};
 pub use policy::{SlowCallEndpoint, SlowCallPolicy};
 #[cfg(feature = "sentinel")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]

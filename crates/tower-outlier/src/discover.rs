@@ -28,7 +28,6 @@ use tokio::time::{Instant, Sleep};
 use tower::discover::{Change, Discover};
 
 use crate::engine::{Engine, ProbeStart, Settings};
-use crate::layer::DiscoverErrors;
 use crate::monitor::Registry;
 use crate::probe::Probe;
 
@@ -137,6 +136,25 @@ where
     pub fn probes_in_flight(&self) -> usize {
         self.probes.len()
     }
+}
+
+/// What the discover adaptor does with an error from the upstream stream
+/// ([`OutlierDetectionLayer::discover_errors`](crate::OutlierDetectionLayer::discover_errors)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DiscoverErrors {
+    /// Pass the error on to the balancer, as tower's discover adaptors do. tower's `Balance`
+    /// takes it for a broken upstream: every later call fails, and a `Buffer` in front fails with
+    /// it.
+    #[default]
+    PassThrough,
+    /// Log the error (with its type, at WARN), count it in the monitor
+    /// ([`Snapshot::discover_errors`](crate::Snapshot)), lose nothing, and read the stream on
+    /// after a back-off (100 ms, doubling with each error in a row up to 5 s, so a stream that
+    /// fails on every poll is not polled in a loop): the balancer keeps the endpoints the
+    /// upstream gave so far, as linkerd's discovery survives a resolver error. A stream that ends
+    /// after its error leaves the last set under detection.
+    KeepServing,
 }
 
 impl<D, C, P> Stream for OutlierDetectionDiscover<D, C, P>

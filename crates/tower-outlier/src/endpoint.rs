@@ -5,77 +5,12 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
-use tower_outlier_core::lanes::{HasLanes, Lanes};
 use tower_outlier_core::{EndpointRecord, Nanos, ProbePermits};
 use tower_service::Service;
 
 use crate::future::ResponseFuture;
 use crate::response::ResponseClassifier;
-
-/// What the endpoint, its clones and its response futures share. The classifier is not here:
-/// each handle holds one, and each call's response future a copy, as tower-http makes a
-/// classifier per request (most are zero-sized, and a copy costs nothing).
-pub(crate) struct Shared {
-    pub(crate) record: EndpointRecord,
-    // Every lane made for a handle of this endpoint, to sum the calls in flight.
-    lanes: Lanes<Shared>,
-}
-
-impl Shared {
-    pub(crate) fn new(record: EndpointRecord) -> Arc<Self> {
-        Arc::new(Shared {
-            record,
-            lanes: Lanes::new(),
-        })
-    }
-
-    /// Calls in flight through every handle.
-    fn in_flight(&self) -> usize {
-        self.lanes.in_flight()
-    }
-
-    /// Calls in flight through every handle, and how long they have waited at `now` with no
-    /// call completing: from the later of when the oldest lane became busy and the endpoint's
-    /// last completion. Cold path (the lanes' lock).
-    pub(crate) fn pending(&self, now: Nanos) -> (usize, Nanos) {
-        let (calls, busy_since) = self.lanes.pending();
-        if calls == 0 || busy_since == Nanos::MAX {
-            return (calls, 0);
-        }
-        let since = busy_since.max(self.record.last_completed());
-        (calls, now.saturating_sub(since))
-    }
-}
-
-impl HasLanes for Shared {
-    fn lanes(&self) -> &Lanes<Self> {
-        &self.lanes
-    }
-}
-
-/// The calls one handle has in flight (`tower_outlier_core::lanes`). A handle that calls more
-/// than once gets a lane of its own, so cores calling through clones of one endpoint never write
-/// the same word per call; copies that never call or are cloned (the layer's own) have none. Not
-/// padded to a cache line, though two lanes may then share one: padding cost every called
-/// endpoint 32 bytes, and p2c_throughput with `Buffer` on two workers (one thread makes every
-/// endpoint's lane, responses complete on both) measured no slower without it.
-pub(crate) type Lane = tower_outlier_core::lanes::Lane<Shared>;
-
-/// Lets the monitor read records without knowing the endpoint's type.
-pub(crate) trait HasRecord: Send + Sync {
-    fn record(&self) -> &EndpointRecord;
-    fn in_flight(&self) -> usize;
-}
-
-impl HasRecord for Shared {
-    fn record(&self) -> &EndpointRecord {
-        &self.record
-    }
-
-    fn in_flight(&self) -> usize {
-        Shared::in_flight(self)
-    }
-}
+use crate::shared::{Lane, Shared};
 
 /// One handle's hold on the record; it also carries the probe permits this handle was granted
 /// by `poll_ready` for its next call, and gives them back if it is dropped first (a balancer
@@ -179,8 +114,8 @@ impl Holder {
     fn in_flight(&self) -> usize {
         match self.lane.get() {
             // This handle's lane is the endpoint's only one: no need to look at the others.
-            Some(lane) if self.shared.lanes.live() == 1 => Lane::in_flight(lane),
-            None if self.shared.lanes.live() == 0 => 0,
+            Some(lane) if self.shared.live_lanes() == 1 => Lane::in_flight(lane),
+            None if self.shared.live_lanes() == 0 => 0,
             _ => self.shared.in_flight(),
         }
     }

@@ -22,12 +22,12 @@ use tower_outlier_core::{DynOutlierPolicy, EndpointRecord, Notifier};
 use crate::controls::{Controls, Override};
 use crate::deadlines::Deadlines;
 use crate::endpoint::EndpointParts;
-use crate::events::Event;
+use crate::event::Event;
 use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Registry;
 use crate::probe::ProbeFuture;
-pub(crate) use settings::Settings;
 use settings::{fleet_schedules, trial_period, FleetSchedule};
+pub(crate) use settings::{Settings, DEFAULT_MAX_PUSHBACK};
 use signals::SignalBoard;
 use standing::{deadline_is_current, Entry, Reported, Standing};
 

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tower_outlier_core::{Lock, WindowCounts};
 
-use crate::events::Event;
+use crate::event::Event;
 use crate::monitor::{EventCallback, Monitor};
 
 /// Writes a layer's ejection events as Envoy writes its outlier event log: one JSON object per

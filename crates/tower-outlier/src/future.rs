@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 use tower_outlier_core::{Nanos, ProbePermits};
 
-use crate::endpoint::Lane;
 use crate::response::{Recorder, ResponseClassifier};
+use crate::shared::Lane;
 
 pin_project! {
     /// The response future of an [`OutlierEndpoint`](crate::discover::OutlierEndpoint).

@@ -6,18 +6,19 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 use tower_outlier_core::{
-    BudgetFloor, Clock, DynOutlierPolicy, EjectionBudget, EndpointRecord, NetworkErrors, Notifier,
+    Clock, DynOutlierPolicy, EjectionBudget, EndpointRecord, NetworkErrors, Notifier,
     OutlierPolicy, SlowStart, WhenAllOut,
 };
 
-use crate::discover::OutlierDetectionDiscover;
-use crate::endpoint::{OutlierEndpoint, Shared};
-use crate::engine::Settings;
+use crate::discover::{DiscoverErrors, OutlierDetectionDiscover};
+use crate::endpoint::OutlierEndpoint;
+use crate::engine::{Settings, DEFAULT_MAX_PUSHBACK};
 use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Monitor;
 use crate::probe::PassiveTrial;
 use crate::rebuild::KeepService;
 use crate::reconfigure::{RulesCell, RulesHandle};
+use crate::shared::Shared;
 
 /// Client-side outlier detection for a `tower::discover` stream.
 ///
@@ -410,15 +411,6 @@ impl<C, P, R> OutlierDetectionLayer<C, P, R> {
     }
 }
 
-/// The longest a server's pushback keeps its endpoint out by default: linkerd's cap.
-pub(crate) const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(300);
-
-pub(crate) const DEFAULT_BUDGET: EjectionBudget =
-    match EjectionBudget::const_new(0.2, BudgetFloor::One) {
-        Some(b) => b,
-        None => unreachable!(),
-    };
-
 impl OutlierDetectionLayer<(), (), ()> {
     /// The layer with these typed parts.
     fn with_parts<C, P, R>(
@@ -465,25 +457,6 @@ where
         .with_discover_errors(self.discover_errors)
         .with_rebuild(Box::new(self.rebuild.clone()))
     }
-}
-
-/// What the discover adaptor does with an error from the upstream stream
-/// ([`OutlierDetectionLayer::discover_errors`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DiscoverErrors {
-    /// Pass the error on to the balancer, as tower's discover adaptors do. tower's `Balance`
-    /// takes it for a broken upstream: every later call fails, and a `Buffer` in front fails with
-    /// it.
-    #[default]
-    PassThrough,
-    /// Log the error (with its type, at WARN), count it in the monitor
-    /// ([`Snapshot::discover_errors`](crate::Snapshot)), lose nothing, and read the stream on
-    /// after a back-off (100 ms, doubling with each error in a row up to 5 s, so a stream that
-    /// fails on every poll is not polled in a loop): the balancer keeps the endpoints the
-    /// upstream gave so far, as linkerd's discovery survives a resolver error. A stream that ends
-    /// after its error leaves the last set under detection.
-    KeepServing,
 }
 
 impl<C: Clone, P: Clone, R: Clone> Clone for OutlierDetectionLayer<C, P, R> {

@@ -91,7 +91,14 @@ pub mod discover;
 mod endpoint;
 mod engine;
 mod envoy_log;
-pub mod events;
+mod event;
+pub mod events {
+    //! What the layer decides, as typed events for programs: ejections, refusals,
+    //! re-admissions, probes, weights, rules. Subscribe through the [`Monitor`](crate::Monitor);
+    //! [`EnvoyEventLog`] writes them as Envoy's outlier detection event log.
+    pub use crate::envoy_log::EnvoyEventLog;
+    pub use crate::event::*;
+}
 pub mod fail_fast;
 pub mod future;
 pub mod grpc;
@@ -114,9 +121,11 @@ pub mod rebuild;
 mod reconfigure;
 mod response;
 pub mod rules;
+mod shared;
 #[cfg(feature = "standard-metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "standard-metrics")))]
 pub mod standard_metrics;
+mod status;
 #[cfg(feature = "tower-http")]
 pub mod tower_http_classifier;
 
@@ -138,7 +147,8 @@ pub mod classify {
 }
 
 pub use classify::{NetworkErrors, ServerErrors};
-pub use layer::{DiscoverErrors, OutlierDetectionLayer};
+pub use discover::DiscoverErrors;
+pub use layer::OutlierDetectionLayer;
 pub use monitor::{EndpointSnapshot, EndpointStatus, Monitor, Snapshot};
 pub use reconfigure::RulesHandle;
 pub use tower_outlier_core::{

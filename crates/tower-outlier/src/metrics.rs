@@ -63,7 +63,7 @@ use prometheus_client::registry::Registry;
 use tower_outlier_core::Lock;
 
 use crate::controls::OperatorAction;
-use crate::events::{Event, Readmission, Refusal};
+use crate::event::{Event, Readmission, Refusal};
 use crate::monitor::{EndpointStatus, Monitor};
 
 /// The `prometheus_client` this module is built on, so that a registry passed to

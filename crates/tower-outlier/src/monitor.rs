@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use tower_outlier_core::{Lock, Reason};
 
 use crate::controls::Override;
-use crate::endpoint::HasRecord;
-use crate::events::{EndpointKey, Event, EventHub};
+use crate::event::{EndpointKey, Event, EventHub};
+use crate::shared::HasRecord;
 
 /// How many events a slow broadcast subscriber may fall behind by.
 const EVENTS_CAPACITY: usize = 1024;
@@ -391,7 +391,7 @@ impl Monitor {
     /// # Ok(()) }
     /// ```
     pub fn on_event(&self, callback: impl Fn(&Event) + Send + Sync + 'static) -> EventCallback {
-        let callback: crate::events::Callback = Arc::new(callback);
+        let callback: crate::event::Callback = Arc::new(callback);
         self.registry.events.on_event(callback.clone());
         EventCallback {
             registry: Arc::downgrade(&self.registry),
@@ -404,7 +404,7 @@ impl Monitor {
 /// Dropping the handle leaves it subscribed.
 pub struct EventCallback {
     registry: std::sync::Weak<Registry>,
-    callback: crate::events::Callback,
+    callback: crate::event::Callback,
 }
 
 impl EventCallback {

@@ -400,5 +400,6 @@ impl fmt::Debug for RulesHandle {
 }
 
 mod error;
+mod operator;
 use error::Kind;
 pub use error::ReconfigureError;

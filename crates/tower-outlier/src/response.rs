@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tower_outlier_core::classify::{ClassifyFn, Predicate};
 use tower_outlier_core::{Classify, Nanos, NetworkErrors, Outcome, ProbePermits, ServerErrors};
 
-use crate::endpoint::Lane;
+use crate::shared::Lane;
 
 /// Decides the outcome of a finished call and hands the caller its response.
 ///

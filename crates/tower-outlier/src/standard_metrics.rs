@@ -40,7 +40,7 @@
 
 use metrics::{counter, describe_counter, Unit};
 
-use crate::events::{Event, Refusal};
+use crate::event::{Event, Refusal};
 use crate::monitor::EventCallback;
 use crate::monitor::Monitor;
 

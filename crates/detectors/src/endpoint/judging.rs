@@ -8,8 +8,8 @@ use tower_outlier_core::{
 };
 
 use crate::config::DetectorSemantics;
+use crate::detector::Detector;
 use crate::enforcement::ejection_end;
-use crate::policy::Detector;
 
 use super::*;
 

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use tower_outlier_core::Lock;
 
-use crate::events::Event;
+use crate::event::Event;
 use crate::monitor::{EndpointStatus, Monitor, Snapshot};
 
 /// One endpoint at one tick.

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::history::{History, Kept};
 use super::page::status_name;
 use crate::envoy_log::Rfc3339;
-use crate::events::{Event, Refusal};
+use crate::event::{Event, Refusal};
 use tower_outlier_core::Reason;
 
 fn at(time: SystemTime) -> String {

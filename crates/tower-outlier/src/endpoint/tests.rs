@@ -28,7 +28,7 @@ impl Service<()> for Hang {
 }
 
 fn lanes<S, C>(endpoint: &OutlierEndpoint<S, C>) -> usize {
-    endpoint.holder.shared.lanes.live()
+    endpoint.holder.shared.live_lanes()
 }
 
 #[tokio::test(start_paused = true)]

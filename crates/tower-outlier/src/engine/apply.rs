@@ -11,7 +11,7 @@ use tower_outlier_core::Reason;
 
 use super::decide::{Act, Cause, Told, Verdict};
 use super::{later, DiscoverKey, Ejector, Engine, Standing};
-use crate::events::{Event, Refusal};
+use crate::event::{Event, Refusal};
 
 impl<K, S> Engine<K, S>
 where

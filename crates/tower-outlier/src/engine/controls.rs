@@ -6,7 +6,7 @@ use tower_outlier_core::{Reason, WindowCounts};
 
 use super::{DiscoverKey, Ejector, Engine, Standing};
 use crate::controls::{OperatorAction, Override};
-use crate::events::{Event, Readmission};
+use crate::event::{Event, Readmission};
 
 /// The policy name an operator's decisions are reported under.
 pub(super) const OPERATOR: &str = "operator";

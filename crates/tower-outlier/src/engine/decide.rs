@@ -11,7 +11,7 @@ use tower_outlier_core::{Judgement, Nanos, Reason};
 
 use super::{DiscoverKey, Engine, Entry};
 use crate::controls::Override;
-use crate::events::Refusal;
+use crate::event::Refusal;
 
 /// What ejects an endpoint, or would.
 #[derive(Clone, Copy, Debug, PartialEq)]

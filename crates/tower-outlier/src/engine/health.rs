@@ -4,7 +4,7 @@
 use tokio::time::Instant;
 
 use super::{DiscoverKey, Engine, Standing};
-use crate::events::Readmission;
+use crate::event::Readmission;
 use crate::probe::Health;
 
 impl<K, S> Engine<K, S>

@@ -5,7 +5,7 @@ use tokio::time::Instant;
 use tower_outlier_core::{Reason, WindowCounts};
 
 use super::{later, DiscoverKey, Ejector, Engine};
-use crate::events::Readmission;
+use crate::event::Readmission;
 
 impl<K, S> Engine<K, S>
 where

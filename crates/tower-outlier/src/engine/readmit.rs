@@ -5,7 +5,7 @@
 use tokio::time::Instant;
 
 use super::{later, DiscoverKey, Engine, Standing};
-use crate::events::{Event, Readmission};
+use crate::event::{Event, Readmission};
 
 impl<K, S> Engine<K, S>
 where

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{fleet_schedules, trial_period, DiscoverKey, Ejector, Engine, Settings, Standing};
-use crate::endpoint::{HasRecord, Shared};
-use crate::events::Readmission;
+use crate::event::Readmission;
+use crate::shared::{HasRecord, Shared};
 
 impl<K, S> Engine<K, S>
 where

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
 use super::{deadline_is_current, later, DiscoverKey, Engine, ProbeStart, Standing};
-use crate::events::{Event, Readmission};
+use crate::event::{Event, Readmission};
 use crate::probe::ProbeFuture;
 
 impl<K, S> Engine<K, S>

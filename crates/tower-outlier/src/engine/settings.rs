@@ -6,13 +6,22 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_outlier_core::{
-    duration_to_nanos, Clock, DynOutlierPolicy, EjectionBudget, SlowStart, WhenAllOut,
+    duration_to_nanos, BudgetFloor, Clock, DynOutlierPolicy, EjectionBudget, SlowStart, WhenAllOut,
 };
 
 use super::later;
 use crate::hosts::{HostOf, HostRegistry};
-use crate::layer::DEFAULT_BUDGET;
 use crate::reconfigure::RulesCell;
+
+/// The longest a server's pushback keeps its endpoint out by default: linkerd's cap.
+pub(crate) const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(300);
+
+/// The budget of a layer given none whose rules bring none: EDAS's 20 %, at least one.
+pub(crate) const DEFAULT_BUDGET: EjectionBudget =
+    match EjectionBudget::const_new(0.2, BudgetFloor::One) {
+        Some(b) => b,
+        None => unreachable!(),
+    };
 
 pub(crate) struct Settings {
     pub(crate) policies: Arc<[Arc<dyn DynOutlierPolicy>]>,

@@ -4,7 +4,7 @@
 use tokio::time::Instant;
 use tower_outlier_core::Reason;
 
-use crate::events::{EndpointKey, Event};
+use crate::event::{EndpointKey, Event};
 use crate::monitor::Placement;
 
 use super::*;

@@ -18,8 +18,9 @@ use tower::discover::Change;
 
 use super::{DiscoverKey, Ejector, Engine};
 use crate::deadlines::Deadlines;
-use crate::endpoint::{EndpointParts, Shared};
+use crate::endpoint::EndpointParts;
 use crate::monitor::EndpointStatus;
+use crate::shared::Shared;
 
 pub(super) struct Entry<S> {
     // Its slot on the signal board.

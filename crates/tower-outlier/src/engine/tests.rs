@@ -134,7 +134,7 @@ fn settings(
         &cell,
         Some(budget),
         None,
-        crate::layer::DEFAULT_MAX_PUSHBACK,
+        super::settings::DEFAULT_MAX_PUSHBACK,
         Clock::tokio(),
         None,
     )

@@ -8,9 +8,9 @@ use tokio::time::Instant;
 use tower_outlier_core::EndpointRecord;
 
 use super::{policy_states, DiscoverKey, Engine, Entry, Reported, Standing};
-use crate::endpoint::{HasRecord, Shared};
-use crate::events::{EndpointKey, Event};
+use crate::event::{EndpointKey, Event};
 use crate::monitor::Tracked;
+use crate::shared::{HasRecord, Shared};
 
 impl<K, S> Engine<K, S>
 where

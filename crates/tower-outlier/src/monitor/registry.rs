@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use tower_outlier_core::{LockGuard, Reason};
 
 use crate::controls::Override;
-use crate::endpoint::HasRecord;
-use crate::events::{EndpointKey, Event};
+use crate::event::{EndpointKey, Event};
+use crate::shared::HasRecord;
 
 use super::*;
 

@@ -1,7 +1,5 @@
-//! What the layer decides, as typed events for programs: ejections, refusals, re-admissions,
-//! probes, weights, rules. Subscribe through the [`Monitor`](crate::Monitor).
-
-pub use crate::envoy_log::EnvoyEventLog;
+//! The layer's events, their types and the hub they go out through (the public module is
+//! `events`, with the Envoy event log beside them).
 
 use std::any::Any;
 use std::fmt;
@@ -249,7 +247,7 @@ pub enum Event {
         /// The endpoint.
         key: EndpointKey,
         /// Where it stood.
-        status: crate::EndpointStatus,
+        status: crate::status::EndpointStatus,
     },
     /// A policy's state for the endpoint changed (a slow-call breaker's CLOSED, OPEN,
     /// HALF_OPEN; linkerd's OPEN, SHUT, PROBATION), as the layer saw it at its decisions: when a

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use tower_outlier_core::{drop_panic, panic_message};
 
-use crate::breaker::{Observer, StateChange};
+use super::{Observer, StateChange};
 use crate::config::Strategy;
 
 /// What the thread is sent.
@@ -207,7 +207,7 @@ fn tell(observers: &[Observer], change: &StateChange, strategy: Strategy) {
         from = %change.from,
         to = %change.to,
         value = change.value,
-        strategy = %crate::breaker::StrategyDisplay(strategy),
+        strategy = %super::StrategyDisplay(strategy),
         "circuit breaker state changed"
     );
     for observer in observers {
