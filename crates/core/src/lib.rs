@@ -48,6 +48,7 @@ mod lock;
 mod outcome;
 mod policy;
 mod record;
+mod signal;
 mod slow_start;
 mod sync;
 pub mod text;
@@ -71,6 +72,7 @@ pub use record::{
     store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,
 };
 /// The boxed error type of tower middleware (`tower::BoxError`).
+pub use signal::{ServerSignal, LOAD_REPORT_HEADER};
 pub use slow_start::{SlowStart, SlowStartBuilder};
 pub use tower::BoxError;
 pub use user_code::{drop_panic, panic_message};

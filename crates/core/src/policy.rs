@@ -129,6 +129,20 @@ pub trait EndpointPolicy: std::any::Any + fmt::Debug + Send + Sync {
         None
     }
 
+    /// Whether the state hears what the endpoint's server says of itself ([`hear`](Self::hear)).
+    /// `false`, the default: it is never told. Asked once, when the record is created; a layer
+    /// none of whose states hear reads no load report from responses.
+    fn hears(&self) -> bool {
+        false
+    }
+
+    /// What the endpoint's server said at `now`, for a state that [`hears`](Self::hears) (a
+    /// policy weighting endpoints by their load reports). Cold path for most signals; a load
+    /// report may come with every call, and must then be read without locking or allocating.
+    fn hear(&self, signal: &crate::ServerSignal<'_>, now: Nanos) {
+        let _ = (signal, now);
+    }
+
     /// What each member shows of the endpoint, for a state made of other policies' states
     /// ([`ComposedPolicy`](crate::ComposedPolicy)): their names and descriptions, in order.
     /// Empty (the default) for any other. Cold path: snapshots.

@@ -9,7 +9,6 @@ use std::time::Duration;
 use crate::clock::{duration_to_nanos, Clock, Nanos};
 use crate::outcome::{FailureKind, Observation, Outcome};
 use crate::policy::{Admit, EndpointPolicy, Judgement, ProbeGate, Reason, Signal};
-use crate::slow_start::SlowStart;
 use crate::window::SharedWindow;
 
 /// Probe permits an endpoint handle or a call holds: bit `i` for the record's policy `i`. Policies
@@ -37,6 +36,8 @@ pub struct EndpointRecord {
     shared_index: u8,
     // Bit i: policy i (of the first 32) has a readiness gate. Fixed at creation.
     gated: ProbePermits,
+    // Bit i: policy i (of the first 32) hears what the server says. Fixed at creation.
+    hearing: ProbePermits,
     latency: Latency,
     // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
     weight: AtomicU64,
@@ -52,93 +53,15 @@ pub struct EndpointRecord {
     // Until when the layer, having kept the endpoint in (the budget), has its load avoided for
     // the server's request, capped; 0: it does not.
     avoid: AtomicU64,
-    // What the layer's options keep per endpoint beside the calls (slow start, weights from load
-    // reports, what the server says of itself): apart, so that the fields every call touches stay
-    // together, and made only when an option acts.
-    extras: OnceLock<Box<Extras>>,
+    // What the server says of itself beyond pushback (degraded, not serving), and how the
+    // balancer's draws are shared out (slow start, weights from load reports): each apart, so
+    // that the fields every call touches stay together, and made only when its option acts.
+    heard: OnceLock<Box<Heard>>,
+    draws: OnceLock<Box<Draws>>,
     // A call timed out or failed in transport since the endpoint joined or was re-admitted: its
     // connections may be dead (cold path: written once per episode).
     connection_failed: AtomicBool,
     notifier: Arc<Notifier>,
-}
-
-/// The per-endpoint state of the layer's options (cold: read by the balancer's load, written
-/// when an option acts), made the first time one acts: a layer without them holds none.
-struct Extras {
-    // Slow start: when the endpoint's ramp began, on the record's clock (`Nanos::MAX`: it is not
-    // ramping), the size of the set it joined then, and the layer's ramp (cold path: written when
-    // a ramp starts and once when it ends).
-    ramp_since: AtomicU64,
-    ramp_fleet: AtomicU64,
-    ramp: OnceLock<SlowStart>,
-    // The share of the balancer's draws a fleet policy weighting endpoints by their servers'
-    // load reports gives the endpoint (f64 bits; not a number: no weights are in force). Written
-    // once per evaluation.
-    draw_share: AtomicU64,
-    // Until when its server said it is degraded (`x-envoy-degraded`), on the record's clock; 0:
-    // it is not. And how long one such response holds it so (0: the layer does not read the
-    // signal). Cold path: written only while the server says so, and when that changes.
-    degraded_until: AtomicU64,
-    degraded_hold: AtomicU64,
-    // Its health service says it is not serving (gRPC's `grpc.health.v1` Watch): the layer's
-    // to act on, until it says it is (cold path: written when that changes).
-    not_serving: AtomicBool,
-}
-
-impl Extras {
-    fn new() -> Self {
-        Extras {
-            ramp_since: AtomicU64::new(Nanos::MAX),
-            ramp_fleet: AtomicU64::new(1),
-            ramp: OnceLock::new(),
-            draw_share: AtomicU64::new(NO_DRAW_SHARE),
-            degraded_until: AtomicU64::new(0),
-            degraded_hold: AtomicU64::new(0),
-            not_serving: AtomicBool::new(false),
-        }
-    }
-
-    /// Takes on `other`'s state (a record's successor).
-    fn copy_from(&self, other: &Extras) {
-        if let Some(ramp) = other.ramp.get() {
-            let _ = self.ramp.set(*ramp);
-        }
-        for (to, from) in [
-            (&self.ramp_since, &other.ramp_since),
-            (&self.ramp_fleet, &other.ramp_fleet),
-            (&self.draw_share, &other.draw_share),
-            (&self.degraded_until, &other.degraded_until),
-            (&self.degraded_hold, &other.degraded_hold),
-        ] {
-            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-        self.not_serving
-            .store(other.not_serving.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-}
-
-/// The bits of a share of the draws that is not in force: a quiet NaN.
-const NO_DRAW_SHARE: u64 = 0x7ff8_0000_0000_0000;
-
-/// [`EndpointRecord::ramp_draws`] for a ramp begun at `since`.
-#[cold]
-fn ramping_draws(extras: &Extras, since: Nanos, now: Nanos) -> f64 {
-    let Some(ramp) = extras.ramp.get() else {
-        return 1.0;
-    };
-    let share = ramp.share_at(now.saturating_sub(since));
-    if share >= 1.0 {
-        // Over: later reads are one load again. A ramp started meanwhile is kept.
-        let _ = extras.ramp_since.compare_exchange(
-            since,
-            Nanos::MAX,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-        return 1.0;
-    }
-    let n = extras.ramp_fleet.load(Ordering::Relaxed) as f64;
-    (share * n / (n - 1.0 + share)).min(1.0)
 }
 
 impl EndpointRecord {
@@ -155,6 +78,12 @@ impl EndpointRecord {
             .enumerate()
             .filter(|(_, policy)| policy.gate().is_some())
             .fold(0, |gated, (index, _)| gated | 1 << index);
+        let hearing = policies
+            .iter()
+            .take(GATED_POLICIES)
+            .enumerate()
+            .filter(|(_, policy)| policy.hears())
+            .fold(0, |hearing, (index, _)| hearing | 1 << index);
         let (shared_index, shared_window) = policies
             .iter()
             .enumerate()
@@ -166,6 +95,7 @@ impl EndpointRecord {
             shared_window,
             shared_index,
             gated,
+            hearing,
             // Zero: an endpoint nobody has measured yet is tried first (the layer seeds endpoints
             // that join a measured fleet with the fleet's mean instead).
             latency: Latency {
@@ -181,7 +111,8 @@ impl EndpointRecord {
             unready: AtomicBool::new(false),
             pushback: AtomicU64::new(0),
             avoid: AtomicU64::new(0),
-            extras: OnceLock::new(),
+            heard: OnceLock::new(),
+            draws: OnceLock::new(),
             connection_failed: AtomicBool::new(false),
             notifier,
         }
@@ -231,8 +162,11 @@ impl EndpointRecord {
             .store(self.pushback.load(Ordering::Relaxed), Ordering::Relaxed);
         next.avoid
             .store(self.avoid.load(Ordering::Relaxed), Ordering::Relaxed);
-        if let Some(extras) = self.extras.get() {
-            next.extras_or_new().copy_from(extras);
+        if let Some(heard) = self.heard.get() {
+            next.heard_or_new().copy_from(heard);
+        }
+        if let Some(draws) = self.draws.get() {
+            next.draws_or_new().copy_from(draws);
         }
         next.connection_failed.store(
             self.connection_failed.load(Ordering::Relaxed),
@@ -418,140 +352,6 @@ impl EndpointRecord {
         self.weight.store(weight.to_bits(), Ordering::Relaxed);
     }
 
-    /// The server asked to be left alone until `until` (on the record's clock): a 429 or 503 with
-    /// `Retry-After`, a gRPC status with `grpc-retry-pushback-ms`. The layer is asked to act; a
-    /// later request never shortens an earlier one (cold path).
-    pub fn push_back(&self, until: Nanos) {
-        self.pushback.fetch_max(until, Ordering::AcqRel);
-        self.request_evaluation();
-    }
-
-    /// Shortens the server's request to end by `latest` at the latest (the layer's cap; 0 drops
-    /// it). Cold path.
-    pub fn cap_pushback(&self, latest: Nanos) {
-        self.pushback.fetch_min(latest, Ordering::AcqRel);
-    }
-
-    /// The layer kept the endpoint in although its server asked to be left alone: its load is to
-    /// be avoided until `until` (the request as the layer caps it). Cold path.
-    pub fn avoid_until(&self, until: Nanos) {
-        self.avoid.fetch_max(until, Ordering::AcqRel);
-    }
-
-    /// Until when the endpoint's load is to be avoided ([`avoid_until`](Self::avoid_until)), if
-    /// that is still ahead of `now`.
-    #[inline]
-    pub fn avoided_until(&self, now: Nanos) -> Option<Nanos> {
-        let until = self.avoid.load(Ordering::Relaxed);
-        (until > now).then_some(until)
-    }
-
-    /// Until when the server asked to be left alone, if that is still ahead of `now`.
-    #[inline]
-    pub fn pushed_back_until(&self, now: Nanos) -> Option<Nanos> {
-        let until = self.pushback.load(Ordering::Relaxed);
-        (until > now).then_some(until)
-    }
-
-    /// The options' state, made now if the endpoint has none yet (cold path: one allocation).
-    fn extras_or_new(&self) -> &Extras {
-        self.extras.get_or_init(|| Box::new(Extras::new()))
-    }
-
-    /// Starts the endpoint's slow start at `now`, in a balancer's set of `fleet` endpoints (this
-    /// one included): its share ramps up as `ramp` says. A record ramps by the first `ramp` it
-    /// was given. Cold path.
-    pub fn start_ramp(&self, ramp: SlowStart, fleet: usize, now: Nanos) {
-        let extras = self.extras_or_new();
-        let _ = extras.ramp.set(ramp);
-        extras
-            .ramp_fleet
-            .store(fleet.max(1) as u64, Ordering::Relaxed);
-        extras.ramp_since.store(now, Ordering::Relaxed);
-    }
-
-    /// The fraction of the balancer's draws the endpoint takes part in at `now` while it ramps
-    /// up, in `(0, 1]`: 1 once the ramp is over (or there is none). In a set of `n` endpoints, a
-    /// p2c balancer that draws an endpoint in `p` of the pairs it is in gives it `p·(n−1)/(n−p)`
-    /// of a full endpoint's share when the costs are even, so for the share `s` of the ramp's
-    /// formula `p = s·n / (n − 1 + s)`. One or two loads while the endpoint is not ramping.
-    #[inline]
-    pub fn ramp_draws(&self, now: Nanos) -> f64 {
-        let Some(extras) = self.extras.get() else {
-            return 1.0;
-        };
-        let since = extras.ramp_since.load(Ordering::Relaxed);
-        if since == Nanos::MAX {
-            return 1.0;
-        }
-        ramping_draws(extras, since, now)
-    }
-
-    /// Sets the share of the balancer's draws the endpoint takes part in, in `[0, 1]` (a fleet
-    /// policy that weights endpoints, such as gRPC's weighted round robin from load reports): in
-    /// a p2c balancer of `n` endpoints taking part in `p_i` of their draws with even costs,
-    /// endpoint `i` gets `1/n + (n·p_i − Σp)/(n(n−1))` of the calls. While a share is set (1.0
-    /// included: the heaviest endpoint's), the weights stand for the endpoints' load, and the
-    /// balancer's load compares endpoints taking part in a draw by their calls in flight, not by
-    /// their latency ([`draws_weighted`](Self::draws_weighted)). Not a number: as
-    /// [`clear_draw_share`](Self::clear_draw_share). Cold path.
-    pub fn set_draw_share(&self, share: f64) {
-        if share.is_nan() {
-            self.clear_draw_share();
-            return;
-        }
-        let bits = share.clamp(0.0, 1.0).to_bits();
-        let extras = self.extras_or_new();
-        if extras.draw_share.load(Ordering::Relaxed) != bits {
-            extras.draw_share.store(bits, Ordering::Relaxed);
-        }
-    }
-
-    /// No share of the draws is in force any more: the endpoint takes part in all of them, and
-    /// is compared by its cost. Cold path.
-    pub fn clear_draw_share(&self) {
-        if let Some(extras) = self.extras.get() {
-            if extras.draw_share.load(Ordering::Relaxed) != NO_DRAW_SHARE {
-                extras.draw_share.store(NO_DRAW_SHARE, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// The share of the balancer's draws set by [`set_draw_share`](Self::set_draw_share) (1.0
-    /// while none is in force).
-    #[inline]
-    pub fn draw_share(&self) -> f64 {
-        self.extras.get().map_or(1.0, |extras| {
-            let share = f64::from_bits(extras.draw_share.load(Ordering::Relaxed));
-            if share.is_nan() {
-                1.0
-            } else {
-                share
-            }
-        })
-    }
-
-    /// Whether a fleet policy's weights decide the endpoint's share of the draws
-    /// ([`set_draw_share`](Self::set_draw_share)).
-    #[inline]
-    pub fn draws_weighted(&self) -> bool {
-        self.extras.get().is_some_and(|extras| {
-            !f64::from_bits(extras.draw_share.load(Ordering::Relaxed)).is_nan()
-        })
-    }
-
-    /// The ramp's share of a full endpoint's traffic at `now` (`None` while not ramping), for
-    /// snapshots.
-    pub fn ramp_share(&self, now: Nanos) -> Option<f64> {
-        let extras = self.extras.get()?;
-        let since = extras.ramp_since.load(Ordering::Relaxed);
-        if since == Nanos::MAX {
-            return None;
-        }
-        let share = extras.ramp.get()?.share_at(now.saturating_sub(since));
-        (share < 1.0).then_some(share)
-    }
-
     #[cold]
     fn note_connection_failed(&self) {
         if !self.connection_failed.load(Ordering::Relaxed) {
@@ -564,85 +364,6 @@ impl EndpointRecord {
     pub fn take_connection_failed(&self) -> bool {
         self.connection_failed.load(Ordering::Relaxed)
             && self.connection_failed.swap(false, Ordering::Relaxed)
-    }
-
-    /// Notes what the endpoint's health service says: not serving, or (`false`) serving. Whether
-    /// that changed. Cold path; the layer acts on it.
-    pub fn set_not_serving(&self, not_serving: bool) -> bool {
-        if !not_serving && self.extras.get().is_none() {
-            return false;
-        }
-        self.extras_or_new()
-            .not_serving
-            .swap(not_serving, Ordering::AcqRel)
-            != not_serving
-    }
-
-    /// Whether the endpoint's health service last said it is not serving.
-    #[inline]
-    pub fn is_not_serving(&self) -> bool {
-        self.extras
-            .get()
-            .is_some_and(|extras| extras.not_serving.load(Ordering::Relaxed))
-    }
-
-    /// Ends an avoidance the layer set with [`avoid_until`](Self::avoid_until)`(Nanos::MAX)`, the
-    /// one that lasts until the layer ends it (a server not serving, kept in). Cold path.
-    pub fn end_open_avoidance(&self) {
-        let _ = self
-            .avoid
-            .compare_exchange(Nanos::MAX, 0, Ordering::AcqRel, Ordering::Relaxed);
-    }
-
-    /// Reads what the endpoint's server says of its own state: a response saying it is degraded
-    /// holds it so for `hold` (zero: the signal is ignored, the default). Cold path.
-    pub fn watch_degraded(&self, hold: Duration) {
-        if hold.is_zero() && self.extras.get().is_none() {
-            return;
-        }
-        self.extras_or_new()
-            .degraded_hold
-            .store(duration_to_nanos(hold), Ordering::Relaxed);
-    }
-
-    /// Whether the layer reads the server's degraded signal (one or two loads).
-    #[inline]
-    pub fn watches_degraded(&self) -> bool {
-        self.extras
-            .get()
-            .is_some_and(|extras| extras.degraded_hold.load(Ordering::Relaxed) != 0)
-    }
-
-    /// A response at `now` said the endpoint is degraded, or (`false`) did not: degraded until
-    /// the hold after the last response that said so, or until a response that does not. Ignored
-    /// unless [`watch_degraded`](Self::watch_degraded) set a hold. Whether the endpoint's state
-    /// changed. Writes only while the server says so, and when that ends.
-    pub fn set_degraded(&self, degraded: bool, now: Nanos) -> bool {
-        let Some(extras) = self.extras.get() else {
-            return false;
-        };
-        let hold = extras.degraded_hold.load(Ordering::Relaxed);
-        if hold == 0 {
-            return false;
-        }
-        let until = extras.degraded_until.load(Ordering::Relaxed);
-        let was = until > now;
-        if degraded {
-            extras
-                .degraded_until
-                .store(now.saturating_add(hold).max(1), Ordering::Relaxed);
-        } else if until != 0 {
-            extras.degraded_until.store(0, Ordering::Relaxed);
-        }
-        was != degraded
-    }
-
-    /// Until when the endpoint is degraded by its server's word, if that is still ahead of
-    /// `now`.
-    #[inline]
-    pub fn degraded_until(&self, now: Nanos) -> Option<Nanos> {
-        let until = self.extras.get()?.degraded_until.load(Ordering::Relaxed);
-        (until > now).then_some(until)
     }
 
     /// Asks the layer to judge this endpoint soon, as a call that crossed a threshold does: for a
@@ -727,9 +448,13 @@ impl fmt::Debug for EndpointRecord {
     }
 }
 
+mod draws;
+mod heard;
 mod latency;
 mod notify;
 
+use draws::Draws;
+use heard::Heard;
 pub use latency::RTT_DECAY;
 use latency::*;
 pub use notify::{store_if_changed, Notifier, SignalChunk, SignalSlot};

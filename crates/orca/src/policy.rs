@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tower_outlier_core::{
     duration_to_nanos, Description, EndpointPolicy, FleetMember, FleetPolicy, Judgement, Nanos,
-    Observation, OutlierPolicy, RecoverySchedule, Signal, Weighting,
+    Observation, OutlierPolicy, RecoverySchedule, ServerSignal, Signal, Weighting,
 };
 
 use crate::config::OrcaConfig;
@@ -147,6 +147,20 @@ impl EndpointPolicy for OrcaEndpoint {
 
     fn reset(&self) {
         // Reports outlive ejections by other policies: the server said them.
+    }
+
+    fn hears(&self) -> bool {
+        true
+    }
+
+    /// A load report the layer read from a response: decoded on the stack, without a lock.
+    #[inline]
+    fn hear(&self, signal: &ServerSignal<'_>, now: Nanos) {
+        if let ServerSignal::LoadReport(value) = signal {
+            if let Some(report) = LoadReport::from_header(value) {
+                self.report(&report, now);
+            }
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use base64::Engine as _;
 use prost::Message;
 
 /// The trailer (or trailers-only header) that carries a call's load report.
-pub const LOAD_REPORT_HEADER: &str = "endpoint-load-metrics-bin";
+pub use tower_outlier_core::LOAD_REPORT_HEADER;
 
 /// The fields of `xds.data.orca.v3.OrcaLoadReport` that weights are computed from. The report's
 /// maps (`request_cost`, `utilization`, `named_metrics`) are not declared, so decoding skips them

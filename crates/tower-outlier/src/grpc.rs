@@ -192,7 +192,9 @@ fn complete<B, E: 'static>(
             return Err(error);
         }
     };
-    sink.read_degraded(response.headers());
+    if let Some(recorder) = sink.layer() {
+        recorder.read_headers(response.headers());
+    }
     let classifier = *sink.classifier();
     let code = classifier.status_in(response.headers()).or_else(|| {
         (response.status() != http::StatusCode::OK)
@@ -200,16 +202,14 @@ fn complete<B, E: 'static>(
     });
     let recorder = match code {
         Some(code) => {
-            // A trailers-only response carries its load report in its headers.
-            sink.read_load_report(response.headers());
             let outcome = classifier.outcome(code);
             if outcome.is_failure() {
                 // A trailers-only status with gRPC's pushback, or a proxy's 429 / 503 with
                 // Retry-After.
                 let wait = crate::pushback::grpc_pushback(response.headers())
                     .or_else(|| crate::pushback::retry_after(&response));
-                if let Some(wait) = wait {
-                    sink.push_back(wait);
+                if let (Some(wait), Some(recorder)) = (wait, sink.layer()) {
+                    recorder.push_back(wait);
                 }
             }
             sink.record(outcome);
@@ -236,72 +236,47 @@ enum Sink {
     Breaker(tower_outlier_slow_call::PendingCall<GrpcErrors>),
 }
 
+/// `$body` with `$call` bound to whichever sink it is: the two have the same methods for what
+/// both do (the breaker keeps its own open time, so what the server says goes to the layer only:
+/// [`Sink::layer`]).
+macro_rules! either_sink {
+    ($sink:expr, $call:ident => $body:expr) => {
+        match $sink {
+            Sink::Layer($call) => $body,
+            #[cfg(feature = "slow-call")]
+            Sink::Breaker($call) => $body,
+        }
+    };
+}
+
 impl Sink {
     fn classifier(&self) -> &GrpcErrors {
-        match self {
-            Sink::Layer(recorder) => recorder.classifier(),
-            #[cfg(feature = "slow-call")]
-            Sink::Breaker(call) => call.classifier(),
-        }
+        either_sink!(self, call => call.classifier())
     }
 
     /// Whether a policy or breaker holds its other calls until this one is recorded.
-    fn holds_probe(&self) -> bool {
-        match self {
-            Sink::Layer(recorder) => recorder.holds_probe(),
-            #[cfg(feature = "slow-call")]
-            Sink::Breaker(call) => call.is_probe(),
-        }
+    fn is_probe(&self) -> bool {
+        either_sink!(self, call => call.is_probe())
     }
 
     fn now(&self) -> Nanos {
-        match self {
-            Sink::Layer(recorder) => recorder.now(),
-            #[cfg(feature = "slow-call")]
-            Sink::Breaker(call) => call.now(),
-        }
+        either_sink!(self, call => call.now())
     }
 
     fn freeze_latency(&mut self) {
-        match self {
-            Sink::Layer(recorder) => recorder.freeze_latency(),
-            #[cfg(feature = "slow-call")]
-            Sink::Breaker(call) => call.freeze_latency(),
-        }
-    }
-
-    /// The server's pushback, for the layer (a standalone breaker keeps its own open time).
-    fn push_back(&self, wait: Duration) {
-        match self {
-            Sink::Layer(recorder) => recorder.push_back(wait),
-            #[cfg(feature = "slow-call")]
-            Sink::Breaker(_) => {}
-        }
-    }
-
-    /// The call's load report (ORCA), for the layer's weights from load reports, if it has them.
-    fn read_load_report(&self, headers: &http::HeaderMap) {
-        match self {
-            Sink::Layer(recorder) => recorder.read_load_report(headers),
-            #[cfg(feature = "slow-call")]
-            Sink::Breaker(_) => {}
-        }
-    }
-
-    /// Whether the server says it is degraded, for the layer (a standalone breaker has no load).
-    fn read_degraded(&self, headers: &http::HeaderMap) {
-        match self {
-            Sink::Layer(recorder) => recorder.read_degraded(headers),
-            #[cfg(feature = "slow-call")]
-            Sink::Breaker(_) => {}
-        }
+        either_sink!(self, call => call.freeze_latency())
     }
 
     fn record(self, outcome: Outcome) {
+        either_sink!(self, call => call.record(outcome))
+    }
+
+    /// The layer's recorder, which hears what the server says; `None` for a breaker.
+    fn layer(&self) -> Option<&Recorder<GrpcErrors>> {
         match self {
-            Sink::Layer(recorder) => recorder.record(outcome),
-            #[cfg(feature = "slow-call")]
-            Sink::Breaker(call) => call.record(outcome),
+            Sink::Layer(recorder) => Some(recorder),
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 }
@@ -374,24 +349,24 @@ impl<B: Body> Body for GrpcBody<B> {
             // A probe is decided at its first message: the breaker (or the gated policy) holds
             // every other call until it is, and a server stream's status may be hours away.
             Some(Ok(frame))
-                if frame.is_data() && recorder_slot.as_ref().is_some_and(Sink::holds_probe) =>
+                if frame.is_data() && recorder_slot.as_ref().is_some_and(Sink::is_probe) =>
             {
                 Some(Outcome::Success)
             }
             Some(Ok(frame)) => frame.trailers_ref().map(|trailers| {
                 let recorder = recorder_slot.as_ref();
-                if let Some(sink) = recorder {
-                    sink.read_load_report(trailers);
+                if let Some(layer) = recorder.and_then(Sink::layer) {
+                    layer.read_trailers(trailers);
                 }
                 match recorder.map(|r| (*r.classifier(), r.classifier().status_in(trailers))) {
                     Some((classifier, Some(code))) => {
                         let outcome = classifier.outcome(code);
-                        if let (true, Some(wait), Some(sink)) = (
+                        if let (true, Some(wait), Some(layer)) = (
                             outcome.is_failure(),
                             crate::pushback::grpc_pushback(trailers),
-                            recorder,
+                            recorder.and_then(Sink::layer),
                         ) {
-                            sink.push_back(wait);
+                            layer.push_back(wait);
                         }
                         outcome
                     }

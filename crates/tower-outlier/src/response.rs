@@ -9,7 +9,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use tower_outlier_core::classify::{ClassifyFn, Predicate};
-use tower_outlier_core::{Classify, Nanos, NetworkErrors, Outcome, ProbePermits, ServerErrors};
+use tower_outlier_core::{
+    Classify, Nanos, NetworkErrors, Outcome, ProbePermits, ServerErrors, ServerSignal,
+    LOAD_REPORT_HEADER,
+};
 
 use crate::shared::Lane;
 
@@ -102,7 +105,7 @@ impl<B, E: 'static> ResponseClassifier<http::Response<B>, E> for ServerErrors {
         match std::panic::catch_unwind(classify) {
             Ok(outcome) => {
                 if let Ok(response) = &result {
-                    recorder.read_degraded(response.headers());
+                    recorder.read_headers(response.headers());
                     if outcome.is_failure() {
                         if let Some(wait) = crate::pushback::retry_after(response) {
                             recorder.push_back(wait);
@@ -171,7 +174,7 @@ impl<C> Recorder<C> {
     /// Whether the call holds a probe permit of a gated policy (a breaker's half-open probe,
     /// linkerd's probation): the policy holds its other calls until this one is recorded.
     #[inline]
-    pub(crate) fn holds_probe(&self) -> bool {
+    pub(crate) fn is_probe(&self) -> bool {
         self.probes != 0
     }
 
@@ -188,57 +191,55 @@ impl<C> Recorder<C> {
         self.latency = Some(now.saturating_sub(self.start));
     }
 
-    /// The server asked to be left alone for `wait` (a `Retry-After`, gRPC's pushback): the
-    /// layer avoids the endpoint that long, capped by its
-    /// [`max_pushback`](crate::OutlierDetectionLayer::max_pushback). Record the outcome as well.
-    pub fn push_back(&self, wait: std::time::Duration) {
+    /// What the server says of itself beside the call's outcome ([`ServerSignal`]): the layer
+    /// acts on a pushback (within its
+    /// [`max_pushback`](crate::OutlierDetectionLayer::max_pushback)), a degraded word (with
+    /// [`detect_degraded`](crate::OutlierDetectionLayer::detect_degraded) on: picked only when
+    /// no endpoint that is not degraded can take the call) and a health word, and hands every
+    /// signal to the policies that hear them (`orca::OrcaPolicy` reads load reports). Record the
+    /// outcome as well: a degraded endpoint's failures still count, and ejection wins over
+    /// degradation.
+    pub fn signal(&self, signal: ServerSignal<'_>) {
         let record = &self.lane.owner().record;
-        let now = record.clock().now();
-        record.push_back(now.saturating_add(tower_outlier_core::duration_to_nanos(wait)));
+        if record.hear(signal, record.clock().now()) {
+            if let ServerSignal::Degraded(degraded) = signal {
+                log_degraded(degraded);
+            }
+        }
+    }
+
+    /// The server asked to be left alone for `wait` (a `Retry-After`, gRPC's pushback):
+    /// `signal(ServerSignal::PushBack { wait })`.
+    pub fn push_back(&self, wait: std::time::Duration) {
+        self.signal(ServerSignal::PushBack { wait });
     }
 
     /// The server says the endpoint is degraded (Envoy's `x-envoy-degraded`, or a signal of
-    /// your own) or, `false`, that it is not. With
-    /// [`OutlierDetectionLayer::detect_degraded`](crate::OutlierDetectionLayer::detect_degraded)
-    /// on, a degraded endpoint is picked only when no endpoint that is not can take the call;
-    /// off, this does nothing. Record the outcome as well: a degraded endpoint's failures still
-    /// count, and ejection wins over degradation.
+    /// your own) or, `false`, that it is not: `signal(ServerSignal::Degraded(degraded))`.
     pub fn degraded(&self, degraded: bool) {
-        let record = &self.lane.owner().record;
-        if record.set_degraded(degraded, record.clock().now()) {
-            log_degraded(degraded);
-        }
+        self.signal(ServerSignal::Degraded(degraded));
     }
 
-    /// Hands the load report in `headers` (ORCA's `endpoint-load-metrics-bin`) to the layer's
-    /// `orca::OrcaPolicy`, if it has one (feature `orca`): otherwise nothing.
+    /// Reads what a response's `headers` say of the server where the layer listens:
+    /// `x-envoy-degraded` while it reads that signal, a load report while a policy hears them.
+    /// One load each otherwise.
     #[inline]
-    pub(crate) fn read_load_report(&self, headers: &http::HeaderMap) {
-        #[cfg(feature = "orca")]
-        {
-            let record = &self.lane.owner().record;
-            let Some(state) = record.policies().iter().find_map(|policy| {
-                let any: &dyn std::any::Any = &**policy;
-                any.downcast_ref::<tower_outlier_orca::OrcaEndpoint>()
-            }) else {
-                return;
-            };
-            let Some(value) = headers.get(tower_outlier_orca::LOAD_REPORT_HEADER) else {
-                return;
-            };
-            if let Some(report) = tower_outlier_orca::LoadReport::from_header(value.as_bytes()) {
-                state.report(&report, record.clock().now());
-            }
-        }
-        #[cfg(not(feature = "orca"))]
-        let _ = headers;
-    }
-
-    /// Reads `x-envoy-degraded` in `headers` when the layer watches for it: one load otherwise.
-    #[inline]
-    pub(crate) fn read_degraded(&self, headers: &http::HeaderMap) {
+    pub(crate) fn read_headers(&self, headers: &http::HeaderMap) {
         if self.lane.owner().record.watches_degraded() {
             self.degraded(crate::degraded::says_degraded(headers));
+        }
+        self.read_trailers(headers);
+    }
+
+    /// Reads a load report from a response's trailers while a policy hears them: one load
+    /// otherwise.
+    #[inline]
+    pub(crate) fn read_trailers(&self, trailers: &http::HeaderMap) {
+        if !self.lane.owner().record.hears() {
+            return;
+        }
+        if let Some(value) = trailers.get(LOAD_REPORT_HEADER) {
+            self.signal(ServerSignal::LoadReport(value.as_bytes()));
         }
     }
 

@@ -3,7 +3,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::policy::{Admit, Reason};
+use crate::outcome::Observation;
+use crate::policy::{Admit, Description, Judgement, OwnTiming, ProbeGate, Reason, Signal};
 use crate::window::WindowCounts;
 
 const SECOND: Nanos = 1_000_000_000;

@@ -19,7 +19,8 @@ where
         };
         let not_serving = health != Health::Serving;
         let record = entry.record();
-        if !record.set_not_serving(not_serving) {
+        let signal = tower_outlier_core::ServerSignal::Serving(!not_serving);
+        if !record.hear(signal, record.clock().now()) {
             return;
         }
         tracing::info!(target: "tower_outlier", endpoint = ?key, ?health, "the endpoint's health service changed its word");
