@@ -262,7 +262,7 @@ impl Demo {
         // to judge, so here it stays CLOSED and the error-rate policy does the ejecting.
         let breaker = SlowCallPolicy::new(
             BreakerConfig::error_ratio(0.5)
-                .min_requests(1_000)
+                .min_calls(1_000)
                 .open_duration(Duration::from_secs(10))
                 .build()?,
         );

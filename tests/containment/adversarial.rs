@@ -3,7 +3,7 @@
 //! panic, probes that panic or never finish, services whose `poll_ready` fails and later mends,
 //! keys inserted twice, unknown keys removed, a key removed and inserted again between two polls,
 //! reconfigurations, and time. After every step
-//! the invariants of `tower_outlier::rules` (section 9) are checked; at the end, liveness: once
+//! the invariants of `tower_outlier::rules` (section 15) are checked; at the end, liveness: once
 //! every backend is healthy and time has passed, every endpoint is back.
 //!
 //! 1 000 histories by default;

@@ -17,7 +17,7 @@ use tower_outlier::slow_call::{
 
 fn config() -> BreakerConfig {
     BreakerConfig::error_count(0)
-        .min_requests(1)
+        .min_calls(1)
         .open_duration(Duration::from_millis(20))
         .build()
         .unwrap()

@@ -15,7 +15,7 @@ use tower_outlier::slow_call::{BreakerConfig, CircuitBreakerLayer, State};
 
 fn config() -> BreakerConfig {
     BreakerConfig::error_count(0)
-        .min_requests(1)
+        .min_calls(1)
         .open_duration(Duration::from_secs(10))
         .build()
         .unwrap()

@@ -368,7 +368,7 @@ async fn the_standalone_breaker_opens_on_unavailable_with_grpc_errors() {
     use tower_outlier::slow_call::{BreakerConfig, BrokenCircuit, CircuitBreakerLayer, State};
 
     let config = BreakerConfig::error_ratio(0.5)
-        .min_requests(5)
+        .min_calls(5)
         .window(Duration::from_secs(10))
         .open_duration(Duration::from_secs(60))
         .build()

@@ -143,7 +143,7 @@ async fn detector_counters_and_breaker_states_are_exported() {
     let policy = DetectorPolicy::seeded(DetectorConfig::envoy().build().unwrap(), 1);
     let breaker = SlowCallPolicy::new(
         BreakerConfig::error_count(2)
-            .min_requests(3)
+            .min_calls(3)
             .open_duration(Duration::from_secs(10))
             .build()
             .unwrap(),

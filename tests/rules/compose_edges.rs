@@ -147,7 +147,7 @@ fn breaker() -> tower_outlier::slow_call::SlowCallPolicy {
     SlowCallPolicy::new(
         BreakerConfig::slow_ratio(Duration::from_millis(500))
             .ratio(1.0)
-            .min_requests(3)
+            .min_calls(3)
             .window(Duration::from_secs(5))
             .open_duration(Duration::from_secs(10))
             .build()

@@ -132,7 +132,7 @@ async fn breaker_states_are_reported_as_the_layer_sees_them() {
     use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
     let layer = OutlierDetectionLayer::new(SlowCallPolicy::new(
         BreakerConfig::error_count(2)
-            .min_requests(3)
+            .min_calls(3)
             .open_duration(Duration::from_secs(5))
             .build()
             .unwrap(),

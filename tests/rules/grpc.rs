@@ -383,7 +383,7 @@ async fn a_streaming_probe_does_not_hold_the_breaker_half_open() {
     let seen = states.clone();
     let layer = CircuitBreakerLayer::new(
         BreakerConfig::error_count(0)
-            .min_requests(1)
+            .min_calls(1)
             .open_duration(Duration::from_millis(50))
             .build()
             .unwrap(),

@@ -1,4 +1,4 @@
-//! The invariants of `tower_outlier::rules` (section 9) under random sequences of upstream changes, failures, successes
+//! The invariants of `tower_outlier::rules` (section 15) under random sequences of upstream changes, failures, successes
 //! and time, on tokio's paused clock. Deterministic: a seeded generator picks every step, and the
 //! failing seed and step are printed on a violation.
 

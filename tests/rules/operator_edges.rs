@@ -492,7 +492,7 @@ async fn slow_call_breaker_in_dry_run_keeps_serving() {
     let layer = OutlierDetectionLayer::new(SlowCallPolicy::new(
         BreakerConfig::slow_ratio(Duration::from_millis(500))
             .ratio(1.0)
-            .min_requests(3)
+            .min_calls(3)
             .window(Duration::from_secs(5))
             .open_duration(Duration::from_secs(10))
             .build()

@@ -622,7 +622,7 @@ async fn absurd_intervals_do_not_panic() {
     )
     .with_policy(tower_outlier::weight::WeightPolicy::new(
         tower_outlier::weight::WeightConfig::sofarpc()
-            .interval(Duration::MAX)
+            .window(Duration::MAX)
             .build()
             .unwrap(),
     ));

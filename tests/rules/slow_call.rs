@@ -45,7 +45,7 @@ fn slow_ratio(ratio: f64) -> Breaker {
     Breaker::new(
         BreakerConfig::slow_ratio(Duration::from_millis(500))
             .ratio(ratio)
-            .min_requests(5)
+            .min_calls(5)
             .open_duration(Duration::from_secs(10))
             .build()
             .unwrap(),
@@ -122,7 +122,7 @@ fn the_interval_restarts_with_one_bucket() {
 fn error_ratio_and_error_count_are_strict() {
     let ratio = Breaker::new(
         BreakerConfig::error_ratio(0.5)
-            .min_requests(10)
+            .min_calls(10)
             .open_duration(Duration::from_secs(1))
             .build()
             .unwrap(),
@@ -135,7 +135,7 @@ fn error_ratio_and_error_count_are_strict() {
 
     let count = Breaker::new(
         BreakerConfig::error_count(3)
-            .min_requests(1)
+            .min_calls(1)
             .open_duration(Duration::from_secs(1))
             .build()
             .unwrap(),
@@ -202,7 +202,7 @@ fn observers_receive_the_triggering_value() {
     let layer = CircuitBreakerLayer::new(
         BreakerConfig::slow_ratio(Duration::from_millis(500))
             .ratio(0.5)
-            .min_requests(4)
+            .min_calls(4)
             .open_duration(Duration::from_secs(1))
             .build()
             .unwrap(),
@@ -261,7 +261,7 @@ async fn the_seed_walk_through_on_a_paused_clock() {
         .layer(CircuitBreakerLayer::new(
             BreakerConfig::slow_ratio(Duration::from_millis(500))
                 .ratio(1.0)
-                .min_requests(5)
+                .min_calls(5)
                 .window(Duration::from_secs(1))
                 .open_duration(Duration::from_secs(10))
                 .build()
@@ -302,7 +302,7 @@ async fn exactly_one_probe_under_eight_concurrent_callers() {
     let service = ServiceBuilder::new()
         .layer(CircuitBreakerLayer::new(
             BreakerConfig::error_count(0)
-                .min_requests(1)
+                .min_calls(1)
                 .open_duration(Duration::from_secs(5))
                 .build()
                 .unwrap(),
@@ -350,7 +350,7 @@ async fn a_standalone_breaker_does_not_busy_poll() {
     let service = ServiceBuilder::new()
         .layer(CircuitBreakerLayer::new(
             BreakerConfig::error_count(0)
-                .min_requests(1)
+                .min_calls(1)
                 .open_duration(Duration::from_secs(60))
                 .build()
                 .unwrap(),
@@ -384,7 +384,7 @@ mod through_the_outlier_layer {
         OutlierDetectionLayer::new(SlowCallPolicy::new(
             BreakerConfig::slow_ratio(Duration::from_millis(500))
                 .ratio(1.0)
-                .min_requests(3)
+                .min_calls(3)
                 .window(Duration::from_secs(5))
                 .open_duration(Duration::from_secs(10))
                 .build()
@@ -514,7 +514,7 @@ mod through_the_outlier_layer {
         ))
         .with_policy(SlowCallPolicy::new(
             BreakerConfig::slow_ratio(Duration::from_millis(500))
-                .min_requests(3)
+                .min_calls(3)
                 .window(Duration::from_secs(5))
                 .open_duration(Duration::from_secs(10))
                 .build()
@@ -543,7 +543,7 @@ async fn a_late_ejection_is_checked_when_the_breaker_s_open_duration_ends() {
 
     let layer = OutlierDetectionLayer::new(SlowCallPolicy::new(
         BreakerConfig::error_ratio(0.5)
-            .min_requests(3)
+            .min_calls(3)
             .window(Duration::from_secs(5))
             .open_duration(Duration::from_secs(10))
             .build()
@@ -625,7 +625,7 @@ mod against_a_real_server {
             .layer(CircuitBreakerLayer::new(
                 BreakerConfig::slow_ratio(Duration::from_millis(30))
                     .ratio(1.0)
-                    .min_requests(5)
+                    .min_calls(5)
                     .window(Duration::from_secs(1))
                     .open_duration(Duration::from_secs(1))
                     .build()
@@ -680,7 +680,7 @@ fn invalid_breaker_configurations_are_named() {
         (
             BreakerConfig::slow_ratio(Duration::from_millis(1))
                 .open_duration(open)
-                .min_requests(0),
+                .min_calls(0),
             "min_requests",
         ),
         (
@@ -743,7 +743,7 @@ fn a_fast_call_that_completes_the_minimum_can_open_the_breaker() {
 
     let errors = Breaker::new(
         BreakerConfig::error_ratio(0.5)
-            .min_requests(3)
+            .min_calls(3)
             .open_duration(Duration::from_secs(1))
             .build()
             .unwrap(),

@@ -17,8 +17,8 @@ fn seed() -> tower_outlier::weight::WeightBuilder {
     WeightConfig::builder()
         .regulation_effective(true)
         .degrade_effective(true)
-        .interval(Duration::from_secs(20))
-        .least_window_count(30)
+        .window(Duration::from_secs(20))
+        .min_calls(30)
         .exception_rate_multiple(6.0)
         .degrade_rate(0.5)
         .recover_rate(1.2)
@@ -268,7 +268,7 @@ mod through_p2c {
         // at most 4 times the average.
         let layer = OutlierDetectionLayer::new(WeightPolicy::new(
             WeightConfig::sofarpc()
-                .interval(Duration::from_secs(10))
+                .window(Duration::from_secs(10))
                 .exception_rate_multiple(3.0)
                 .build()
                 .unwrap(),
@@ -337,7 +337,7 @@ mod all_three_policies {
         ))
         .with_policy(SlowCallPolicy::new(
             BreakerConfig::slow_ratio(Duration::from_millis(500))
-                .min_requests(3)
+                .min_calls(3)
                 .window(Duration::from_secs(5))
                 .open_duration(Duration::from_secs(30))
                 .build()
@@ -346,7 +346,7 @@ mod all_three_policies {
         .with_policy(WeightPolicy::new(
             WeightConfig::sofarpc()
                 .exceptions(&[tower_outlier::classify::FailureKind::Timeout])
-                .least_window_count(5)
+                .min_calls(5)
                 .exception_rate_multiple(2.0)
                 .build()
                 .unwrap(),

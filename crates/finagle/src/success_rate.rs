@@ -77,9 +77,18 @@ impl SuccessRateAccrual {
     }
 
     /// Calls the endpoint must have had in the last window to be marked dead.
-    pub fn min_requests(mut self, min_requests: u64) -> Self {
-        self.min_requests = min_requests;
+    pub fn min_calls(mut self, min_calls: u64) -> Self {
+        self.min_requests = min_calls;
         self
+    }
+
+    /// Sets the fewest calls: [`min_calls`](Self::min_calls).
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `min_calls`, as in the other policies"
+    )]
+    pub fn min_requests(self, min_requests: u64) -> Self {
+        self.min_calls(min_requests)
     }
 
     /// The back-off to mark endpoints dead by.

@@ -88,8 +88,17 @@ impl BreakerConfig {
     }
 
     /// The minimum number of calls in the interval before the breaker may open.
-    pub fn min_requests(&self) -> u64 {
+    pub fn min_calls(&self) -> u64 {
         self.min_requests
+    }
+
+    /// The fewest calls: [`min_calls`](Self::min_calls).
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `min_calls`, as in the other policies"
+    )]
+    pub fn min_requests(&self) -> u64 {
+        self.min_calls()
     }
 
     /// The statistics interval.
@@ -140,9 +149,18 @@ impl BreakerBuilder {
 
     /// Minimum calls in the interval before the breaker may open (`minRequestAmount`, default 5,
     /// at least 1).
-    pub fn min_requests(mut self, min_requests: u64) -> Self {
-        self.min_requests = min_requests;
+    pub fn min_calls(mut self, min_calls: u64) -> Self {
+        self.min_requests = min_calls;
         self
+    }
+
+    /// Sets the fewest calls: [`min_calls`](Self::min_calls).
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `min_calls`, as in the other policies"
+    )]
+    pub fn min_requests(self, min_requests: u64) -> Self {
+        self.min_calls(min_requests)
     }
 
     /// The statistics interval (`statIntervalMs`, default 1 s).

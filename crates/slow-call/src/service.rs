@@ -203,7 +203,7 @@ mod tests {
     fn layer() -> CircuitBreakerLayer {
         CircuitBreakerLayer::new(
             BreakerConfig::error_count(0)
-                .min_requests(1)
+                .min_calls(1)
                 .open_duration(Duration::from_secs(10))
                 .build()
                 .unwrap(),

@@ -26,10 +26,12 @@ use crate::event::Event;
 use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Registry;
 use crate::probe::ProbeFuture;
+use recovery::deadline_is_current;
 use settings::{fleet_schedules, trial_period, FleetSchedule};
 pub(crate) use settings::{Settings, DEFAULT_MAX_PUSHBACK};
+use shown::Reported;
 use signals::SignalBoard;
-use standing::{deadline_is_current, Entry, Reported, Standing};
+use standing::{Entry, Standing};
 
 /// What the engine needs of a discover key: hashed and compared (the entries), cloned (the
 /// balancer's changes), printed (the monitor and events) and shared with the monitor's tasks.

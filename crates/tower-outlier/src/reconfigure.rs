@@ -185,7 +185,7 @@ impl RulesCell {
 /// rules in force stay. A valid one is published at once and applied by each adaptor on its own
 /// task, the next time the balancer polls it (behind `Buffer`: the next request), without pausing
 /// traffic. Every endpoint keeps what the new rules can use of its history: see
-/// [`rules`](crate::rules), section 11, setting by setting.
+/// [`rules`](crate::rules), section 12, setting by setting.
 ///
 #[cfg_attr(feature = "error-rate", doc = "```")]
 #[cfg_attr(not(feature = "error-rate"), doc = "```ignore")]

@@ -3,7 +3,7 @@
 //! The policies implement the behaviour of production systems: error-rate ejection as Alibaba
 //! EDAS and HSF describe their "outlier instance removal", the slow-call ratio circuit breaker of
 //! Alibaba Sentinel, the weight degradation of SOFARPC's fault tolerance, and the outlier
-//! detectors of Envoy, gRPC and linkerd2-proxy (section 10). Where those systems are silent, the
+//! detectors of Envoy, gRPC and linkerd2-proxy (section 11). Where those systems are silent, the
 //! rule below says what this crate decided.
 //!
 //! # 1. Outcomes
@@ -222,35 +222,7 @@
 //! * Upstream errors pass through and lose nothing. When the upstream ends, the last known set
 //!   stays under detection; the stream ends once the upstream has ended holding no endpoint.
 //!
-//! # 9. Invariants
-//!
-//! Every change keeps these, and the tests check them:
-//! 1. While the upstream holds endpoints, at least one is available (rule 3; under
-//!    `WhenAllOut::KeepLast`, and always when only pushback, health, a host held out or an
-//!    operator's overrides would take the last one): in the balancer's set and ready. An endpoint whose service failed `poll_ready` is held in the set but reports
-//!    itself not ready, asks its service again after a back-off (100 ms doubling to 30 s), and is
-//!    shown `Unready`; it does not count as one to fall back on, and if no endpoint is left to
-//!    pick an ejected one comes back on trial.
-//! 2. The endpoints out never exceed the budget, all policies together (rule 3).
-//! 3. No real request reaches an ejected endpoint; only probes do.
-//! 4. Nothing busy-polls: `Pending` always means a waker or timer is registered, and the adaptor
-//!    never wakes its own task to be polled again for nothing. (Abandoning a probe wakes it once,
-//!    as the abandoned probe finishes; the test harness checks every poll for a second one.)
-//! 5. Recording an outcome takes no lock and allocates nothing. (A handle makes its lane, where
-//!    its calls in flight are counted, once: at its first call or its first clone, or at its
-//!    second call for a clone; that takes one allocation and one lock.)
-//! 6. The upstream is authoritative (rule 8).
-//! 7. Time comes from the layer's [`Clock`](crate::policy::Clock) (tokio's when paused, so tests are
-//!    deterministic); deadlines from tokio's timer.
-//! 8. Bad configuration is a typed error naming the field, the value and the allowed range; no
-//!    input, configuration or response makes the library panic.
-//! 9. A readiness error never ejects, and never reaches the balancer (tower's p2c would drop the
-//!    endpoint for good, out of step with the layer).
-//! 10. User code that panics — a probe, an `on_event` callback, a classifier, a breaker's state
-//!     observer — is contained and logged: a panicking probe is a failed check, a panicking
-//!     classifier leaves its call unrecorded; no user code runs in a destructor during an unwind.
-//!
-//! # 9b. Latency against the fleet (LinkedIn D2)
+//! # 9. Latency against the fleet (LinkedIn D2)
 //!
 //! With a `latency::LatencyPolicy` (feature `latency`): every interval (5 s) each endpoint in the
 //! balancer's set is timed by a statistic of its successes' and timeouts' latencies in the
@@ -266,7 +238,7 @@
 //! out its relative weight is the bar over its statistic, doubling back each interval it gets
 //! too few calls to judge, and 1 once it is at or below `readmit_below`.
 //!
-//! # 9c. Policies combined
+//! # 10. Policies combined
 //!
 //! A `ComposedPolicy` (`any_of`, `all_of`, `at_least(k)`) is one policy of the layer. Every
 //! member records every call; the composition judges an endpoint an outlier when at least one,
@@ -275,7 +247,7 @@
 //! schedule after the episode's failed checks), and the latest wins; after a failed probe the
 //! same members propose again. A member judging on a timer is evaluated on its own interval.
 
-//! # 10. The detectors of Envoy, gRPC and linkerd
+//! # 11. The detectors of Envoy, gRPC and linkerd
 //!
 //! `tower_outlier::detectors` (feature `detectors`). One endpoint state per endpoint holds
 //! every detector's counts and one ejection counter that all of them grow.
@@ -317,7 +289,7 @@
 //!   what its system does (section 3): Envoy's panics below 50 % healthy, gRPC's and linkerd's
 //!   fail fast; the recommended configuration keeps the last.
 //!
-//! # 11. Rules that change while the layer runs
+//! # 12. Rules that change while the layer runs
 //!
 //! A [`RulesHandle`](crate::RulesHandle) replaces a policy of the layer by one of the same kind,
 //! typed or read from a document ([`dialect`](crate::dialect)). An invalid document, or a policy
@@ -354,7 +326,7 @@
 //! * **Intervals** (fleet evaluations, detector ticks): unchanged, the next evaluation stays
 //!   when it was; changed, it comes one new interval after the change.
 //!
-//! # 12. Hosts shared by services (HSF's ipDimension)
+//! # 13. Hosts shared by services (HSF's ipDimension)
 //!
 //! Layers given one [`HostRegistry`](crate::hosts::HostRegistry)
 //! ([`share_hosts`](crate::OutlierDetectionLayer::share_hosts); HSF's `ipDimension: true`) share
@@ -366,7 +338,7 @@
 //! endpoint has no recovery check of its own. A layer that does not share is unaffected, and an
 //! adaptor that is dropped releases what it held out.
 //!
-//! # 13. Operators above the rules
+//! # 14. Operators above the rules
 //!
 //! Through the [`RulesHandle`](crate::RulesHandle), applied by every adaptor on its next poll:
 //! * **Dry run**, layer-wide or per policy: the policies judge and every decision about an
@@ -382,3 +354,33 @@
 //!   ejection: a policy's verdict is refused as `ForcedIn`, a host held out elsewhere does not
 //!   take it out), released; and back-off resets. They hold through new rules, and an override
 //!   of a key not yet discovered applies when it appears.
+//!
+//! # 15. Invariants
+//!
+//! Every change keeps these, and the tests check them:
+//! 1. While the upstream holds endpoints, at least one is available (rule 3; under
+//!    `WhenAllOut::KeepLast`, and always when only pushback, health, a host held out or an
+//!    operator's overrides would take the last one): in the balancer's set and ready. An
+//!    endpoint whose service failed `poll_ready` is held in the set but reports itself not
+//!    ready, asks its service again after a back-off (100 ms doubling to 30 s), and is shown
+//!    `Unready`; it does not count as one to fall back on, and if no endpoint is left to
+//!    pick an ejected one comes back on trial.
+//! 2. The endpoints out never exceed the budget, all policies together (rule 3).
+//! 3. No real request reaches an ejected endpoint; only probes do.
+//! 4. Nothing busy-polls: `Pending` always means a waker or timer is registered, and the adaptor
+//!    never wakes its own task to be polled again for nothing. (Abandoning a probe wakes it once,
+//!    as the abandoned probe finishes; the test harness checks every poll for a second one.)
+//! 5. Recording an outcome takes no lock and allocates nothing. (A handle makes its lane, where
+//!    its calls in flight are counted, once: at its first call or its first clone, or at its
+//!    second call for a clone; that takes one allocation and one lock.)
+//! 6. The upstream is authoritative (rule 8).
+//! 7. Time comes from the layer's [`Clock`](crate::policy::Clock) (tokio's when paused, so tests are
+//!    deterministic); deadlines from tokio's timer.
+//! 8. Bad configuration is a typed error naming the field, the value and the allowed range; no
+//!    input, configuration or response makes the library panic.
+//! 9. A readiness error never ejects, and never reaches the balancer (tower's p2c would drop the
+//!    endpoint for good, out of step with the layer).
+//! 10. User code that panics — a probe, an `on_event` callback, a classifier, a breaker's state
+//!     observer — is contained and logged: a panicking probe is a failed check, a panicking
+//!     classifier leaves its call unrecorded; no user code runs in a destructor during an unwind.
+//!

@@ -73,14 +73,29 @@ impl WeightConfig {
     }
 
     /// The window, and so the evaluation period (`time.window`).
-    pub fn interval(&self) -> Duration {
+    pub fn window(&self) -> Duration {
         self.interval
     }
 
     /// Least calls in a window for an endpoint at full weight to be counted
     /// (`least.window.count`).
-    pub fn least_window_count(&self) -> u64 {
+    pub fn min_calls(&self) -> u64 {
         self.least_window_count
+    }
+
+    /// The window: [`window`](Self::window).
+    #[deprecated(since = "0.2.0", note = "renamed `window`, as in the other policies")]
+    pub fn interval(&self) -> Duration {
+        self.window()
+    }
+
+    /// The fewest calls: [`min_calls`](Self::min_calls).
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `min_calls`, as in the other policies"
+    )]
+    pub fn least_window_count(&self) -> u64 {
+        self.min_calls()
     }
 
     /// An endpoint is abnormal when its exception rate is at least this multiple of the average
@@ -204,15 +219,30 @@ impl WeightBuilder {
     }
 
     /// The window and evaluation period (`time.window`, default 10 s, at least 1 ms).
-    pub fn interval(mut self, window: Duration) -> Self {
+    pub fn window(mut self, window: Duration) -> Self {
         self.interval = window;
         self
     }
 
     /// Least calls per window at full weight (`least.window.count`, default 10, at least 1).
-    pub fn least_window_count(mut self, count: u64) -> Self {
+    pub fn min_calls(mut self, count: u64) -> Self {
         self.least_window_count = count;
         self
+    }
+
+    /// Sets the window: [`window`](Self::window).
+    #[deprecated(since = "0.2.0", note = "renamed `window`, as in the other policies")]
+    pub fn interval(self, window: Duration) -> Self {
+        self.window(window)
+    }
+
+    /// Sets the fewest calls: [`min_calls`](Self::min_calls).
+    #[deprecated(
+        since = "0.2.0",
+        note = "renamed `min_calls`, as in the other policies"
+    )]
+    pub fn least_window_count(self, count: u64) -> Self {
+        self.min_calls(count)
     }
 
     /// The exception-rate multiple (`least.window.exception.rate.multiple`, default 6, > 0).

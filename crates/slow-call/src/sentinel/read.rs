@@ -181,7 +181,7 @@ pub(super) fn read_config(fields: &Map<String, Value>) -> Result<BreakerConfig, 
     )?;
 
     builder
-        .min_requests(min_requests)
+        .min_calls(min_requests)
         .window(Duration::from_millis(interval_ms))
         .open_duration(Duration::from_secs(seconds))
         .build()

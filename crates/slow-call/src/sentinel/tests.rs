@@ -83,14 +83,14 @@ fn seed_rule_becomes_the_walk_through_config() {
     assert!(rule.ignored_fields().is_empty());
     let expected = BreakerConfig::slow_ratio(Duration::from_millis(500))
         .ratio(1.0)
-        .min_requests(5)
+        .min_calls(5)
         .window(Duration::from_secs(1))
         .open_duration(Duration::from_secs(10))
         .build()
         .unwrap();
     assert_eq!(rule.config(), &expected);
     assert_eq!(rule.config().strategy(), slow(500, 1.0));
-    assert_eq!(rule.config().min_requests(), 5);
+    assert_eq!(rule.config().min_calls(), 5);
     assert_eq!(rule.config().window(), Duration::from_secs(1));
     assert_eq!(
         rule.config().window_shape(),
@@ -114,7 +114,7 @@ fn every_grade_is_read() {
         rules[1].config().strategy(),
         Strategy::ErrorRatio { ratio: 0.25 }
     );
-    assert_eq!(rules[1].config().min_requests(), 20);
+    assert_eq!(rules[1].config().min_calls(), 20);
     assert_eq!(rules[1].config().window(), Duration::from_secs(10));
     assert_eq!(rules[1].config().open_duration(), Duration::from_secs(30));
 
@@ -123,7 +123,7 @@ fn every_grade_is_read() {
         rules[2].config().strategy(),
         Strategy::ErrorCount { count: 3 }
     );
-    assert_eq!(rules[2].config().min_requests(), 5);
+    assert_eq!(rules[2].config().min_calls(), 5);
     assert_eq!(rules[2].config().window(), Duration::from_secs(60));
     assert_eq!(rules[2].config().open_duration(), Duration::from_secs(5));
 
@@ -153,11 +153,11 @@ fn absent_optional_fields_take_sentinels_defaults() {
         .unwrap();
     assert_eq!(rule.config(), &expected);
     assert_eq!(rule.config().strategy(), slow(100, 1.0));
-    assert_eq!(rule.config().min_requests(), 5);
+    assert_eq!(rule.config().min_calls(), 5);
     assert_eq!(rule.config().window(), Duration::from_millis(1000));
 
     let ratio = parse_one(r#"[{"resource":"/r","grade":1,"count":0.5,"timeWindow":5}]"#);
-    assert_eq!(ratio.config().min_requests(), 5);
+    assert_eq!(ratio.config().min_calls(), 5);
     assert_eq!(ratio.config().window(), Duration::from_secs(1));
 }
 
@@ -193,7 +193,7 @@ fn extreme_in_range_values_are_accepted() {
         rule.config().open_duration(),
         Duration::from_secs(2_147_483_647)
     );
-    assert_eq!(rule.config().min_requests(), 2_147_483_647);
+    assert_eq!(rule.config().min_calls(), 2_147_483_647);
     assert_eq!(rule.config().window(), Duration::from_millis(2_147_483_647));
 
     let minimal = parse_one(&rule_with(
@@ -485,7 +485,7 @@ fn bookkeeping_is_accepted_and_unknown_fields_are_listed() {
         ]
     );
     // The misspelt fields had no effect.
-    assert_eq!(rule.config().min_requests(), 5);
+    assert_eq!(rule.config().min_calls(), 5);
     assert_eq!(rule.config().open_duration(), Duration::from_secs(1));
 
     // A misspelt required field is reported as missing.
@@ -783,7 +783,7 @@ fn no_input_panics() {
                     Ok(rules) => {
                         for rule in &rules {
                             assert!(!rule.resource().trim().is_empty());
-                            assert!(rule.config().min_requests() >= 1);
+                            assert!(rule.config().min_calls() >= 1);
                             assert!(!rule.config().open_duration().is_zero());
                         }
                     }

@@ -1,5 +1,5 @@
-//! What the balancer can pick: the endpoints in its set and ready, kept in step with the
-//! handles that report themselves unready, and the room to eject that the records read.
+//! The fleet's mode when the rules leave too few endpoints to pick (Envoy's panic, the fail-fast
+//! guard's "nothing to pick"), and the room to eject that the records read.
 
 use super::*;
 
@@ -63,35 +63,6 @@ where
     /// Whether the policy at `index` is in dry run.
     pub(super) fn is_dry(&self, index: usize) -> bool {
         self.controls.is_dry(index)
-    }
-
-    /// Follows `key`'s readiness as its balancer handle reported it; true if that changed.
-    pub(super) fn sync_unready(&mut self, key: &K) -> bool {
-        let Some(entry) = self.entries.get(key) else {
-            return false;
-        };
-        // Out in dry run, it is still in the set: whether the balancer can pick it counts.
-        let unready = entry.in_balancer() && entry.record().is_unready();
-        let id = entry.id;
-        let changed = if unready {
-            self.unready.insert(id)
-        } else {
-            self.unready.remove(&id)
-        };
-        if changed {
-            if unready {
-                tracing::warn!(
-                    target: "tower_outlier",
-                    endpoint = ?key,
-                    available = self.available(),
-                    "endpoint not ready: its service failed poll_ready; not counted as an endpoint to fall back on"
-                );
-            } else {
-                tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint ready again");
-            }
-            self.registry.unready(self.roster, id, unready);
-        }
-        changed
     }
 
     /// Tells the endpoints whether one more ejection would be allowed, the same test

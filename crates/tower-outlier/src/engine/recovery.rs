@@ -1,13 +1,15 @@
 //! The detector's timed work: fleet evaluations, recovery checks (passive trials and active
 //! probes), trial ends and probe results.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::Hash;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
-use super::{deadline_is_current, later, DiscoverKey, Engine, ProbeStart, Standing};
+use super::{later, DiscoverKey, Engine, Entry, ProbeStart, Standing};
 use crate::event::{Event, Readmission};
 use crate::probe::ProbeFuture;
 
@@ -297,5 +299,17 @@ where
             });
             self.publish(&key, Some(next_check), None);
         }
+    }
+}
+
+/// Whether the deadline `at` popped for entry `id` under `key` is still that entry's deadline
+/// (the heap keeps deadlines its entries have since moved past, or of entries since removed).
+pub(super) fn deadline_is_current<K: Hash + Eq, S>(
+    entries: &HashMap<K, Entry<S>>,
+) -> impl Fn(&K, u64, Instant) -> bool + '_ {
+    move |key, id, at| {
+        entries
+            .get(key)
+            .is_some_and(|e| e.id == id && e.standing().deadline() == Some(at))
     }
 }

@@ -70,3 +70,30 @@ where
         });
     }
 }
+
+/// An endpoint's weight and policy states as events last reported them.
+#[derive(Clone, PartialEq)]
+pub(super) struct Reported {
+    pub(super) weight: f64,
+    // As [`policy_states`] gives them.
+    pub(super) states: Box<[Option<&'static str>]>,
+}
+
+impl<S> Entry<S> {
+    pub(super) fn reported_weight(&self) -> f64 {
+        self.reported.weight
+    }
+
+    pub(super) fn reported_states(&self) -> &[Option<&'static str>] {
+        &self.reported.states
+    }
+
+    /// Notes what an event reported (or, for states, would have had anybody listened), back in
+    /// the shared `usual` report if it comes to that.
+    pub(super) fn set_reported(&mut self, usual: &Arc<Reported>, note: impl FnOnce(&mut Reported)) {
+        note(Arc::make_mut(&mut self.reported));
+        if *self.reported == **usual {
+            self.reported = usual.clone();
+        }
+    }
+}

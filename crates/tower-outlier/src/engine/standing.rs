@@ -3,12 +3,10 @@
 //!
 //! Standing is written in one place, [`Engine::restand`]: a change of it is a closure given a
 //! [`Restanding`] (the episode is private to this module, so nothing else can write it), after
-//! which what follows from standing is brought in line — the counts of endpoints out, the host
-//! this adaptor holds out, and the balancer's set, whose one writer is
-//! [`Engine::sync_member`].
+//! which what follows from standing is brought in line — the counts of endpoints out, the
+//! readiness kept for endpoints in the set ([`Engine::sync_unready`]), the host this adaptor holds
+//! out, and the balancer's set, whose one writer is [`Engine::sync_member`].
 
-use std::collections::HashMap;
-use std::hash::Hash;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -16,7 +14,7 @@ use tower_outlier_core::{EndpointRecord, RecoverySchedule};
 
 use tower::discover::Change;
 
-use super::{DiscoverKey, Ejector, Engine};
+use super::{DiscoverKey, Ejector, Engine, Reported};
 use crate::deadlines::Deadlines;
 use crate::endpoint::EndpointParts;
 use crate::monitor::EndpointStatus;
@@ -53,14 +51,6 @@ pub(super) enum Given {
     /// A handle made of a service or record since replaced (an upstream re-insert, new rules, a
     /// rebuilt service): to be replaced in turn while the endpoint stays in the set.
     Stale,
-}
-
-/// An endpoint's weight and policy states as events last reported them.
-#[derive(Clone, PartialEq)]
-pub(super) struct Reported {
-    pub(super) weight: f64,
-    // As [`policy_states`] gives them.
-    pub(super) states: Box<[Option<&'static str>]>,
 }
 
 /// An ejection and the recovery after it: from the ejection until the endpoint is available
@@ -160,23 +150,6 @@ impl<S> Entry<S> {
         self.episode
             .as_deref()
             .map_or(Standing::Available, |episode| episode.stage)
-    }
-
-    pub(super) fn reported_weight(&self) -> f64 {
-        self.reported.weight
-    }
-
-    pub(super) fn reported_states(&self) -> &[Option<&'static str>] {
-        &self.reported.states
-    }
-
-    /// Notes what an event reported (or, for states, would have had anybody listened), back in
-    /// the shared `usual` report if it comes to that.
-    pub(super) fn set_reported(&mut self, usual: &Arc<Reported>, note: impl FnOnce(&mut Reported)) {
-        note(Arc::make_mut(&mut self.reported));
-        if *self.reported == **usual {
-            self.reported = usual.clone();
-        }
     }
 
     pub(super) fn failed_checks(&self) -> u32 {
@@ -398,6 +371,35 @@ where
         }
     }
 
+    /// Follows `key`'s readiness as its balancer handle reported it; true if that changed.
+    pub(super) fn sync_unready(&mut self, key: &K) -> bool {
+        let Some(entry) = self.entries.get(key) else {
+            return false;
+        };
+        // Out in dry run, it is still in the set: whether the balancer can pick it counts.
+        let unready = entry.in_balancer() && entry.record().is_unready();
+        let id = entry.id;
+        let changed = if unready {
+            self.unready.insert(id)
+        } else {
+            self.unready.remove(&id)
+        };
+        if changed {
+            if unready {
+                tracing::warn!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    available = self.available(),
+                    "endpoint not ready: its service failed poll_ready; not counted as an endpoint to fall back on"
+                );
+            } else {
+                tracing::info!(target: "tower_outlier", endpoint = ?key, "endpoint ready again");
+            }
+            self.registry.unready(self.roster, id, unready);
+        }
+        changed
+    }
+
     /// Tells the registry this adaptor holds the host of endpoint `id` out, or no longer does.
     fn share_host(&self, id: u64, out: bool) {
         if let Some(sharing) = &self.sharing {
@@ -427,18 +429,6 @@ where
             }
         };
         self.queue.push_back(change);
-    }
-}
-
-/// Whether the deadline `at` popped for entry `id` under `key` is still that entry's deadline
-/// (the heap keeps deadlines its entries have since moved past, or of entries since removed).
-pub(super) fn deadline_is_current<K: Hash + Eq, S>(
-    entries: &HashMap<K, Entry<S>>,
-) -> impl Fn(&K, u64, Instant) -> bool + '_ {
-    move |key, id, at| {
-        entries
-            .get(key)
-            .is_some_and(|e| e.id == id && e.standing().deadline() == Some(at))
     }
 }
 

@@ -105,7 +105,7 @@ fn an_endpoint_exactly_at_the_multiple_is_degraded() {
     assert!(binary(3, 10) / binary(3, 60) < 6.0);
     let policy = WeightPolicy::new(WeightConfig::sofarpc().build().unwrap());
     assert_eq!(policy.config().exception_rate_multiple(), 6.0);
-    assert_eq!(policy.config().least_window_count(), 10);
+    assert_eq!(policy.config().min_calls(), 10);
     let records = fleet(&policy, 2);
     window(&policy, &records, &[(10, 3), (50, 0)]);
     assert_eq!(weights(&records), [5.0, 100.0]);
@@ -126,12 +126,7 @@ fn an_average_rounded_to_zero_judges_everyone_healthy() {
 
 #[test]
 fn the_scaled_least_count_truncates() {
-    let policy = WeightPolicy::new(
-        WeightConfig::sofarpc()
-            .least_window_count(10)
-            .build()
-            .unwrap(),
-    );
+    let policy = WeightPolicy::new(WeightConfig::sofarpc().min_calls(10).build().unwrap());
     // 10 × 0.55 = 5.5: 5, not 6.
     assert_eq!(policy.scaled_least_count(55.0), 5);
     assert_eq!(policy.scaled_least_count(100.0), 10);
@@ -144,21 +139,11 @@ fn the_scaled_least_count_truncates() {
     assert_eq!(policy.scaled_least_count(1.0), 1);
     assert_eq!(policy.scaled_least_count(0.1), 1);
 
-    let policy = WeightPolicy::new(
-        WeightConfig::sofarpc()
-            .least_window_count(100)
-            .build()
-            .unwrap(),
-    );
+    let policy = WeightPolicy::new(WeightConfig::sofarpc().min_calls(100).build().unwrap());
     // 100 × 0.29 is 28.999999999999996 in binary; exactly 29.
     assert_eq!(policy.scaled_least_count(29.0), 29);
     assert_eq!(policy.scaled_least_count(12.5), 13);
-    let policy = WeightPolicy::new(
-        WeightConfig::sofarpc()
-            .least_window_count(u64::MAX)
-            .build()
-            .unwrap(),
-    );
+    let policy = WeightPolicy::new(WeightConfig::sofarpc().min_calls(u64::MAX).build().unwrap());
     assert_eq!(policy.scaled_least_count(100.0), u64::MAX);
 }
 
@@ -167,7 +152,7 @@ fn a_degraded_endpoint_at_its_truncated_least_count_is_judged() {
     // Least count 10 at weight 55 of 100 is 5 calls.
     let policy = WeightPolicy::new(
         WeightConfig::sofarpc()
-            .least_window_count(10)
+            .min_calls(10)
             .degrade_rate(0.55)
             .build()
             .unwrap(),

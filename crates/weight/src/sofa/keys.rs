@@ -83,8 +83,8 @@ impl Key {
         Some(match self {
             Key::RegulationEffective => builder.regulation_effective(flag(value)?),
             Key::DegradeEffective => builder.degrade_effective(flag(value)?),
-            Key::TimeWindow => builder.interval(Duration::from_secs(integer(value, 1)?)),
-            Key::LeastWindowCount => builder.least_window_count(integer(value, 1)?),
+            Key::TimeWindow => builder.window(Duration::from_secs(integer(value, 1)?)),
+            Key::LeastWindowCount => builder.min_calls(integer(value, 1)?),
             Key::ExceptionRateMultiple => {
                 builder.exception_rate_multiple(number(value, |m| m.is_finite() && m > 0.0)?)
             }

@@ -57,8 +57,8 @@ fn assert_invalid(text: &str, key: &str, value: &str) -> DocumentError {
 fn assert_seed_values(config: &WeightConfig) {
     assert!(config.regulation_effective());
     assert!(config.degrade_effective());
-    assert_eq!(config.interval(), Duration::from_secs(20));
-    assert_eq!(config.least_window_count(), 30);
+    assert_eq!(config.window(), Duration::from_secs(20));
+    assert_eq!(config.min_calls(), 30);
     assert_eq!(config.exception_rate_multiple(), 6.0);
     assert_eq!(config.degrade_rate(), 0.5);
     assert_eq!(config.recover_rate(), 1.2);
@@ -175,12 +175,8 @@ fn every_key_sets_its_builder_setting() {
     let cases: [(&str, &str, Check); 9] = [
         ("regulation.effective", "true", |c| c.regulation_effective()),
         ("degrade.effective", "TRUE", |c| c.degrade_effective()),
-        ("time.window", "7", |c| {
-            c.interval() == Duration::from_secs(7)
-        }),
-        ("least.window.count", "+44", |c| {
-            c.least_window_count() == 44
-        }),
+        ("time.window", "7", |c| c.window() == Duration::from_secs(7)),
+        ("least.window.count", "+44", |c| c.min_calls() == 44),
         ("least.window.exception.rate.multiple", "2.5", |c| {
             c.exception_rate_multiple() == 2.5
         }),
@@ -354,8 +350,8 @@ fn extreme_in_range_values_are_read() {
         usize::MAX
     ))
     .config();
-    assert_eq!(config.interval(), Duration::from_secs(u64::MAX));
-    assert_eq!(config.least_window_count(), u64::MAX);
+    assert_eq!(config.window(), Duration::from_secs(u64::MAX));
+    assert_eq!(config.min_calls(), u64::MAX);
     assert_eq!(config.least_weight(), 0.5);
     assert_eq!(config.recover_rate(), 1e300);
     assert_eq!(config.max_degraded(), usize::MAX);
@@ -369,7 +365,7 @@ fn extreme_in_range_values_are_read() {
          com.alipay.sofa.rpc.aft.degrade.max.ip.count=007",
     )
     .config();
-    assert_eq!(config.interval(), Duration::from_secs(1));
+    assert_eq!(config.window(), Duration::from_secs(1));
     assert_eq!(config.max_degraded(), 7);
 }
 
@@ -446,8 +442,8 @@ fn other_keys_are_ignored_and_listed() {
         ]
     );
     let config = properties.config();
-    assert_eq!(config.interval(), Duration::from_secs(20));
-    assert_eq!(config.least_window_count(), 30);
+    assert_eq!(config.window(), Duration::from_secs(20));
+    assert_eq!(config.min_calls(), 30);
     assert!(!config.regulation_effective());
     // Invalid values of other keys are not looked at.
     read("server.port=not a number\nfoo.enabled=ture\n");
@@ -473,8 +469,8 @@ fn comments_blank_lines_and_continuations() {
     );
     let config = properties.config();
     assert!(config.regulation_effective());
-    assert_eq!(config.interval(), Duration::from_secs(20));
-    assert_eq!(config.least_window_count(), 30);
+    assert_eq!(config.window(), Duration::from_secs(20));
+    assert_eq!(config.min_calls(), 30);
     assert_eq!(config.max_degraded(), 5);
     // Continued into another key's value: not a pair of its own.
     assert!(!config.degrade_effective());
@@ -510,7 +506,7 @@ fn separator_forms() {
         "com.alipay.sofa.rpc.aft.time.window=20\r\n",
     ] {
         let config = read(text).config();
-        assert_eq!(config.interval(), Duration::from_secs(20), "{text:?}");
+        assert_eq!(config.window(), Duration::from_secs(20), "{text:?}");
     }
     // Only one separator is skipped; the second is part of the value.
     assert_invalid(
@@ -539,8 +535,8 @@ fn several_pairs_on_a_line() {
          com.alipay.sofa.rpc.aft.degrade.effective=true spring.main.banner-mode=off",
     );
     let config = properties.config();
-    assert_eq!(config.interval(), Duration::from_secs(20));
-    assert_eq!(config.least_window_count(), 30);
+    assert_eq!(config.window(), Duration::from_secs(20));
+    assert_eq!(config.min_calls(), 30);
     assert!(config.regulation_effective());
     assert!(config.degrade_effective());
     assert_eq!(
@@ -594,8 +590,8 @@ fn keys_are_matched_without_regard_to_case_and_reported() {
          com.alipay.sofa.rpc.aft.regulation.effective=true\n",
     );
     let config = properties.config();
-    assert_eq!(config.interval(), Duration::from_secs(20));
-    assert_eq!(config.least_window_count(), 30);
+    assert_eq!(config.window(), Duration::from_secs(20));
+    assert_eq!(config.min_calls(), 30);
     assert!(config.degrade_effective());
     assert_eq!(
         properties.normalised_keys(),
@@ -639,7 +635,7 @@ fn the_last_value_of_a_key_wins() {
          com.alipay.sofa.rpc.aft.time.window=40 com.alipay.sofa.rpc.aft.time.window=50",
     )
     .config();
-    assert_eq!(config.interval(), Duration::from_secs(50));
+    assert_eq!(config.window(), Duration::from_secs(50));
     // An invalid value is an error even when a later line would replace it.
     assert_invalid(
         "com.alipay.sofa.rpc.aft.time.window=0\ncom.alipay.sofa.rpc.aft.time.window=20",
@@ -741,7 +737,7 @@ fn build_errors_are_named_by_the_property_key() {
     );
     assert_eq!(
         WeightConfig::builder()
-            .least_window_count(0)
+            .min_calls(0)
             .build()
             .unwrap_err()
             .field(),
