@@ -12,7 +12,7 @@ use crate::policy::{
     Signal,
 };
 
-/// A [`ComposedPolicy`]'s state for one endpoint: each member's state, in order.
+/// A [`ComposedPolicy`](crate::ComposedPolicy)'s state for one endpoint: each member's state, in order.
 pub struct ComposedEndpoint {
     pub(super) states: Box<[Box<dyn EndpointPolicy>]>,
     pub(super) names: Box<[&'static str]>,
