@@ -34,17 +34,25 @@ struct Etcd {
     peer: SocketAddr,
     data: PathBuf,
     process: Option<Child>,
+    extra: Vec<&'static str>,
 }
 
 impl Etcd {
     fn start() -> Self {
-        let data = std::env::temp_dir().join(format!("tower-outlier-etcd-{}", std::process::id()));
+        Etcd::start_with("", Vec::new())
+    }
+
+    /// A server with `extra` arguments, its data directory named with `tag`.
+    fn start_with(tag: &str, extra: Vec<&'static str>) -> Self {
+        let data =
+            std::env::temp_dir().join(format!("tower-outlier-etcd-{}{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&data);
         let mut etcd = Etcd {
             client: SocketAddr::from(([127, 0, 0, 1], free_port())),
             peer: SocketAddr::from(([127, 0, 0, 1], free_port())),
             data,
             process: None,
+            extra,
         };
         etcd.run();
         etcd
@@ -65,6 +73,7 @@ impl Etcd {
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("t={peer}")])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -235,4 +244,60 @@ async fn a_fleet_follows_a_key_through_changes_deletions_and_restarts() {
     for source in sources {
         source.abort();
     }
+}
+
+/// A value larger than 1 MiB is refused and said so in the snapshot, not taken for etcd being
+/// unreachable; one over the gRPC client's 4 MiB, which cannot be read at all, too (before, it was
+/// reported as "etcd cannot be reached" and read again every 2 s). A good value put afterwards
+/// is applied and the error goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_too_large_is_refused_and_said_so() {
+    // etcd takes requests of up to 1.5 MiB unless told otherwise.
+    let etcd = Etcd::start_with("-large", vec!["--max-request-bytes", "10485760"]);
+    let mut client = etcd.client().await;
+    client.put(KEY, document(0.3), None).await.unwrap();
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let rules = layer.rules();
+    let fleet = vec![(layer.clone(), rules.clone())];
+    let source = tokio::spawn(watch_etcd(
+        [etcd.url()],
+        KEY,
+        Hsf::service(SERVICE),
+        rules,
+        None,
+    ));
+    in_force(&fleet, 0.3, Duration::from_secs(5)).await;
+    let shown = |what: &'static str| {
+        let monitor = layer.monitor();
+        async move {
+            let started = Instant::now();
+            loop {
+                let error = monitor.snapshot().rules_error;
+                if error.as_deref().is_some_and(|e| e.contains(what)) {
+                    return error.unwrap();
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "{what:?} not shown: {error:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // 2 MiB: read, and refused.
+    client.put(KEY, " ".repeat(2 << 20), None).await.unwrap();
+    let error = shown("larger than 1 MiB").await;
+    assert!(!error.contains("reached"), "{error}");
+    // 5 MiB: too large to read at all.
+    client.put(KEY, " ".repeat(5 << 20), None).await.unwrap();
+    let error = shown("over 4 MiB").await;
+    assert!(!error.contains("reached"), "{error}");
+    assert!(thresholds(&fleet) == [0.3], "the rules in force stay");
+    // A good value again: applied (read again after the back-off), the error gone.
+    client.put(KEY, document(0.2), None).await.unwrap();
+    in_force(&fleet, 0.2, Duration::from_secs(10)).await;
+    assert_eq!(layer.monitor().snapshot().rules_error, None);
+    source.abort();
 }

@@ -393,10 +393,32 @@ async fn random_operator_controls_on_real_sockets_never_empty_the_set() {
             }
             _ => {}
         }
+        // A balancer that is never ready (an empty set) fails the test with the layer's state,
+        // rather than hanging it.
+        let patience = Duration::from_secs(5);
         for _ in 0..(next() % 5) {
-            let _ = balance.ready().await.unwrap().call(request()).await;
+            match tokio::time::timeout(patience, balance.ready()).await {
+                Ok(ready) => {
+                    let call = ready.unwrap().call(request());
+                    let _ = tokio::time::timeout(patience, call).await;
+                }
+                Err(_) => panic!(
+                    "step {steps}: the balancer is not ready in 5 s ({} endpoints); {:#?}",
+                    balance.len(),
+                    monitor.snapshot()
+                ),
+            }
         }
-        let _ = balance.ready().await.unwrap();
+        if tokio::time::timeout(patience, balance.ready())
+            .await
+            .is_err()
+        {
+            panic!(
+                "step {steps}: the balancer is not ready in 5 s ({} endpoints); {:#?}",
+                balance.len(),
+                monitor.snapshot()
+            );
+        }
         assert!(!balance.is_empty(), "step {steps}: empty set");
         let snapshot = monitor.snapshot();
         let in_set = snapshot

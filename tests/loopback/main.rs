@@ -6,7 +6,7 @@ mod support;
 
 mod detectors_loopback;
 mod health_watch;
-mod health_watch_edges;
+mod health_watch_faults;
 mod hyper_servers;
 mod network_faults;
 mod new_user;

@@ -252,3 +252,67 @@ async fn only_a_stable_regular_file_of_bounded_size_is_read() {
     task.abort();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A file refused for its size is shown in the snapshot's `rules_error`, not only logged, and the
+/// error goes once a readable document is in place (finding: refusals were only logged).
+#[tokio::test]
+async fn a_refused_file_is_shown_in_the_rules_error() {
+    let dir =
+        std::env::temp_dir().join(format!("tower-outlier-file-refused-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let rules = layer.rules();
+    let monitor = layer.monitor();
+    let file = dir.join("rules.json");
+    std::fs::write(&file, " ".repeat(2 << 20)).unwrap();
+    let task = tokio::spawn(watch_file(
+        file.clone(),
+        Hsf::service("svc:1.0"),
+        rules.clone(),
+    ));
+    until("the refusal shown", || {
+        monitor
+            .snapshot()
+            .rules_error
+            .is_some_and(|error| error.contains("1 MiB"))
+    })
+    .await;
+    assert_eq!(rules.version(), 0, "nothing applied");
+    std::fs::write(&file, document(0.3)).unwrap();
+    until("the document applied", || rules.version() == 1).await;
+    assert_eq!(monitor.snapshot().rules_error, None);
+    task.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A path that is a symlink into another directory: a change made there, behind the link, is
+/// applied (finding: only the link's own directory was watched, and the change was missed).
+#[tokio::test]
+async fn a_change_behind_a_symlink_into_another_directory_is_applied() {
+    let base = std::env::temp_dir().join(format!("tower-outlier-file-link-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let (links, targets) = (base.join("links"), base.join("elsewhere"));
+    std::fs::create_dir_all(&links).unwrap();
+    std::fs::create_dir_all(&targets).unwrap();
+    let target = targets.join("real.json");
+    std::fs::write(&target, document(0.4)).unwrap();
+    let link = links.join("rules.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let rules = layer.rules();
+    let task = tokio::spawn(watch_file(
+        link.clone(),
+        Hsf::service("svc:1.0"),
+        rules.clone(),
+    ));
+    until("the first read", || rules.version() == 1).await;
+    std::fs::write(&target, document(0.3)).unwrap();
+    until("the change behind the link", || rules.version() == 2).await;
+    task.abort();
+    let _ = std::fs::remove_dir_all(&base);
+}

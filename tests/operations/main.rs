@@ -6,6 +6,7 @@ mod support;
 
 mod admin_component;
 mod admin_readers;
+mod control_cost;
 mod file_source;
 mod metrics;
 mod observability;

@@ -1,7 +1,7 @@
 //! gRPC's standard outlier-detection metrics (gRFC A91) through the `metrics` facade: an ejection
 //! counts `ejections_enforced` under its detection method, a detection the budget refuses counts
-//! `ejections_unenforced` with A91's `max_ejection_overflow`, and the refusal series are there at
-//! 0 from the moment the layer is watched. On metrics-util's recorder, installed for this test
+//! `ejections_unenforced` with A91's `max_ejection_overflow`, the refusal series are there at 0
+//! from the moment the layer is watched, and an operator's force-out counts as neither. On metrics-util's recorder, installed for this test
 //! binary alone; the layer driven like a balancer on tokio's paused clock.
 
 use crate::support;
@@ -97,6 +97,19 @@ async fn ejections_are_counted_under_a91_names() {
     h.calls(1, 3, 0).await;
     assert!(h.is_live(1), "#1 kept in");
     assert_eq!(overflow(&mut totals, "consecutive_5xx"), Some(1));
+
+    // An operator's force-out is no outlier ejection: A91's counters leave it out (before, it
+    // counted as an enforced ejection of method `other`).
+    layer.rules().force_out(&2usize);
+    h.sync();
+    assert!(!h.is_live(2), "#2 forced out");
+    let counted = totals.get(EJECTIONS_ENFORCED, &[target, (DETECTION_METHOD, "other")]);
+    assert_eq!(
+        counted, None,
+        "the operator's force-out counted as enforced"
+    );
+    layer.rules().release(&2usize);
+    h.sync();
 
     // Unsubscribed, nothing more is counted.
     watching.unsubscribe();

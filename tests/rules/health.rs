@@ -233,3 +233,61 @@ async fn a_watch_that_panics_leaves_its_endpoint_serving() {
     traffic(&mut balancer, Duration::from_millis(10)).await;
     assert_eq!(status(&monitor, 1), EndpointStatus::Ejected);
 }
+
+/// A watch that says NOT_SERVING and then panics gives up its word: its endpoint comes back and
+/// gets calls (before, it stayed out for good: no watch to say SERVING, and an ejection by
+/// health has no recovery check of its own).
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_panics_after_not_serving_gives_up_its_word() {
+    /// Key 0's watch says NOT_SERVING, waits a second, then panics; the others never speak.
+    #[derive(Clone)]
+    struct SaysThenPanics;
+
+    impl Probe<usize, Backend> for SaysThenPanics {
+        fn probe(&mut self, _: &usize, _: Backend) -> Option<ProbeFuture> {
+            Some(Box::pin(std::future::ready(false)))
+        }
+
+        fn watch(&mut self, key: &usize, _: &Backend) -> Option<HealthStream> {
+            if *key != 0 {
+                return Some(Box::pin(futures::stream::pending()));
+            }
+            let said = futures::stream::iter([Health::NotServing]);
+            let broke = futures::stream::once(async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                panic!("the watch broke after its word")
+            });
+            Some(Box::pin(futures::StreamExt::chain(said, broke)))
+        }
+    }
+
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ))
+    .probe(SaysThenPanics);
+    let monitor = layer.monitor();
+    let backends: Vec<(usize, Backend)> = (0..3).map(|i| (i, Backend::new(i))).collect();
+    let mut balancer = Balance::from_rng(
+        tower::Layer::layer(&layer, announce(&backends)),
+        SeededRng(9),
+    );
+    traffic(&mut balancer, Duration::from_millis(100)).await;
+    assert_eq!(
+        status(&monitor, 0),
+        EndpointStatus::Ejected,
+        "out on its word"
+    );
+    traffic(&mut balancer, Duration::from_secs(2)).await;
+    assert_eq!(
+        status(&monitor, 0),
+        EndpointStatus::Available,
+        "its dead watch's word still holds it out"
+    );
+    let before = backends[0].1.calls();
+    traffic(&mut balancer, Duration::from_secs(2)).await;
+    assert!(
+        backends[0].1.calls() > before + 40,
+        "{} calls in 2 s once its watch gave up its word",
+        backends[0].1.calls() - before
+    );
+}

@@ -1,17 +1,21 @@
 //! Weights from load reports (`orca::OrcaPolicy`), on tokio's paused clock through a real p2c
 //! `Balance` and the gRPC classifier: no weight during the blackout, A58's shares after it, the
 //! shares computed among the endpoints left when one is ejected, and even shares again once the
-//! reports expire.
+//! reports expire; nonsense reports (not numbers, out of range, not base64, huge, not ASCII) fail
+//! no call and eject nobody.
 
+use std::convert::Infallible;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::channel::mpsc;
 use futures::stream::{self, BoxStream, StreamExt};
 use http_body_util::{BodyExt, StreamBody};
 use tower::balance::p2c::Balance;
+use tower::discover::Change;
 use tower::{Service, ServiceExt};
 use tower_outlier::grpc::GrpcErrors;
 use tower_outlier::orca::{LoadReport, OrcaConfig, OrcaPolicy, LOAD_REPORT_HEADER};
@@ -180,4 +184,134 @@ async fn shares_follow_a58_after_the_blackout_among_the_endpoints_left() {
     traffic(&mut balancer, Duration::from_secs(20)).await;
     let expired = since(&servers, &before);
     assert!(close(&expired, &[0.25; 4]), "after expiry: {expired:?}");
+}
+
+/// A gRPC server answering OK with `value` as its load report, in its headers (trailers-only) if
+/// `in_headers`, else in its trailers; counts its calls.
+#[derive(Clone)]
+struct Garbage {
+    value: Option<http::HeaderValue>,
+    in_headers: bool,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Service<()> for Garbage {
+    type Response = http::Response<TestBody>;
+    type Error = io::Error;
+    type Future = std::future::Ready<Result<http::Response<TestBody>, io::Error>>;
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, _: ()) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let mut response = http::Response::builder();
+        if let Some(v) = &self.value {
+            if self.in_headers {
+                response = response
+                    .header("grpc-status", "0")
+                    .header(LOAD_REPORT_HEADER, v.clone());
+            } else {
+                trailers.insert(LOAD_REPORT_HEADER, v.clone());
+            }
+        }
+        let frames: Vec<Result<http_body::Frame<Bytes>, io::Error>> = if self.in_headers {
+            vec![]
+        } else {
+            vec![
+                Ok(http_body::Frame::data(Bytes::from_static(b"\0\0\0\0\0"))),
+                Ok(http_body::Frame::trailers(trailers)),
+            ]
+        };
+        let body = StreamBody::new(stream::iter(frames).boxed());
+        std::future::ready(Ok(response.body(body).unwrap()))
+    }
+}
+
+fn report(qps: f64, cpu: f64, eps: f64, app: f64) -> http::HeaderValue {
+    LoadReport {
+        rps_fractional: qps,
+        cpu_utilization: cpu,
+        eps,
+        application_utilization: app,
+        ..Default::default()
+    }
+    .to_header()
+    .parse()
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn nonsense_reports_do_not_break_anything() {
+    let huge = http::HeaderValue::from_str(&"A".repeat(200_000)).unwrap();
+    let values: Vec<(Option<http::HeaderValue>, bool)> = vec![
+        (Some(report(f64::NAN, 0.5, 0.0, 0.0)), false),
+        (Some(report(100.0, f64::INFINITY, 0.0, 0.0)), false),
+        (Some(report(100.0, -1.0, 0.0, f64::NAN)), false),
+        (Some(report(f64::MAX, 1e-308, f64::MAX, 0.0)), false),
+        (Some(report(1e308, 1e-300, 0.0, 0.0)), true),
+        (Some(report(100.0, 0.5, -5.0, -1.0)), false),
+        (
+            Some(http::HeaderValue::from_static("!!!not base64===")),
+            false,
+        ),
+        (Some(http::HeaderValue::from_static("/w")), false),
+        (Some(huge), false),
+        (
+            Some(http::HeaderValue::from_bytes(b"\xff\xfe\x80").unwrap()),
+            true,
+        ),
+        (Some(report(100.0, 0.5, 0.0, 0.0)), false),
+        (None, false),
+    ];
+    let counters: Vec<Arc<AtomicUsize>> = values
+        .iter()
+        .map(|_| Arc::new(AtomicUsize::new(0)))
+        .collect();
+    let (tx, rx) = mpsc::unbounded::<Result<Change<usize, Garbage>, Infallible>>();
+    for (i, (v, h)) in values.iter().enumerate() {
+        tx.unbounded_send(Ok(Change::Insert(
+            i,
+            Garbage {
+                value: v.clone(),
+                in_headers: *h,
+                calls: counters[i].clone(),
+            },
+        )))
+        .unwrap();
+    }
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ))
+    .with_policy(OrcaPolicy::new(OrcaConfig::a58().build().unwrap()))
+    .slow_start(
+        tower_outlier::SlowStart::new(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    )
+    .classifier(GrpcErrors::default());
+    let monitor = layer.monitor();
+    let mut balancer = Balance::from_rng(tower::Layer::layer(&layer, rx), SeededRng(1));
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut failed = 0;
+    while tokio::time::Instant::now() < until {
+        match balancer.ready().await.unwrap().call(()).await {
+            Ok(r) => {
+                let _ = r.collect().await;
+            }
+            Err(_) => failed += 1,
+        }
+        tokio::time::advance(Duration::from_millis(5)).await;
+    }
+    let got: Vec<usize> = counters.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+    let st: Vec<_> = monitor
+        .snapshot()
+        .endpoints
+        .iter()
+        .map(|e| (e.key.to_string(), e.status, e.weight))
+        .collect();
+    eprintln!("orca garbage: calls {got:?}, failed {failed}; {st:?}");
+    assert_eq!(failed, 0);
+    assert!(st.iter().all(|(_, s, _)| *s == EndpointStatus::Available));
 }

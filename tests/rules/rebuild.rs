@@ -235,3 +235,42 @@ async fn a_rebuild_that_panics_keeps_the_service() {
         "{status:?}"
     );
 }
+
+/// In dry run the endpoint never leaves the balancer's set, so nothing is rebuilt: no factory
+/// runs for what dry run only reports, its probe included (before, the check of a dry-run
+/// ejection made a new service).
+#[tokio::test(start_paused = true)]
+async fn dry_run_makes_no_new_service() {
+    let fleet = Fleet::new();
+    let probed = Arc::new(Mutex::new(Vec::new()));
+    let seen = probed.clone();
+    let layer = layer()
+        .probe(probe_fn(move |_: &usize, service: Made| {
+            seen.lock().unwrap().push(service.generation);
+            Box::pin(std::future::ready(true)) as tower_outlier::probe::ProbeFuture
+        }))
+        .rebuild_on_return(rebuild_fn(fleet.factory()));
+    layer.rules().set_dry_run(true);
+    let monitor = layer.monitor();
+    let mut balancer =
+        Balance::from_rng(tower::Layer::layer(&layer, upstream(&fleet)), SeededRng(5));
+    traffic(&mut balancer, Duration::from_secs(1)).await;
+    *fleet.fault.lock().unwrap() = Fault::Refused;
+    let mut waited = 0;
+    while monitor.snapshot().get("0").unwrap().would_be != Some(EndpointStatus::Ejected) {
+        traffic(&mut balancer, Duration::from_millis(10)).await;
+        waited += 1;
+        assert!(waited < 1000, "dry run never reported the ejection");
+    }
+    *fleet.fault.lock().unwrap() = Fault::None;
+    traffic(&mut balancer, Duration::from_secs(60)).await;
+    assert!(
+        !probed.lock().unwrap().is_empty(),
+        "dry run's recovery check never ran"
+    );
+    assert_eq!(
+        fleet.made.load(Ordering::SeqCst),
+        0,
+        "dry run made a new service"
+    );
+}

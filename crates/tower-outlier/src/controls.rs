@@ -2,8 +2,9 @@
 //! policies judge and nothing is ejected, and overrides of single endpoints. Set through the
 //! [`RulesHandle`](crate::RulesHandle); shown in snapshots, events and metrics.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::sync::Arc;
 
 /// An operator's standing override of the rules for one endpoint, until released
 /// ([`RulesHandle::release`](crate::RulesHandle::release)).
@@ -72,9 +73,45 @@ pub(crate) struct Controls {
     pub(crate) dry_policies: Vec<usize>,
     /// Standing overrides, by the key's `Debug` text (the text snapshots and events show).
     pub(crate) overrides: HashMap<Box<str>, Override>,
-    /// Back-off resets asked for, by key text: how many so far (each adaptor applies the ones it
-    /// has not yet).
-    pub(crate) resets: HashMap<Box<str>, u64>,
+    /// Back-off resets asked for (each adaptor applies the ones it has not yet).
+    pub(crate) resets: Resets,
+}
+
+/// How many back-off resets the log keeps: an adaptor that has not been polled while more were
+/// asked for misses the oldest (it is polled before every pick its balancer makes).
+pub(crate) const KEPT_RESETS: usize = 1024;
+
+/// The back-off resets asked for, as a log each adaptor reads on from where it stopped: bounded,
+/// so that resets of keys no adaptor holds (or holds no longer) cost nothing for long, and an
+/// operator's next action reads only what is new (kept by key and walked in full at every action,
+/// 100 000 stale resets made the poll applying a force-out take 40-86 ms).
+#[derive(Clone, Default, Debug)]
+pub(crate) struct Resets {
+    /// How many were ever asked for: the sequence number of the newest.
+    pub(crate) asked: u64,
+    /// The newest, up to [`KEPT_RESETS`], with their sequence numbers; shared by every copy of
+    /// the controls until one more is asked for.
+    recent: Arc<VecDeque<(u64, Box<str>)>>,
+}
+
+impl Resets {
+    /// One more reset, of the endpoint whose key reads `text`.
+    pub(crate) fn ask(&mut self, text: Box<str>) {
+        self.asked += 1;
+        let recent = Arc::make_mut(&mut self.recent);
+        if recent.len() == KEPT_RESETS {
+            recent.pop_front();
+        }
+        recent.push_back((self.asked, text));
+    }
+
+    /// The key texts of the resets asked for after the `seen`th, oldest first.
+    pub(crate) fn after(&self, seen: u64) -> impl Iterator<Item = &str> {
+        self.recent
+            .iter()
+            .filter(move |(at, _)| *at > seen)
+            .map(|(_, text)| &**text)
+    }
 }
 
 impl Controls {

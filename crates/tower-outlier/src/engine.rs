@@ -94,8 +94,8 @@ pub(crate) struct Engine<K, S> {
     controls_version: u64,
     // The overrides in force, by endpoint id: most layers have none.
     forced: HashMap<u64, Override>,
-    // The back-off resets applied, by key text: how many of each.
-    resets_applied: HashMap<Box<str>, u64>,
+    // How many back-off resets were asked for when this adaptor last applied them.
+    resets_seen: u64,
     // Envoy's panic: too few healthy, so the balancer has every endpoint, ejected ones included.
     panicking: bool,
     // The balancer has no endpoint to pick (fail fast), as the registry was last told.
@@ -201,7 +201,7 @@ impl<K, S> Engine<K, S> {
         // Applied on the first poll, as the rules' first version is: none at start. Resets asked
         // for before this adaptor existed were for the endpoints of the adaptors then.
         let controls = Arc::new(Controls::default());
-        let resets_applied = settings.rules.controls().0.resets.clone();
+        let resets_seen = settings.rules.controls().0.resets.asked;
         if settings.rules.controls_version() != 0 {
             notifier.notify();
         }
@@ -234,7 +234,7 @@ impl<K, S> Engine<K, S> {
             controls,
             controls_version: 0,
             forced: HashMap::new(),
-            resets_applied,
+            resets_seen,
             panicking: false,
             nothing_to_pick: false,
             all_out_shown: None,

@@ -177,6 +177,38 @@ pub enum Refusal {
     ForcedIn,
 }
 
+/// The policy name an operator's decisions are reported under ([`Reason::policy`]).
+pub const OPERATOR_POLICY: &str = "operator";
+
+/// The policy name an ejection its server asked for (`Retry-After`, gRPC's pushback) is reported
+/// under.
+pub const PUSHBACK_POLICY: &str = "pushback";
+
+/// The policy name an ejection its health service asked for (NOT_SERVING) is reported under.
+pub const HEALTH_POLICY: &str = "health";
+
+/// Whether `reason` is the rules' judgement of an outlier (a policy's, or the host another
+/// service's policy holds out), not an operator's decision nor what the endpoint's server or
+/// health service said of itself: what counts as an outlier ejection in gRFC A91's metrics.
+///
+/// ```
+/// use tower_outlier::events::{is_outlier_judgement, PUSHBACK_POLICY};
+/// use tower_outlier::policy::{Reason, WindowCounts};
+///
+/// let reason = |policy| Reason {
+///     policy,
+///     measure: "",
+///     value: 0.0,
+///     threshold: 0.0,
+///     counts: WindowCounts::default(),
+/// };
+/// assert!(is_outlier_judgement(&reason("error-rate")));
+/// assert!(!is_outlier_judgement(&reason(PUSHBACK_POLICY)));
+/// ```
+pub fn is_outlier_judgement(reason: &Reason) -> bool {
+    ![OPERATOR_POLICY, PUSHBACK_POLICY, HEALTH_POLICY].contains(&reason.policy)
+}
+
 /// One decision of the layer, in the order the adaptor took them.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

@@ -194,6 +194,13 @@ fn complete<B, E: 'static>(
     };
     if let Some(recorder) = sink.layer() {
         recorder.read_headers(response.headers());
+        // A trailers-only status with gRPC's pushback, or a proxy's 429 / 503 with Retry-After,
+        // whatever the classifier makes of the status.
+        let wait = crate::pushback::grpc_pushback(response.headers())
+            .or_else(|| crate::pushback::retry_after(&response));
+        if let Some(wait) = wait {
+            recorder.push_back(wait);
+        }
     }
     let classifier = *sink.classifier();
     let code = classifier.status_in(response.headers()).or_else(|| {
@@ -202,17 +209,7 @@ fn complete<B, E: 'static>(
     });
     let recorder = match code {
         Some(code) => {
-            let outcome = classifier.outcome(code);
-            if outcome.is_failure() {
-                // A trailers-only status with gRPC's pushback, or a proxy's 429 / 503 with
-                // Retry-After.
-                let wait = crate::pushback::grpc_pushback(response.headers())
-                    .or_else(|| crate::pushback::retry_after(&response));
-                if let (Some(wait), Some(recorder)) = (wait, sink.layer()) {
-                    recorder.push_back(wait);
-                }
-            }
-            sink.record(outcome);
+            sink.record(classifier.outcome(code));
             None
         }
         None => {
@@ -357,19 +354,13 @@ impl<B: Body> Body for GrpcBody<B> {
                 let recorder = recorder_slot.as_ref();
                 if let Some(layer) = recorder.and_then(Sink::layer) {
                     layer.read_trailers(trailers);
+                    // Whatever the classifier makes of the status.
+                    if let Some(wait) = crate::pushback::grpc_pushback(trailers) {
+                        layer.push_back(wait);
+                    }
                 }
                 match recorder.map(|r| (*r.classifier(), r.classifier().status_in(trailers))) {
-                    Some((classifier, Some(code))) => {
-                        let outcome = classifier.outcome(code);
-                        if let (true, Some(wait), Some(layer)) = (
-                            outcome.is_failure(),
-                            crate::pushback::grpc_pushback(trailers),
-                            recorder.and_then(Sink::layer),
-                        ) {
-                            layer.push_back(wait);
-                        }
-                        outcome
-                    }
+                    Some((classifier, Some(code))) => classifier.outcome(code),
                     // Trailers without a status are as bad as none at all.
                     Some((classifier, None)) => classifier.outcome(Code::Unavailable),
                     None => Outcome::Success,

@@ -23,7 +23,9 @@ pub enum Health {
 }
 
 /// A stream of what an endpoint's health service says, from [`Probe::watch`]: each item is its
-/// word as of then. A stream that ends leaves the last word standing.
+/// word as of then. A stream that ends, or panics, gives up its word: the endpoint counts as
+/// serving again and its calls judge it (it is watched again when the upstream gives its key a
+/// new service).
 pub type HealthStream = Pin<Box<dyn futures::Stream<Item = Health> + Send + 'static>>;
 
 /// How an ejected endpoint is checked for recovery.

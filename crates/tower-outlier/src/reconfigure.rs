@@ -145,7 +145,7 @@ impl RulesCell {
 
     /// A source's trouble that is not a refused document (an etcd key deleted), shown as the
     /// rules' error until it is cleared or rules are applied.
-    #[cfg(feature = "etcd")]
+    #[cfg(any(feature = "etcd", feature = "file-source"))]
     fn source_trouble(&self, trouble: Option<String>) {
         self.registry.source_trouble(trouble);
     }
@@ -218,7 +218,7 @@ impl RulesHandle {
 
     /// Shows (or, with `None`, clears) a configuration source's trouble in
     /// `Snapshot::rules_error`.
-    #[cfg(feature = "etcd")]
+    #[cfg(any(feature = "etcd", feature = "file-source"))]
     pub(crate) fn source_trouble(&self, trouble: Option<String>) {
         self.cell.source_trouble(trouble);
     }

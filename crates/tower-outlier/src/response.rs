@@ -89,9 +89,9 @@ immediate! {
     ClassifyFn<F>, F;
 }
 
-/// [`ServerErrors`] also reads what the server asks of the client: a 429 or 503 with
-/// `Retry-After` asks the layer to leave the endpoint alone that long
-/// ([`pushback`](crate::pushback)).
+/// [`ServerErrors`] also reads what the server asks of the client, whatever it makes of the
+/// status: a 429 or 503 with `Retry-After` asks the layer to leave the endpoint alone that long
+/// ([`pushback`](crate::pushback)), a rate limiter's 429 included, which it counts as a success.
 impl<B, E: 'static> ResponseClassifier<http::Response<B>, E> for ServerErrors {
     type Response = http::Response<B>;
 
@@ -105,12 +105,7 @@ impl<B, E: 'static> ResponseClassifier<http::Response<B>, E> for ServerErrors {
         match std::panic::catch_unwind(classify) {
             Ok(outcome) => {
                 if let Ok(response) = &result {
-                    recorder.read_headers(response.headers());
-                    if outcome.is_failure() {
-                        if let Some(wait) = crate::pushback::retry_after(response) {
-                            recorder.push_back(wait);
-                        }
-                    }
+                    recorder.read_response(response);
                 }
                 recorder.record(outcome);
             }
@@ -229,6 +224,17 @@ impl<C> Recorder<C> {
             self.degraded(crate::degraded::says_degraded(headers));
         }
         self.read_trailers(headers);
+    }
+
+    /// Reads what an HTTP response says of its server, whatever the classifier makes of its
+    /// status: its headers ([`read_headers`](Self::read_headers)), and a 429 or 503's
+    /// `Retry-After` ([`pushback::retry_after`](crate::pushback::retry_after)).
+    #[inline]
+    pub(crate) fn read_response<B>(&self, response: &http::Response<B>) {
+        self.read_headers(response.headers());
+        if let Some(wait) = crate::pushback::retry_after(response) {
+            self.push_back(wait);
+        }
     }
 
     /// Reads a load report from a response's trailers while a policy hears them: one load

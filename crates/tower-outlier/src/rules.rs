@@ -203,9 +203,12 @@
 //!   endpoint's health service says, as `grpc_health::GrpcHealth` (feature `grpc-health`) does for
 //!   `grpc.health.v1`): not serving takes the endpoint out at once, within the budget and never
 //!   the last (section 3; kept in, its load is infinite until it serves); serving brings it back
-//!   at once, without a trial. A watch that ends or panics leaves the last word standing. An
-//!   endpoint the rules ejected is checked by the probe as usual, and one that comes back while
-//!   its health service says it is not serving is taken out again.
+//!   at once, without a trial. A watch that ends or panics gives up its word: the endpoint
+//!   counts as serving and its calls judge it (a dead watch's "not serving" would hold it out
+//!   for good). An endpoint the rules ejected is checked by the probe as usual, and one that
+//!   comes back while its health service says it is not serving is taken out again. Coming back
+//!   from a signal's ejection (health, pushback, a host), an endpoint keeps what its rules
+//!   counted, and they judge it at once; the rules' own ejection comes before any signal's.
 //!
 //! # 8. Upstream changes
 //!

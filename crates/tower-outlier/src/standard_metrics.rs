@@ -40,7 +40,7 @@
 
 use metrics::{counter, describe_counter, Unit};
 
-use crate::event::{Event, Refusal};
+use crate::event::{is_outlier_judgement, Event, Refusal};
 use crate::monitor::EventCallback;
 use crate::monitor::Monitor;
 
@@ -84,7 +84,9 @@ pub fn watch(target: &str, monitor: &Monitor) -> EventCallback {
         }
     }
     monitor.on_event(move |event| match event {
-        Event::Ejected { reason, .. } => {
+        // An operator's force-out, a server's pushback or a health service's NOT_SERVING is no
+        // outlier ejection (A91 counts the detectors').
+        Event::Ejected { reason, .. } if is_outlier_judgement(reason) => {
             counter!(
                 EJECTIONS_ENFORCED,
                 TARGET => target.clone(),
@@ -94,7 +96,7 @@ pub fn watch(target: &str, monitor: &Monitor) -> EventCallback {
         }
         Event::EjectionRefused {
             reason, refusal, ..
-        } => {
+        } if is_outlier_judgement(reason) => {
             let why = match refusal {
                 Refusal::Budget => "max_ejection_overflow",
                 Refusal::LastEndpoint => "last_endpoint",
@@ -111,6 +113,9 @@ pub fn watch(target: &str, monitor: &Monitor) -> EventCallback {
         // Dry run's ejections were detected and not enforced.
         Event::DryRun(inner) => {
             if let Event::Ejected { reason, .. } = &**inner {
+                if !is_outlier_judgement(reason) {
+                    return;
+                }
                 counter!(
                     EJECTIONS_UNENFORCED,
                     TARGET => target.clone(),

@@ -5,7 +5,9 @@
 //! statuses in trailers) has its body wrapped in an [`EosBody`] that records at the end of the
 //! stream, with the latency to the response headers. Any failure class counts as
 //! [`FailureKind::ServerError`]; errors of the service keep their transport or timeout kind. A
-//! body dropped before its end counts as cancelled.
+//! body dropped before its end counts as cancelled. What the server says of itself is read as
+//! with the layer's own classifiers, whatever the class: a 429 or 503's `Retry-After`,
+//! `x-envoy-degraded` (with `detect_degraded` on), a load report while a policy hears them.
 
 use std::fmt;
 use std::pin::Pin;
@@ -63,6 +65,8 @@ where
                 return Err(error);
             }
         };
+        // What the server says of itself, whatever tower-http's classifier makes of the status.
+        recorder.read_response(&response);
         let pending = match recorder.classifier().0.clone().classify_response(&response) {
             ClassifiedResponse::Ready(result) => {
                 recorder.record(outcome(result));

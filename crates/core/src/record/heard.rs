@@ -140,6 +140,21 @@ impl EndpointRecord {
             .is_some_and(|heard| heard.not_serving.load(Ordering::Relaxed))
     }
 
+    /// Forgets what the server asked and the avoidance the layer set for it: the endpoint is back
+    /// after a signal's ejection, its policies' histories kept (cold path).
+    pub fn forget_pushback(&self) {
+        self.pushback.store(0, Ordering::Relaxed);
+        self.avoid.store(0, Ordering::Relaxed);
+    }
+
+    /// Ends any avoidance the layer set with [`avoid_until`](Self::avoid_until): the endpoint was
+    /// forced in, or dry run keeps routing as it is. Cold path.
+    pub fn end_avoidance(&self) {
+        if self.avoid.load(Ordering::Relaxed) != 0 {
+            self.avoid.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Ends an avoidance the layer set with [`avoid_until`](Self::avoid_until)`(Nanos::MAX)`, the
     /// one that lasts until the layer ends it (a server not serving, kept in). Cold path.
     pub fn end_open_avoidance(&self) {

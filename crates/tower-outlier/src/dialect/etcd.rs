@@ -12,6 +12,56 @@ use tower_outlier_core::dialect::Dialect;
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 /// The longest wait between attempts: a restarted etcd is followed again within this.
 const MAX_RETRY: Duration = Duration::from_secs(2);
+/// The longest wait between reads of a value too large to read: each read of one moves
+/// megabytes.
+const MAX_RETRY_TOO_LARGE: Duration = Duration::from_secs(60);
+/// A watch that stayed up this long was a good one: the back-off starts over.
+const GOOD_WATCH: Duration = Duration::from_secs(10);
+
+/// The largest value applied, as the file source's largest document: configuration, not data.
+const MAX_VALUE: usize = 1 << 20;
+
+/// The waits between attempts to follow the key: doubling after each attempt that failed or
+/// whose watch ended soon (etcd, or a proxy in front of it, cancelling every watch would
+/// otherwise be read in a tight loop), starting over after a watch that stayed up.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+/// How an attempt to follow the key ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ended {
+    /// The watch was cancelled or ended after `lasted`.
+    Watch { lasted: Duration },
+    /// etcd could not be reached, or the watch failed.
+    Unreachable,
+    /// The value is too large to read.
+    TooLarge,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff { next: FIRST_RETRY }
+    }
+
+    /// How long to wait after an attempt that ended so.
+    fn after(&mut self, ended: Ended) -> Duration {
+        if let Ended::Watch { lasted } = ended {
+            if lasted >= GOOD_WATCH {
+                self.next = FIRST_RETRY;
+            }
+        }
+        let wait = self.next;
+        let max = if ended == Ended::TooLarge {
+            MAX_RETRY_TOO_LARGE
+        } else {
+            MAX_RETRY
+        };
+        self.next = (self.next * 2).min(max);
+        wait.min(max)
+    }
+}
 
 /// The connection settings [`watch_etcd`] uses unless given others: a one-second connect
 /// timeout, a two-second request timeout, and HTTP/2 keep-alives every 5 s (a silent network
@@ -35,9 +85,14 @@ pub fn etcd_connect_options() -> ConnectOptions {
 /// * **A deleted or missing key keeps the last good rules**, logged at WARN and shown in
 ///   `Snapshot::rules_error` (`etcd key "…" is missing: the rules in force stay`), until a value is
 ///   put again.
+/// * **A value larger than 1 MiB** is refused, logged at WARN and shown in
+///   `Snapshot::rules_error`; the rules in force stay (one over the gRPC client's 4 MiB cannot be
+///   read at all: it is read again after a back-off up to a minute, not taken for an outage).
 /// * **etcd unreachable, restarted or compacted past the watch**: logged at WARN once per outage,
-///   and the source connects again after a back-off (100 ms doubling to 2 s), reads the key and
-///   watches again; the rules in force stay meanwhile. Changes made while it was away are applied
+///   and the source connects again after a back-off (100 ms doubling to 2 s; a watch that ends
+///   within 10 s of its start counts as a failed attempt, so a watch cancelled again and again is
+///   not followed in a loop), reads the key and watches again; the rules in force stay
+///   meanwhile. Changes made while it was away are applied
 ///   once it is back (only the latest value: etcd's read gives the current one).
 ///
 /// `connect` gives the client's settings (TLS, user and password, timeouts); `None` uses
@@ -84,24 +139,37 @@ pub async fn watch_etcd<E, S, D>(
         trouble_shown: false,
         outage: None,
     };
-    let mut retry = FIRST_RETRY;
+    let mut backoff = Backoff::new();
     loop {
-        match source
+        let started = tokio::time::Instant::now();
+        let ended = match source
             .follow_once(
                 &endpoints,
                 connect.clone().unwrap_or_else(etcd_connect_options),
             )
             .await
         {
-            // The watch was cancelled by etcd (compaction) or ended: read and watch again now.
-            Ok(()) => retry = FIRST_RETRY,
+            // The watch was cancelled by etcd (compaction) or ended: read and watch again.
+            Ok(()) => Ended::Watch {
+                lasted: started.elapsed(),
+            },
+            Err(error) if too_large(&error) => {
+                source.too_large(None);
+                Ended::TooLarge
+            }
             Err(error) => {
                 source.unreachable(&error);
-                tokio::time::sleep(retry).await;
-                retry = (retry * 2).min(MAX_RETRY);
+                Ended::Unreachable
             }
-        }
+        };
+        tokio::time::sleep(backoff.after(ended)).await;
     }
+}
+
+/// Whether `error` says a message was larger than the client reads (a value over 4 MiB: tonic's
+/// limit), which is no outage of etcd.
+fn too_large(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::OutOfRange)
 }
 
 /// What the source keeps between connections.
@@ -169,6 +237,10 @@ impl<D: Dialect> Source<D> {
         if self.last.as_deref() == Some(value) {
             return;
         }
+        if value.len() > MAX_VALUE {
+            self.too_large(Some(value.len()));
+            return;
+        }
         self.last = Some(value.to_owned());
         match std::str::from_utf8(value) {
             Ok(text) => {
@@ -209,6 +281,26 @@ impl<D: Dialect> Source<D> {
         self.last = None;
     }
 
+    /// The key holds a value too large to apply (of `bytes`, when it could be read at all).
+    fn too_large(&mut self, bytes: Option<usize>) {
+        let size = bytes.map_or_else(|| "over 4 MiB".to_owned(), |n| format!("of {n} bytes"));
+        tracing::warn!(
+            target: "tower_outlier",
+            key = self.key.as_str(),
+            size = size.as_str(),
+            "the etcd key's value is larger than 1 MiB: the rules in force stay"
+        );
+        self.rules.source_trouble(Some(format!(
+            "etcd key {:?} holds a value {size}, larger than 1 MiB: the rules in force stay",
+            self.key
+        )));
+        self.trouble_shown = true;
+        // etcd is reachable: this is no outage.
+        self.outage = None;
+        // Applied once it is put again, even if it is the value applied before.
+        self.last = None;
+    }
+
     fn unreachable(&mut self, error: &etcd_client::Error) {
         if self.outage.is_none() {
             tracing::warn!(
@@ -230,5 +322,31 @@ impl<D: Dialect> Source<D> {
                 "etcd reached again: following the key"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_cancelled_at_once_again_and_again_backs_off() {
+        let mut backoff = Backoff::new();
+        let quick = Ended::Watch {
+            lasted: Duration::from_millis(1),
+        };
+        let waits: Vec<Duration> = (0..6).map(|_| backoff.after(quick)).collect();
+        assert_eq!(
+            waits,
+            [100, 200, 400, 800, 1600, 2000].map(Duration::from_millis),
+            "waits after watches cancelled at once"
+        );
+        // A watch that stayed up starts the back-off over.
+        let wait = backoff.after(Ended::Watch { lasted: GOOD_WATCH });
+        assert_eq!(wait, FIRST_RETRY);
+        // A value too large to read is read again after waits up to a minute.
+        let waits: Vec<Duration> = (0..12).map(|_| backoff.after(Ended::TooLarge)).collect();
+        assert_eq!(waits.last(), Some(&MAX_RETRY_TOO_LARGE));
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]));
     }
 }

@@ -1,7 +1,9 @@
 //! A configuration file followed the way Kubernetes mounts a ConfigMap.
 
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
@@ -9,6 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::reconfigure::RulesHandle;
 use tower_outlier_core::dialect::Dialect;
+use tower_outlier_core::Lock;
 
 /// How long the file must stay quiet before it is read: an editor's save or a ConfigMap update
 /// is several events in a few milliseconds.
@@ -29,13 +32,15 @@ const MAX_DOCUMENT: u64 = 1 << 20;
 ///
 /// It watches the file's directory, not the file, so it sees a file replaced as Kubernetes
 /// replaces a mounted ConfigMap (the `..data` symlink swapped to a new directory in one rename)
-/// as well as a file rewritten in place or renamed over. Reads and changes to other files of the
-/// directory are ignored. Changes are read once the directory has been quiet for 200 ms, and a
+/// as well as a file rewritten in place or renamed over; when the path is a symlink into another
+/// directory, that directory is watched too. Reads and changes to other files of the directory
+/// are ignored. Changes are read once the directory has been quiet for 200 ms, and a
 /// content is applied once two reads 500 ms apart agree (a file rewritten in place may be read
 /// half written) and it differs from the last one applied. Only a regular file of at most 1 MiB
 /// is read, and never in a way that blocks (a FIFO or a device at the path is refused). A file
-/// that is missing, unreadable or refused is logged and waited out; a document that does not
-/// parse is refused ([`RulesHandle::apply`]) and the rules in force stay.
+/// that is missing, unreadable or refused is logged, shown in the snapshot's `rules_error`, and
+/// waited out; a document that does not parse is refused ([`RulesHandle::apply`]) and the rules
+/// in force stay.
 ///
 /// ```no_run
 /// # #[cfg(feature = "hsf")] {
@@ -63,11 +68,19 @@ pub async fn watch_file<D: Dialect>(
         _ => PathBuf::from("."),
     };
     let (events, mut changed) = mpsc::unbounded_channel();
-    let name = path.file_name().map(|name| name.to_os_string());
+    // The names whose changes matter: the file's, and that of the file a symlink at the path
+    // leads to (in its own directory, watched too).
+    let names: Arc<Lock<Vec<OsString>>> = Arc::new(Lock::new(
+        path.file_name()
+            .map(OsStr::to_os_string)
+            .into_iter()
+            .collect(),
+    ));
+    let watched_names = names.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let relevant = match &event {
             Err(_) => true,
-            Ok(event) => concerns(event, name.as_deref()),
+            Ok(event) => concerns(event, &watched_names.lock()),
         };
         if relevant {
             // The receiver gone means the source stopped; nothing to tell.
@@ -78,7 +91,12 @@ pub async fn watch_file<D: Dialect>(
     watcher
         .watch(&directory, RecursiveMode::NonRecursive)
         .map_err(io::Error::other)?;
-    let mut last: Option<String> = None;
+    let mut followed = Followed {
+        directories: vec![directory],
+        names,
+    };
+    followed.follow_link(&path, &mut watcher).await;
+    let mut last = Last::default();
     read_and_apply(&path, &dialect, &rules, &mut last).await;
     loop {
         match changed.recv().await {
@@ -92,43 +110,102 @@ pub async fn watch_file<D: Dialect>(
                 return Err(io::Error::other(error));
             }
         }
+        // A symlink at the path may lead elsewhere now.
+        followed.follow_link(&path, &mut watcher).await;
         read_and_apply(&path, &dialect, &rules, &mut last).await;
     }
 }
 
-/// Whether `event` in the watched directory may have changed the file called `name`: not a mere
+/// The directories watched and the file names that matter in them.
+struct Followed {
+    directories: Vec<PathBuf>,
+    names: Arc<Lock<Vec<OsString>>>,
+}
+
+impl Followed {
+    /// Watches the directory of the file a symlink at `path` leads to, if it is one not watched
+    /// yet: a change made there, behind the link, is a change of the file (the Kubernetes
+    /// layout's links stay within the watched directory; a link into another directory would
+    /// otherwise be missed). Bounded: a path whose links keep moving watches at most 16.
+    async fn follow_link(&mut self, path: &Path, watcher: &mut impl Watcher) {
+        let Ok(target) = tokio::fs::canonicalize(path).await else {
+            return;
+        };
+        let (Some(parent), Some(name)) = (target.parent(), target.file_name()) else {
+            return;
+        };
+        {
+            let mut names = self.names.lock();
+            if !names.iter().any(|known| known == name) && names.len() < 16 {
+                names.push(name.to_os_string());
+            }
+        }
+        if self.directories.iter().any(|watched| watched == parent) || self.directories.len() >= 16
+        {
+            return;
+        }
+        match watcher.watch(parent, RecursiveMode::NonRecursive) {
+            Ok(()) => {
+                tracing::debug!(target: "tower_outlier", path = %path.display(), target = %target.display(), "configuration file is a link elsewhere: its directory is watched too");
+                self.directories.push(parent.to_path_buf());
+            }
+            Err(error) => {
+                tracing::warn!(target: "tower_outlier", target = %target.display(), %error, "the directory a configuration link leads to cannot be watched");
+            }
+        }
+    }
+}
+
+/// Whether `event` in a watched directory may have changed a file called one of `names`: not a mere
 /// read (reading the file ourselves must not trigger another read), and about the file itself or
 /// Kubernetes' `..data` links and directories (a ConfigMap update renames `..data_tmp` over
 /// `..data`).
-fn concerns(event: &notify::Event, name: Option<&std::ffi::OsStr>) -> bool {
+fn concerns(event: &notify::Event, names: &[OsString]) -> bool {
     if matches!(event.kind, notify::EventKind::Access(_)) {
         return false;
     }
     event.paths.is_empty()
         || event.paths.iter().any(|path| {
-            path.file_name()
-                .is_some_and(|file| Some(file) == name || file.to_string_lossy().starts_with(".."))
+            path.file_name().is_some_and(|file| {
+                names.iter().any(|name| name == file) || file.to_string_lossy().starts_with("..")
+            })
         })
+}
+
+/// What the source last did with the file: the document it last applied or refused, and
+/// whether the file could not be read since (shown in the snapshot's `rules_error`).
+#[derive(Default)]
+struct Last {
+    text: Option<String>,
+    troubled: bool,
 }
 
 async fn read_and_apply<D: Dialect>(
     path: &Path,
     dialect: &D,
     rules: &RulesHandle,
-    last: &mut Option<String>,
+    last: &mut Last,
 ) {
     tracing::trace!(target: "tower_outlier", path = %path.display(), "configuration file read");
     match read_stable(path).await {
-        Ok(text) if last.as_deref() == Some(text.as_str()) => {}
+        Ok(text) if !last.troubled && last.text.as_deref() == Some(text.as_str()) => {}
         Ok(text) => {
+            // Applied (or refused) anew after a trouble, so that the snapshot says what is true
+            // of this document rather than of the trouble.
+            last.troubled = false;
             if let Ok(version) = rules.apply(dialect, &text) {
                 tracing::info!(target: "tower_outlier", path = %path.display(), version, "configuration file applied");
             }
             // A refused document is not read again until it changes.
-            *last = Some(text);
+            last.text = Some(text);
         }
         Err(error) => {
-            tracing::warn!(target: "tower_outlier", path = %path.display(), %error, "configuration file unreadable; waiting for it")
+            tracing::warn!(target: "tower_outlier", path = %path.display(), %error, "configuration file unreadable; waiting for it");
+            last.troubled = true;
+            rules.source_trouble(Some(format!(
+                "configuration file {} not read: {error}; the rules in force stay",
+                path.display()
+            )));
         }
     }
 }

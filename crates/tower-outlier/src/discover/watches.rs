@@ -13,8 +13,14 @@ use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::probe::{Health, HealthStream};
 
-type Next<K> =
-    Pin<Box<dyn Future<Output = Option<(K, u64, Option<Health>, HealthStream, u32)>> + Send>>;
+type Next<K> = Pin<Box<dyn Future<Output = (K, u64, Read, HealthStream, u32)> + Send>>;
+
+/// What one read of a watch gave.
+enum Read {
+    Word(Health),
+    /// The stream ended, or panicked (user code: contained, logged).
+    Gone,
+}
 
 /// Words in a row a watch may give without its stream ever making the adaptor wait: past this it
 /// waits [`READY_PAUSE`] on a timer, so that a stream that is always ready cannot keep the
@@ -79,41 +85,52 @@ where
             // The stream is user code: one that panics ends its watch, logged.
             let next = std::panic::AssertUnwindSafe(word).catch_unwind().await;
             let streak = if waited { 0 } else { streak + 1 };
-            match next {
-                Ok(word) => Some((key, generation, word, stream, streak)),
+            let read = match next {
+                Ok(Some(health)) => Read::Word(health),
+                Ok(None) => {
+                    tracing::info!(
+                        target: "tower_outlier",
+                        endpoint = ?key,
+                        "a health watch ended: its word no longer stands, the endpoint's calls judge it"
+                    );
+                    Read::Gone
+                }
                 Err(panic) => {
                     tracing::error!(
                         target: "tower_outlier",
                         endpoint = ?key,
                         panic = tower_outlier_core::panic_message(&*panic),
-                        "a health watch panicked: the endpoint keeps the health it last had"
+                        "a health watch panicked: its word no longer stands, the endpoint's calls judge it"
                     );
                     tower_outlier_core::drop_panic(panic);
-                    None
+                    Read::Gone
                 }
-            }
+            };
+            (key, generation, read, stream, streak)
         });
         self.running.push(Abortable::new(next, registration));
     }
 
     /// The next word of a watch in force, if one came: `Pending` otherwise, with this task's
-    /// waker registered by every watch.
+    /// waker registered by every watch. A watch that ended or panicked gives up its word: it
+    /// says [`Health::Serving`], and the endpoint's calls judge it (a last word of not serving
+    /// would otherwise hold the endpoint out for good, with no check of its own).
     pub(super) fn poll_word(&mut self, cx: &mut Context<'_>) -> Poll<(K, Health)> {
         while let Poll::Ready(Some(done)) = self.running.poll_next_unpin(cx) {
-            let Ok(Some((key, generation, word, stream, streak))) = done else {
+            let Ok((key, generation, read, stream, streak)) = done else {
                 continue;
             };
             if self.current.get(&key).map(|(g, _)| *g) != Some(generation) {
                 continue;
             }
-            match word {
-                Some(health) => {
+            match read {
+                Read::Word(health) => {
                     self.read(key.clone(), generation, stream, streak);
                     return Poll::Ready((key, health));
                 }
-                // Ended: the last word stands.
-                None => {
+                Read::Gone => {
                     self.current.remove(&key);
+                    return Poll::Ready((key, Health::Serving));
                 }
             }
         }

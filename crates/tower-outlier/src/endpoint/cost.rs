@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use tower::load::Load;
-use tower_outlier_core::{EndpointRecord, Nanos};
+use tower_outlier_core::Nanos;
 
 use super::*;
 
@@ -96,8 +96,8 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         // failure; an endpoint whose server says it is degraded is avoided on purpose, not for a
         // slow call, so only the follow-up applies (ejection wins over degradation).
         if weight >= 1.0
-            && (draws.wanted(record, now, in_flight as u64) > in_flight as u64
-                || draws.explore(record, in_flight, now, !degraded))
+            && (draws.wanted(&self.holder.shared, now, in_flight as u64) > in_flight as u64
+                || draws.explore(&self.holder.shared, in_flight, now, !degraded))
         {
             return EndpointCost(0.0);
         }
@@ -156,17 +156,6 @@ pub(super) const WAITING_GRANULARITY: Nanos = 1_000_000;
 /// move by whole buckets, far slower than the balancer draws.
 pub(super) const EVIDENCE_REFRESH: Nanos = 10_000_000;
 
-/// How long after one evidence episode began (the calls a policy wants for a judgement, sent on
-/// purpose) the next may begin: 10 s after the first, twice as long after each one more, up to
-/// [`MAX_EVIDENCE_EPISODE_GAP`] (the handle is new once the endpoint is ejected and back). One
-/// episode completes a hard-down endpoint's streak; a gray one whose streaks keep breaking would
-/// otherwise be sent calls after each pair of failures, more than p2c alone sends it, and deliver
-/// more failures to callers than no detection.
-pub(super) const EVIDENCE_EPISODE_GAP: Nanos = 10_000_000_000;
-
-/// The longest gap between two evidence episodes of one handle.
-pub(super) const MAX_EVIDENCE_EPISODE_GAP: Nanos = 320_000_000_000;
-
 /// What the balancer's load reads need to remember about this handle. It belongs to the handle
 /// the balancer holds, not to the shared record, so the reads write no memory other cores use.
 /// Atomic only so that `OutlierEndpoint` stays `Sync`: the balancer holding the handle is normally its
@@ -180,11 +169,6 @@ pub(super) struct Draws {
     wanted: AtomicU64,
     wanted_at: AtomicU64,
     wanted_in_flight: AtomicU64,
-    // The evidence episode under way, since when (`Nanos::MAX`: none), and the earliest the next
-    // may begin.
-    episode_since: AtomicU64,
-    next_episode_at: AtomicU64,
-    episode_gap: AtomicU64,
     // Slow start's credit (f64 bits): each draw adds the endpoint's share of draws, and it takes
     // part in one whenever a whole draw's credit is there, so it takes part in exactly that share
     // of its draws, evenly spread and without a random number.
@@ -199,9 +183,6 @@ impl Default for Draws {
             wanted: AtomicU64::new(0),
             wanted_at: AtomicU64::new(Nanos::MAX),
             wanted_in_flight: AtomicU64::new(0),
-            episode_since: AtomicU64::new(Nanos::MAX),
-            next_episode_at: AtomicU64::new(0),
-            episode_gap: AtomicU64::new(EVIDENCE_EPISODE_GAP),
             ramp_credit: AtomicU64::new(0f64.to_bits()),
         }
     }
@@ -210,9 +191,10 @@ impl Default for Draws {
 impl Draws {
     /// The calls the policies want ([`EndpointRecord::calls_wanted`]), read from the windows at
     /// most every [`EVIDENCE_REFRESH`] unless a call completed since (the in-flight count fell).
-    pub(super) fn wanted(&self, record: &EndpointRecord, now: Nanos, in_flight: u64) -> u64 {
+    pub(super) fn wanted(&self, shared: &Shared, now: Nanos, in_flight: u64) -> u64 {
+        let record = &shared.record;
         if !record.may_want_calls() {
-            self.end_episode();
+            shared.evidence.end();
             return 0;
         }
         let at = self.wanted_at.load(Ordering::Relaxed);
@@ -222,42 +204,11 @@ impl Draws {
         {
             return self.wanted.load(Ordering::Relaxed);
         }
-        let wanted = self.episode(record.calls_wanted(now), now);
+        let wanted = shared.evidence.episode(record.calls_wanted(now), now);
         self.wanted.store(wanted, Ordering::Relaxed);
         self.wanted_at.store(now, Ordering::Relaxed);
         self.wanted_in_flight.store(in_flight, Ordering::Relaxed);
         wanted
-    }
-
-    /// `wanted` within the evidence episodes: one under way goes on; a new one begins only
-    /// [`EVIDENCE_EPISODE_GAP`] after the first began, twice that after the second, and so on.
-    fn episode(&self, wanted: u64, now: Nanos) -> u64 {
-        if wanted == 0 {
-            self.end_episode();
-            return 0;
-        }
-        if self.episode_since.load(Ordering::Relaxed) != Nanos::MAX {
-            return wanted;
-        }
-        if now < self.next_episode_at.load(Ordering::Relaxed) {
-            return 0;
-        }
-        self.episode_since.store(now, Ordering::Relaxed);
-        let gap = self.episode_gap.load(Ordering::Relaxed);
-        self.next_episode_at
-            .store(now.saturating_add(gap), Ordering::Relaxed);
-        self.episode_gap.store(
-            gap.saturating_mul(2).min(MAX_EVIDENCE_EPISODE_GAP),
-            Ordering::Relaxed,
-        );
-        wanted
-    }
-
-    #[inline]
-    fn end_episode(&self) {
-        if self.episode_since.load(Ordering::Relaxed) != Nanos::MAX {
-            self.episode_since.store(Nanos::MAX, Ordering::Relaxed);
-        }
     }
 
     /// Counts one draw; true when the endpoint has lost enough in a row to win this one: its
@@ -269,7 +220,7 @@ impl Draws {
     /// either: that call would cost a caller a timeout too.
     pub(super) fn explore(
         &self,
-        record: &EndpointRecord,
+        shared: &Shared,
         in_flight: usize,
         now: Nanos,
         slow_call: bool,
@@ -277,7 +228,7 @@ impl Draws {
         let lost = self.lost.load(Ordering::Relaxed);
         if lost >= EXPLORE_AFTER
             && in_flight == 0
-            && ((slow_call && record.peak_unconfirmed()) || self.follow_up(record, now))
+            && ((slow_call && shared.record.peak_unconfirmed()) || self.follow_up(shared, now))
         {
             return true;
         }
@@ -287,15 +238,16 @@ impl Draws {
 
     /// [`EndpointRecord::follow_up_wanted`], asked at most every [`EVIDENCE_REFRESH`] after a
     /// refusal: it reads the policies' windows, and an avoided endpoint is drawn on every request.
-    pub(super) fn follow_up(&self, record: &EndpointRecord, now: Nanos) -> bool {
+    pub(super) fn follow_up(&self, shared: &Shared, now: Nanos) -> bool {
         let refused_at = self.follow_up_refused_at.load(Ordering::Relaxed);
         if refused_at != Nanos::MAX && now.saturating_sub(refused_at) < EVIDENCE_REFRESH {
             return false;
         }
         // A follow-up is evidence sent on purpose too: within the episodes.
-        let wanted = record.follow_up_wanted(RETRY_AFTER_FAST_FAILURE, now)
-            && (self.episode_since.load(Ordering::Relaxed) != Nanos::MAX
-                || self.episode(1, now) > 0);
+        let wanted = shared
+            .record
+            .follow_up_wanted(RETRY_AFTER_FAST_FAILURE, now)
+            && (shared.evidence.under_way() || shared.evidence.episode(1, now) > 0);
         self.follow_up_refused_at
             .store(if wanted { Nanos::MAX } else { now }, Ordering::Relaxed);
         wanted

@@ -74,7 +74,14 @@ where
                 reason,
                 refusal,
             } => self.refuse_for_host(key, id, reason, refusal),
-            Act::Eject { cause, reason } => self.eject(key, id, cause, reason, now),
+            Act::Eject { cause, reason } => {
+                self.eject(key, id, cause, reason, now);
+                // The rules took the last endpoint (failing fast): one a signal or an operator
+                // holds out comes back, as neither may leave the balancer nothing.
+                if self.available() == 0 {
+                    self.enforce_budget(now);
+                }
+            }
         }
     }
 
@@ -314,8 +321,8 @@ where
 
 /// Tells `record` what came with a verdict.
 fn tell(record: &tower_outlier_core::EndpointRecord, told: Told) {
-    if told.end_open_avoidance {
-        record.end_open_avoidance();
+    if told.end_avoidance {
+        record.end_avoidance();
     }
     if let Some(at_most) = told.pushback_at_most {
         record.cap_pushback(at_most);

@@ -8,11 +8,9 @@ use super::{DiscoverKey, Ejector, Engine, Standing};
 use crate::controls::{OperatorAction, Override};
 use crate::event::{Event, Readmission};
 
-/// The policy name an operator's decisions are reported under.
-pub(super) const OPERATOR: &str = "operator";
-
-/// The policy name a server's pushback is reported under.
-pub(super) const PUSHBACK: &str = "pushback";
+pub(super) use crate::event::{
+    HEALTH_POLICY as HEALTH, OPERATOR_POLICY as OPERATOR, PUSHBACK_POLICY as PUSHBACK,
+};
 
 /// Why an endpoint whose server asked to be left alone is out: the time asked (capped), in
 /// seconds, as the measure's value.
@@ -25,9 +23,6 @@ pub(super) fn pushback_reason(wait: std::time::Duration) -> Reason {
         counts: WindowCounts::default(),
     }
 }
-
-/// The policy name of an ejection by the endpoint's health service.
-pub(super) const HEALTH: &str = "health";
 
 /// Why an endpoint whose health service says it is not serving is out.
 pub(super) fn health_reason() -> Reason {
@@ -288,23 +283,18 @@ where
 
     /// Applies the back-off resets not applied yet to the endpoints they name.
     fn apply_resets(&mut self) {
-        let pending: Vec<(Box<str>, u64)> = self
-            .controls
-            .resets
-            .iter()
-            .filter(|(text, &count)| self.resets_applied.get(*text) != Some(&count))
-            .map(|(text, &count)| (text.clone(), count))
-            .collect();
-        if pending.is_empty() {
+        let resets = &self.controls.resets;
+        if resets.asked == self.resets_seen {
             return;
         }
+        let pending: Vec<Box<str>> = resets.after(self.resets_seen).map(Box::from).collect();
+        self.resets_seen = resets.asked;
         let mut named: std::collections::HashMap<Box<str>, K> = self
             .keys_where(|_| true)
             .into_iter()
             .map(|key| (format!("{key:?}").into_boxed_str(), key))
             .collect();
-        for (text, count) in pending {
-            self.resets_applied.insert(text.clone(), count);
+        for text in pending {
             let Some(key) = named.remove(&text) else {
                 continue;
             };

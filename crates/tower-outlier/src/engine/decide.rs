@@ -38,7 +38,7 @@ pub(super) struct Verdict {
 }
 
 /// What is done with the endpoint.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(super) enum Act {
     /// Not an outlier, or not in the balancer's set: nothing to do (a refusal noted before ends).
     Keep,
@@ -58,8 +58,9 @@ pub(super) enum Act {
 pub(super) struct Told {
     /// The server's pushback may run at most to this (0: it is forgotten).
     pub(super) pushback_at_most: Option<Nanos>,
-    /// The open-ended avoidance of an endpoint not serving ends (an operator's force-in, dry run).
-    pub(super) end_open_avoidance: bool,
+    /// The avoidance of an endpoint kept in ends, whatever set it (its server's pushback, its
+    /// health service): an operator forced it in, or dry run changes no routing.
+    pub(super) end_avoidance: bool,
     /// Its load is avoided until then (kept in while its server asked, or its health service
     /// says it is not serving).
     pub(super) avoid_until: Option<Nanos>,
@@ -118,9 +119,40 @@ where
         }
         let mut told = Told {
             // Neither an operator's force-in nor dry run lets the layer keep p2c away.
-            end_open_avoidance: forced == Some(Override::ForcedIn) || self.controls.dry_run,
+            end_avoidance: forced == Some(Override::ForcedIn) || self.controls.dry_run,
             ..Told::default()
         };
+        let ruled = self.judged(entry).map(|(index, reason)| {
+            let cause = Cause::Policy { index };
+            if forced == Some(Override::ForcedIn) {
+                return Act::Refuse {
+                    cause,
+                    reason,
+                    refusal: Refusal::ForcedIn,
+                };
+            }
+            match self.room_for(self.is_dry(index)) {
+                Ok(()) => Act::Eject { cause, reason },
+                Err(refusal) => Act::Refuse {
+                    cause,
+                    reason,
+                    refusal,
+                },
+            }
+        });
+        // The rules' own ejection comes before what a signal asks: a server that keeps asking
+        // for a pause, or a drain, would otherwise have its failing endpoint back without a
+        // check each time. Only an enforcing policy's: dry run changes no routing.
+        let enforced = matches!(
+            ruled,
+            Some(Act::Eject { cause: Cause::Policy { index }, .. }) if !self.is_dry(index)
+        );
+        if let (true, Some(act)) = (enforced, &ruled) {
+            return Verdict {
+                act: act.clone(),
+                told,
+            };
+        }
         if forced != Some(Override::ForcedIn) && !shadow_out {
             if let Some(act) = self.health_act(entry, &mut told) {
                 return Verdict { act, told };
@@ -129,24 +161,7 @@ where
                 return Verdict { act, told };
             }
         }
-        if let Some((index, reason)) = self.judged(entry) {
-            let cause = Cause::Policy { index };
-            let act = if forced == Some(Override::ForcedIn) {
-                Act::Refuse {
-                    cause,
-                    reason,
-                    refusal: Refusal::ForcedIn,
-                }
-            } else {
-                match self.room_for(self.is_dry(index)) {
-                    Ok(()) => Act::Eject { cause, reason },
-                    Err(refusal) => Act::Refuse {
-                        cause,
-                        reason,
-                        refusal,
-                    },
-                }
-            };
+        if let Some(act) = ruled {
             return Verdict { act, told };
         }
         let act = if forced.is_none() {

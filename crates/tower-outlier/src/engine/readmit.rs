@@ -4,7 +4,7 @@
 
 use tokio::time::Instant;
 
-use super::{later, DiscoverKey, Engine, Standing};
+use super::{later, DiscoverKey, Ejector, Engine, Standing};
 use crate::event::{Event, Readmission};
 
 impl<K, S> Engine<K, S>
@@ -37,7 +37,19 @@ where
         let Some(entry) = self.entries.get(key) else {
             return;
         };
-        entry.record().reset();
+        // A signal's ejection (its server's pushback, its health service, its host held out
+        // elsewhere) was no judgement of the rules: what they counted stands, and they judge the
+        // endpoint again as it comes back. Only the rules' own (and an operator's, or the
+        // budget's) start its history anew.
+        let signalled = matches!(
+            entry.ejected_by(),
+            Some(Ejector::Pushback | Ejector::Health | Ejector::Host)
+        );
+        if signalled {
+            entry.record().forget_pushback();
+        } else {
+            entry.record().reset();
+        }
         if self.refused.remove(&entry.id).is_some() {
             self.registry.refused(self.roster, entry.id, None);
         }
@@ -45,6 +57,8 @@ where
         self.seed_rtt(&shared.record);
         if !shadow && !panicked_in {
             self.start_ramp(&shared.record);
+            // Its evidence episodes start over, as a handle given anew to the balancer.
+            shared.evidence.reset();
         }
         // Back in the balancer's set, unless dry run or panic had it there already.
         self.restand(key, |s| s.readmit(trial_until));
@@ -66,12 +80,11 @@ where
         self.publish(key, trial_until, None);
         self.report_states(key);
         self.retry_refused(now);
-        // Back for another reason while its health service says it is not serving.
-        if self
-            .entries
-            .get(key)
-            .is_some_and(|e| e.record().is_not_serving() && e.standing().is_available())
-        {
+        // Back after a signal, its rules judge it on what they counted; back for another reason
+        // while its health service says it is not serving, it goes out again.
+        if self.entries.get(key).is_some_and(|e| {
+            e.standing().is_available() && (signalled || e.record().is_not_serving())
+        }) {
             self.consider(key, now);
         }
     }
@@ -80,6 +93,11 @@ where
     /// since it was last rebuilt, joined or re-admitted, and the layer rebuilds services
     /// ([`rebuild`](crate::rebuild)). A rebuild that panics, or says `None`, keeps the service.
     pub(super) fn rebuild_if_due(&mut self, key: &K) {
+        // Dry run makes nothing, even for an operator's endpoint coming back (an operator's
+        // force-out is real in dry run): the endpoint keeps the service it has.
+        if self.controls.dry_run {
+            return;
+        }
         let Some(rebuild) = self.rebuild.as_deref() else {
             return;
         };
@@ -166,11 +184,17 @@ where
                     .iter()
                     .filter(|(_, e)| !e.standing().is_available() && e.is_shadow() == shadow)
                     // Forced out is over the budget by design; only no endpoint at all takes it
-                    // back.
+                    // back. When the rules took the last endpoint of a layer that fails fast,
+                    // what a signal or an operator holds out comes back: only the rules' own
+                    // ejections may leave the balancer nothing.
                     .filter(|(_, e)| {
                         let forced_out = matches!(e.standing(), Standing::HeldByOperator);
+                        let by_signal = matches!(
+                            e.ejected_by(),
+                            Some(Ejector::Pushback | Ejector::Health | Ejector::Host)
+                        );
                         match cause {
-                            Readmission::LastEndpoint => keeps_last || forced_out,
+                            Readmission::LastEndpoint => keeps_last || forced_out || by_signal,
                             _ => !forced_out,
                         }
                     })

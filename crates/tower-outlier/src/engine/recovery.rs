@@ -210,8 +210,11 @@ where
             self.readmit(&key, None, Readmission::PushbackOver, now);
             return;
         }
-        // The probe runs on the service the endpoint will come back with.
-        self.rebuild_if_due(&key);
+        // The probe runs on the service the endpoint will come back with; in dry run it never
+        // left, and keeps the one it has (no factory runs for what dry run only reports).
+        if !episode.shadow {
+            self.rebuild_if_due(&key);
+        }
         let Some(entry) = self.entries.get(&key) else {
             return;
         };

@@ -148,7 +148,7 @@ impl Registry {
     /// The last reconfiguration was refused for `error`, or accepted (`None`: its notes are
     /// cleared too, until the dialect's are set).
     /// A configuration source's trouble (not a refused document: no event, the notes kept).
-    #[cfg(feature = "etcd")]
+    #[cfg(any(feature = "etcd", feature = "file-source"))]
     pub(crate) fn source_trouble(&self, trouble: Option<String>) {
         self.rules.lock().1 = trouble;
     }

@@ -142,7 +142,7 @@ impl RulesHandle {
         let text: Box<str> = format!("{key:?}").into();
         tracing::info!(target: "tower_outlier", endpoint = &*text, "back-off reset asked for");
         self.cell().control(|controls| {
-            *controls.resets.entry(text).or_insert(0) += 1;
+            controls.resets.ask(text);
         });
     }
 
