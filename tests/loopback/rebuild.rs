@@ -218,10 +218,16 @@ where
 async fn a_rebuilt_endpoint_reaches_the_restarted_server_on_its_first_request() {
     let run = restart_run(rebuild_fn(|addr: &SocketAddr| endpoint(*addr))).await;
     eprintln!("with rebuild_on_return: {run:?}");
-    assert!(run.back_at.is_some(), "never re-admitted: {run:?}");
+    let Some(back_at) = run.back_at else {
+        panic!("never re-admitted: {run:?}");
+    };
+    // In rotation since its return: at least 10 requests a second of the rest of the 6 s (a
+    // fair share is about 65; on a busy machine p2c's estimate of a new connection keeps it
+    // lower for a while, 13 a second in one full run of the suite).
+    let since = Duration::from_secs(6).saturating_sub(back_at).as_secs_f64();
     assert!(
-        run.new_server_served > 50,
-        "the restarted server got {} requests in the 6 s: {run:?}",
+        run.new_server_served as f64 >= 10.0 * since,
+        "the restarted server got {} requests in the {since:.1} s since its return: {run:?}",
         run.new_server_served
     );
     // The one timeout on the dead connection that ejected it, and nothing after: the first

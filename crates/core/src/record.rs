@@ -36,8 +36,6 @@ pub struct EndpointRecord {
     shared_index: u8,
     // Bit i: policy i (of the first 32) has a readiness gate. Fixed at creation.
     gated: ProbePermits,
-    // Bit i: policy i (of the first 32) hears what the server says. Fixed at creation.
-    hearing: ProbePermits,
     latency: Latency,
     // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
     weight: AtomicU64,
@@ -47,17 +45,12 @@ pub struct EndpointRecord {
     // A handle's `poll_ready` failed and it holds the endpoint out of its balancer's picks until
     // the service is ready again (cold path: written on the transitions only).
     unready: AtomicBool,
-    // Until when the server asked to be left alone (a `Retry-After`, gRPC's pushback), on the
-    // record's clock; 0: it has not (cold path: written when a response asks).
-    pushback: AtomicU64,
-    // Until when the layer, having kept the endpoint in (the budget), has its load avoided for
-    // the server's request, capped; 0: it does not.
-    avoid: AtomicU64,
-    // What the server says of itself beyond pushback (degraded, not serving), and how the
-    // balancer's draws are shared out (slow start, weights from load reports): each apart, so
-    // that the fields every call touches stay together, and made only when its option acts.
-    heard: OnceLock<Box<Heard>>,
-    draws: OnceLock<Box<Draws>>,
+    // Whether a policy hears what the server says (a load report is read only then).
+    hears: bool,
+    // What the layer's options keep beside the calls, made the first time one acts (most
+    // endpoints never need it): what the server said of itself, the shares of the balancer's
+    // draws, the evidence episodes. Apart, so that the fields every call touches stay together.
+    options: OnceLock<Box<Options>>,
     // A call timed out or failed in transport since the endpoint joined or was re-admitted: its
     // connections may be dead (cold path: written once per episode).
     connection_failed: AtomicBool,
@@ -78,12 +71,7 @@ impl EndpointRecord {
             .enumerate()
             .filter(|(_, policy)| policy.gate().is_some())
             .fold(0, |gated, (index, _)| gated | 1 << index);
-        let hearing = policies
-            .iter()
-            .take(GATED_POLICIES)
-            .enumerate()
-            .filter(|(_, policy)| policy.hears())
-            .fold(0, |hearing, (index, _)| hearing | 1 << index);
+        let hears = policies.iter().any(|policy| policy.hears());
         let (shared_index, shared_window) = policies
             .iter()
             .enumerate()
@@ -95,7 +83,7 @@ impl EndpointRecord {
             shared_window,
             shared_index,
             gated,
-            hearing,
+            hears,
             // Zero: an endpoint nobody has measured yet is tried first (the layer seeds endpoints
             // that join a measured fleet with the fleet's mean instead).
             latency: Latency {
@@ -109,10 +97,7 @@ impl EndpointRecord {
             flagged: AtomicBool::new(false),
             signal_slot: OnceLock::new(),
             unready: AtomicBool::new(false),
-            pushback: AtomicU64::new(0),
-            avoid: AtomicU64::new(0),
-            heard: OnceLock::new(),
-            draws: OnceLock::new(),
+            options: OnceLock::new(),
             connection_failed: AtomicBool::new(false),
             notifier,
         }
@@ -158,15 +143,11 @@ impl EndpointRecord {
         );
         next.weight
             .store(self.weight.load(Ordering::Relaxed), Ordering::Relaxed);
-        next.pushback
-            .store(self.pushback.load(Ordering::Relaxed), Ordering::Relaxed);
-        next.avoid
-            .store(self.avoid.load(Ordering::Relaxed), Ordering::Relaxed);
-        if let Some(heard) = self.heard.get() {
-            next.heard_or_new().copy_from(heard);
-        }
-        if let Some(draws) = self.draws.get() {
-            next.draws_or_new().copy_from(draws);
+        if let Some(options) = self.options.get() {
+            let copy = next.options_or_new();
+            copy.heard.copy_from(&options.heard);
+            copy.draws.copy_from(&options.draws);
+            copy.evidence.copy_from(&options.evidence);
         }
         next.connection_failed.store(
             self.connection_failed.load(Ordering::Relaxed),
@@ -427,8 +408,9 @@ impl EndpointRecord {
             policy.reset();
         }
         self.flagged.store(false, Ordering::Release);
-        self.pushback.store(0, Ordering::Relaxed);
-        self.avoid.store(0, Ordering::Relaxed);
+        if let Some(options) = self.options.get() {
+            options.heard.forget_pushback();
+        }
         self.connection_failed.store(false, Ordering::Relaxed);
         let flags = self.latency.flags.load(Ordering::Relaxed);
         self.latency.flags.store(
@@ -449,12 +431,30 @@ impl fmt::Debug for EndpointRecord {
 }
 
 mod draws;
+mod evidence;
 mod heard;
 mod latency;
 mod notify;
 
 use draws::Draws;
+use evidence::Evidence;
 use heard::Heard;
+
+/// What the layer's options keep for an endpoint beside its calls, each part owned by its file:
+/// made the first time one acts, and then for good (one allocation, off the per-call path).
+#[derive(Default)]
+struct Options {
+    heard: Heard,
+    draws: Draws,
+    evidence: Evidence,
+}
+
+impl EndpointRecord {
+    /// The options' state, made now if the endpoint has none yet (cold path: one allocation).
+    fn options_or_new(&self) -> &Options {
+        self.options.get_or_init(Box::default)
+    }
+}
 pub use latency::RTT_DECAY;
 use latency::*;
 pub use notify::{store_if_changed, Notifier, SignalChunk, SignalSlot};

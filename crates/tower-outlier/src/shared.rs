@@ -1,7 +1,6 @@
 //! What every handle of one endpoint, and every call through it, share: the endpoint's record
 //! and the lanes its handles count their calls in flight on.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tower_outlier_core::lanes::{HasLanes, Lanes};
@@ -12,8 +11,6 @@ use tower_outlier_core::{EndpointRecord, Nanos};
 /// classifier per request (most are zero-sized, and a copy costs nothing).
 pub(crate) struct Shared {
     pub(crate) record: EndpointRecord,
-    // The calls sent on purpose to it while it fails (evidence for its policies), rationed.
-    pub(crate) evidence: Evidence,
     // Every lane made for a handle of this endpoint, to sum the calls in flight.
     lanes: Lanes<Shared>,
 }
@@ -22,7 +19,6 @@ impl Shared {
     pub(crate) fn new(record: EndpointRecord) -> Arc<Self> {
         Arc::new(Shared {
             record,
-            evidence: Evidence::default(),
             lanes: Lanes::new(),
         })
     }
@@ -79,85 +75,5 @@ impl HasRecord for Shared {
 
     fn in_flight(&self) -> usize {
         Shared::in_flight(self)
-    }
-}
-
-/// How long after one evidence episode began (the calls a policy wants for a judgement, sent on
-/// purpose) the next may begin: 10 s after the first, twice as long after each one more, up to
-/// [`MAX_EVIDENCE_EPISODE_GAP`] (anew once the endpoint is ejected and back). One
-/// episode completes a hard-down endpoint's streak; a gray one whose streaks keep breaking would
-/// otherwise be sent calls after each pair of failures, more than p2c alone sends it, and deliver
-/// more failures to callers than no detection.
-pub(crate) const EVIDENCE_EPISODE_GAP: Nanos = 10_000_000_000;
-
-/// The longest gap between two evidence episodes of one endpoint.
-pub(crate) const MAX_EVIDENCE_EPISODE_GAP: Nanos = 320_000_000_000;
-
-/// The episodes of calls sent on purpose to an endpoint failing fast (the rest of a streak, a
-/// window's minimum, the follow-up of a fast failure): the one under way, since when, and the
-/// earliest the next may begin. The endpoint's, not a handle's: an upstream that inserts the key
-/// again (a new service, so a new handle) does not start the doubling anew (it did, and a gray
-/// replica re-inserted every few seconds delivered twice the failures); a re-admission does.
-#[derive(Debug)]
-pub(crate) struct Evidence {
-    since: AtomicU64,
-    next_at: AtomicU64,
-    gap: AtomicU64,
-}
-
-impl Default for Evidence {
-    fn default() -> Self {
-        Evidence {
-            since: AtomicU64::new(Nanos::MAX),
-            next_at: AtomicU64::new(0),
-            gap: AtomicU64::new(EVIDENCE_EPISODE_GAP),
-        }
-    }
-}
-
-impl Evidence {
-    /// `wanted` within the evidence episodes: one under way goes on; a new one begins only
-    /// [`EVIDENCE_EPISODE_GAP`] after the first began, twice that after the second, and so on.
-    pub(crate) fn episode(&self, wanted: u64, now: Nanos) -> u64 {
-        if wanted == 0 {
-            self.end();
-            return 0;
-        }
-        if self.under_way() {
-            return wanted;
-        }
-        if now < self.next_at.load(Ordering::Relaxed) {
-            return 0;
-        }
-        self.since.store(now, Ordering::Relaxed);
-        let gap = self.gap.load(Ordering::Relaxed);
-        self.next_at
-            .store(now.saturating_add(gap), Ordering::Relaxed);
-        self.gap.store(
-            gap.saturating_mul(2).min(MAX_EVIDENCE_EPISODE_GAP),
-            Ordering::Relaxed,
-        );
-        wanted
-    }
-
-    /// Whether an episode is under way.
-    #[inline]
-    pub(crate) fn under_way(&self) -> bool {
-        self.since.load(Ordering::Relaxed) != Nanos::MAX
-    }
-
-    /// Ends the episode under way, if any.
-    #[inline]
-    pub(crate) fn end(&self) {
-        if self.under_way() {
-            self.since.store(Nanos::MAX, Ordering::Relaxed);
-        }
-    }
-
-    /// Starts over: the endpoint is back from an ejection.
-    pub(crate) fn reset(&self) {
-        self.since.store(Nanos::MAX, Ordering::Relaxed);
-        self.next_at.store(0, Ordering::Relaxed);
-        self.gap.store(EVIDENCE_EPISODE_GAP, Ordering::Relaxed);
     }
 }

@@ -24,8 +24,8 @@ pub(super) struct Draws {
     draw_share: AtomicU64,
 }
 
-impl Draws {
-    fn new() -> Self {
+impl Default for Draws {
+    fn default() -> Self {
         Draws {
             ramp_since: AtomicU64::new(Nanos::MAX),
             ramp_fleet: AtomicU64::new(1),
@@ -33,7 +33,9 @@ impl Draws {
             draw_share: AtomicU64::new(NO_DRAW_SHARE),
         }
     }
+}
 
+impl Draws {
     /// Takes on `other`'s state (a record's successor).
     pub(super) fn copy_from(&self, other: &Draws) {
         if let Some(ramp) = other.ramp.get() {
@@ -75,9 +77,15 @@ fn ramping_draws(draws: &Draws, since: Nanos, now: Nanos) -> f64 {
 
 impl EndpointRecord {
     /// The shares of the draws, made now if the endpoint has none yet (cold path: one
-    /// allocation).
-    pub(super) fn draws_or_new(&self) -> &Draws {
-        self.draws.get_or_init(|| Box::new(Draws::new()))
+    /// allocation, of the record's options).
+    fn draws_or_new(&self) -> &Draws {
+        &self.options_or_new().draws
+    }
+
+    /// The shares of the draws, if any was ever set.
+    #[inline]
+    fn draws(&self) -> Option<&Draws> {
+        self.options.get().map(|options| &options.draws)
     }
 
     /// Starts the endpoint's slow start at `now`, in a balancer's set of `fleet` endpoints (this
@@ -99,7 +107,7 @@ impl EndpointRecord {
     /// formula `p = s·n / (n − 1 + s)`. One or two loads while the endpoint is not ramping.
     #[inline]
     pub fn ramp_draws(&self, now: Nanos) -> f64 {
-        let Some(draws) = self.draws.get() else {
+        let Some(draws) = self.draws() else {
             return 1.0;
         };
         let since = draws.ramp_since.load(Ordering::Relaxed);
@@ -132,7 +140,7 @@ impl EndpointRecord {
     /// No share of the draws is in force any more: the endpoint takes part in all of them, and
     /// is compared by its cost. Cold path.
     pub fn clear_draw_share(&self) {
-        if let Some(draws) = self.draws.get() {
+        if let Some(draws) = self.draws() {
             if draws.draw_share.load(Ordering::Relaxed) != NO_DRAW_SHARE {
                 draws.draw_share.store(NO_DRAW_SHARE, Ordering::Relaxed);
             }
@@ -143,7 +151,7 @@ impl EndpointRecord {
     /// while none is in force).
     #[inline]
     pub fn draw_share(&self) -> f64 {
-        self.draws.get().map_or(1.0, |draws| {
+        self.draws().map_or(1.0, |draws| {
             let share = f64::from_bits(draws.draw_share.load(Ordering::Relaxed));
             if share.is_nan() {
                 1.0
@@ -157,15 +165,14 @@ impl EndpointRecord {
     /// ([`set_draw_share`](Self::set_draw_share)).
     #[inline]
     pub fn draws_weighted(&self) -> bool {
-        self.draws
-            .get()
+        self.draws()
             .is_some_and(|draws| !f64::from_bits(draws.draw_share.load(Ordering::Relaxed)).is_nan())
     }
 
     /// The ramp's share of a full endpoint's traffic at `now` (`None` while not ramping), for
     /// snapshots.
     pub fn ramp_share(&self, now: Nanos) -> Option<f64> {
-        let draws = self.draws.get()?;
+        let draws = self.draws()?;
         let since = draws.ramp_since.load(Ordering::Relaxed);
         if since == Nanos::MAX {
             return None;

@@ -194,7 +194,7 @@ impl Draws {
     pub(super) fn wanted(&self, shared: &Shared, now: Nanos, in_flight: u64) -> u64 {
         let record = &shared.record;
         if !record.may_want_calls() {
-            shared.evidence.end();
+            shared.record.end_evidence_episode();
             return 0;
         }
         let at = self.wanted_at.load(Ordering::Relaxed);
@@ -204,7 +204,7 @@ impl Draws {
         {
             return self.wanted.load(Ordering::Relaxed);
         }
-        let wanted = shared.evidence.episode(record.calls_wanted(now), now);
+        let wanted = record.evidence_episode(record.calls_wanted(now), now);
         self.wanted.store(wanted, Ordering::Relaxed);
         self.wanted_at.store(now, Ordering::Relaxed);
         self.wanted_in_flight.store(in_flight, Ordering::Relaxed);
@@ -247,7 +247,8 @@ impl Draws {
         let wanted = shared
             .record
             .follow_up_wanted(RETRY_AFTER_FAST_FAILURE, now)
-            && (shared.evidence.under_way() || shared.evidence.episode(1, now) > 0);
+            && (shared.record.evidence_episode_under_way()
+                || shared.record.evidence_episode(1, now) > 0);
         self.follow_up_refused_at
             .store(if wanted { Nanos::MAX } else { now }, Ordering::Relaxed);
         wanted

@@ -58,7 +58,7 @@ where
         if !shadow && !panicked_in {
             self.start_ramp(&shared.record);
             // Its evidence episodes start over, as a handle given anew to the balancer.
-            shared.evidence.reset();
+            shared.record.reset_evidence();
         }
         // Back in the balancer's set, unless dry run or panic had it there already.
         self.restand(key, |s| s.readmit(trial_until));
