@@ -55,7 +55,7 @@ impl Evidence {
 
 impl EndpointRecord {
     /// `wanted` calls within the evidence episodes: one under way goes on; a new one begins only
-    /// [`EVIDENCE_EPISODE_GAP`] after the first began, twice that after the second, and so on.
+    /// 10 s after the first began, twice that after the second, and so on (at most 320 s).
     /// Read by the balancer's load (the first episode of an endpoint allocates the record's
     /// options).
     pub fn evidence_episode(&self, wanted: u64, now: Nanos) -> u64 {
