@@ -30,7 +30,7 @@ use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
 use tower_outlier::{
     DetectorConfig, DetectorPolicy, ErrorRateConfig, ErrorRatePolicy, NetworkErrors,
-    OutlierDetectionLayer, SlowStart,
+    OutlierDetectionLayer, SlowStart, WhenAllOut,
 };
 
 use sim::{Backend, Event, Fault, Log, Request, Scenario, Schedule, World, BIN};
@@ -62,6 +62,9 @@ enum Config {
     Grpc,
     /// linkerd's defaults: 7 consecutive failures, back-off from 1 s to 60 s, one probe request.
     Linkerd,
+    /// linkerd's defaults failing fast when the rules would leave no endpoint, as linkerd does
+    /// (the preset keeps the last).
+    LinkerdFailFast,
     /// `DetectorConfig::recommended()` with an active probe, as the README recommends.
     Recommended,
     /// `DetectorConfig::recommended()` recovering by probation (one real request) instead.
@@ -83,7 +86,7 @@ enum Config {
     Finagle,
 }
 
-const CONFIGS: [Config; 18] = [
+const CONFIGS: [Config; 19] = [
     Config::Baseline,
     Config::Edas,
     Config::EdasProbe,
@@ -95,6 +98,7 @@ const CONFIGS: [Config; 18] = [
     Config::EnvoyMax50,
     Config::Grpc,
     Config::Linkerd,
+    Config::LinkerdFailFast,
     Config::Recommended,
     Config::RecommendedPassive,
     Config::RecommendedSlowStart,
@@ -118,6 +122,7 @@ impl Config {
             Config::EnvoyMax50 => "Envoy preset, max_ejection_percent 50",
             Config::Grpc => "gRPC preset",
             Config::Linkerd => "linkerd preset",
+            Config::LinkerdFailFast => "linkerd preset, failing fast as linkerd does",
             Config::Recommended => "recommended + active probe",
             Config::RecommendedPassive => "recommended, passive",
             Config::RecommendedSlowStart => "recommended + active probe + slow start 10 s",
@@ -162,6 +167,9 @@ impl Config {
             Config::EnvoyMax50 => detectors(DetectorConfig::envoy().max_ejection_percent(50)),
             Config::Grpc => detectors(DetectorConfig::grpc()),
             Config::Linkerd => detectors(DetectorConfig::linkerd()),
+            Config::LinkerdFailFast => {
+                detectors(DetectorConfig::linkerd()).when_all_out(WhenAllOut::FailFast)
+            }
             Config::Recommended | Config::RecommendedPassive => {
                 detectors(DetectorConfig::recommended())
             }
@@ -298,6 +306,20 @@ fn scenarios() -> Vec<Scenario> {
             },
             ..scenario(
                 "whole fleet down 20 s, then healthy",
+                &[0, 1, 2, 3, 4],
+                Fault::Down,
+            )
+        },
+        // Every endpoint down 5 s in 10 at once (a shared dependency flapping): whether failing
+        // fast when the rules would leave none costs callers more than no detection.
+        Scenario {
+            schedule: Schedule::Flapping {
+                start: FAULT_AT,
+                down: 5.0,
+                up: 5.0,
+            },
+            ..scenario(
+                "whole fleet flapping together (down 5 s, up 5 s)",
                 &[0, 1, 2, 3, 4],
                 Fault::Down,
             )

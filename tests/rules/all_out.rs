@@ -1,6 +1,6 @@
 //! When the rules would leave the balancer no endpoint (`WhenAllOut`), on tokio's paused clock and
 //! through a real p2c `Balance`: keeping the last (EDAS, HSF, the recommendation), failing fast
-//! (gRPC, linkerd) behind the layer's guard or waiting without it, and Envoy's panic threshold.
+//! (gRPC; linkerd when told) behind the layer's guard or waiting without it, and Envoy's panic threshold.
 
 use crate::support;
 
@@ -18,7 +18,8 @@ use tower_outlier::{
 
 const SECOND: Duration = Duration::from_secs(1);
 
-pub(crate) fn linkerd() -> OutlierDetectionLayer {
+/// linkerd's consecutive accrual, quicker, without its jitter.
+fn linkerd_preset() -> OutlierDetectionLayer {
     OutlierDetectionLayer::new(DetectorPolicy::seeded(
         DetectorConfig::linkerd_consecutive()
             .consecutive_5xx(3)
@@ -28,6 +29,12 @@ pub(crate) fn linkerd() -> OutlierDetectionLayer {
             .unwrap(),
         3,
     ))
+}
+
+/// The same, failing fast when every endpoint is out, as linkerd does (the preset keeps the
+/// last endpoint unless told).
+pub(crate) fn linkerd() -> OutlierDetectionLayer {
+    linkerd_preset().when_all_out(WhenAllOut::FailFast)
 }
 
 fn upstream(
@@ -47,7 +54,7 @@ fn upstream(
 async fn fail_fast_fails_calls_at_once_when_every_endpoint_is_out_and_serves_when_one_is_back() {
     let layer = linkerd();
     assert_eq!(
-        DetectorConfig::linkerd().build().unwrap().when_all_out(),
+        DetectorConfig::grpc().build().unwrap().when_all_out(),
         WhenAllOut::FailFast
     );
     let backends: Vec<Backend> = (0..2).map(Backend::new).collect();
@@ -124,14 +131,14 @@ async fn without_the_guard_a_call_waits_for_an_endpoint_to_come_back() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_layer_told_to_keep_the_last_overrides_a_preset_that_fails_fast() {
-    let layer = linkerd().when_all_out(WhenAllOut::KeepLast);
+async fn the_linkerd_preset_keeps_the_last_unless_told_to_fail_fast() {
+    let layer = linkerd_preset();
     let mut h = Harness::new(&layer, 2);
     h.calls_while_live(0, 3, 0).await;
     h.calls_while_live(1, 3, 0).await;
     assert_eq!(h.live_ids(), vec![1], "the last endpoint stays in");
-    // And the preset's own choice when told nothing: both out.
-    let layer = linkerd();
+    // Told to fail fast, as linkerd does: both out.
+    let layer = linkerd_preset().when_all_out(WhenAllOut::FailFast);
     let mut h = Harness::new(&layer, 2);
     h.calls_while_live(0, 3, 0).await;
     h.calls_while_live(1, 3, 0).await;

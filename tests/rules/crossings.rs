@@ -204,7 +204,9 @@ struct World {
 /// The detectors' builder of `preset`, as its layer starts.
 fn detector_preset(preset: &str) -> tower_outlier::detectors::DetectorBuilder {
     match preset {
-        "linkerd" => DetectorConfig::linkerd(),
+        // Failing fast, as linkerd does (the preset keeps the last unless told): the crossing
+        // the rules may empty the set in.
+        "linkerd" => DetectorConfig::linkerd().when_all_out(WhenAllOut::FailFast),
         "grpc" => DetectorConfig::grpc().max_ejection_percent(50),
         "envoy" => DetectorConfig::envoy().max_ejection_percent(60),
         _ => DetectorConfig::recommended(),

@@ -144,7 +144,10 @@ async fn the_last_endpoint_not_serving_stays_in() {
 #[tokio::test(start_paused = true)]
 async fn every_endpoint_not_serving_keeps_the_last_under_fail_fast_presets() {
     for (name, config) in [
-        ("linkerd", DetectorConfig::linkerd()),
+        (
+            "linkerd",
+            DetectorConfig::linkerd().when_all_out(tower_outlier::WhenAllOut::FailFast),
+        ),
         ("grpc", DetectorConfig::grpc()),
     ] {
         let watched = Watched::default();

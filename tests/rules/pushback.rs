@@ -373,7 +373,10 @@ async fn pushback_from_every_server_never_takes_the_last_under_fail_fast_presets
     use tower_outlier::{DetectorConfig, DetectorPolicy};
 
     for (name, config) in [
-        ("linkerd", DetectorConfig::linkerd()),
+        (
+            "linkerd",
+            DetectorConfig::linkerd().when_all_out(tower_outlier::WhenAllOut::FailFast),
+        ),
         ("grpc", DetectorConfig::grpc()),
     ] {
         let layer = OutlierDetectionLayer::new(DetectorPolicy::seeded(config.build().unwrap(), 7))

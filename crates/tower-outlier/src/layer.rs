@@ -123,7 +123,7 @@ impl<C, P, R> OutlierDetectionLayer<C, P, R> {
 
     /// Sets what the layer does when its rules would leave the balancer no endpoint to pick
     /// ([`WhenAllOut`]): keep the last one (EDAS and HSF; the default when no policy says, and
-    /// this library's recommendation), fail fast (gRPC, linkerd; with
+    /// this library's recommendation; linkerd's preset too), fail fast (gRPC; with
     /// [`fail_fast`](Self::fail_fast) in front of the balancer), or Envoy's panic threshold. By
     /// default the first policy's choice: each detector preset brings its system's.
     ///

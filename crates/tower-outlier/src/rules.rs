@@ -40,8 +40,8 @@
 //!   [`WhenAllOut::KeepLast`](crate::WhenAllOut), EDAS's and HSF's rule and this library's
 //!   recommendation. A layer may choose otherwise
 //!   ([`when_all_out`](crate::OutlierDetectionLayer::when_all_out); each detector preset brings
-//!   its system's): [`FailFast`](crate::WhenAllOut::FailFast) (gRPC, linkerd) ejects the last
-//!   one too, and calls then fail at once behind the layer's
+//!   its system's, but linkerd's keeps the last: see below): [`FailFast`](crate::WhenAllOut::FailFast)
+//!   (gRPC's; linkerd's when told) ejects the last one too, and calls then fail at once behind the layer's
 //!   [`fail_fast`](crate::OutlierDetectionLayer::fail_fast) guard, or wait for an endpoint to come
 //!   back without it; [`PanicBelow`](crate::WhenAllOut::PanicBelow) (Envoy's
 //!   `healthy_panic_threshold`, 50 %) hands the balancer every endpoint, ejected ones included,
@@ -49,7 +49,11 @@
 //!   enough are ([`Snapshot::all_out`](crate::Snapshot) says which holds). Why keep the last: a
 //!   fleet the rules would empty is far more often failing as a whole (a bad deploy, a shared
 //!   dependency) than failing everywhere at once, and whatever it still answers reaches callers;
-//!   failing fast only helps a caller with a fallback of its own.
+//!   failing fast only helps a caller with a fallback of its own. linkerd itself fails fast, but
+//!   its preset here keeps the last: with a fleet that flaps together (every endpoint down 5 s in
+//!   10) failing fast delivered 64 % more failed calls than no detection in the detection
+//!   benchmark, keeping the last exactly as many. gRPC's preset fails fast as gRPC does: its
+//!   budget of 10 % already keeps the last in every scenario the benchmark runs.
 //! * Only the rules' own judgement may take the last endpoint, and only under `FailFast` or
 //!   `PanicBelow`. What else takes an endpoint out — its server's pushback, its health service
 //!   saying it is not serving, its host held out by another adaptor, an operator — never takes

@@ -126,8 +126,10 @@ impl DetectorBuilder {
     }
 
     /// What the layer does when these rules would leave no endpoint to pick
-    /// ([`WhenAllOut`]): each preset's is its system's (Envoy: panic below 50 % healthy; gRPC
-    /// and linkerd: fail fast), the recommended configuration keeps the last endpoint. The layer
+    /// ([`WhenAllOut`]): Envoy's preset panics below 50 % healthy and gRPC's fails fast, as they
+    /// do; linkerd's preset keeps the last endpoint, where linkerd fails fast (failing fast never
+    /// saved a call in the detection benchmark and cost 64 % more failures than no detection to
+    /// a fleet flapping together), as does the recommended configuration. The layer
     /// follows its first policy's choice unless it is given one
     /// (`OutlierDetectionLayer::when_all_out`).
     pub fn when_all_out(mut self, choice: WhenAllOut) -> Self {
