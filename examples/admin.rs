@@ -15,7 +15,7 @@
 //! |---|---|
 //! | `GET /outliers` | the page: per endpoint its status, since when it is out, next check, reason, and a timeline of the last minutes |
 //! | `GET /outliers/snapshot` | the monitor's snapshot as JSON |
-//! | `GET /outliers/history` | the sampled history as JSON |
+//! | `GET /outliers/history` | the sampled history as JSON (`?since=<seq>&limit=<n>` for a page) |
 //! | `GET /outliers/events` | the layer's last events as JSON |
 //! | `GET /outliers/events/stream` | the events live, as server-sent events |
 //! | `GET /outliers/metrics` | the layer's Prometheus metrics (`tower_outlier::metrics`), OpenMetrics text |

@@ -389,3 +389,111 @@ async fn the_page_shows_what_dry_run_would_do_and_the_operators_overrides() {
     assert!(events.contains("\"kind\":\"dry_run\""), "{events}");
     assert!(events.contains("\"action\":\"force_out\""), "{events}");
 }
+
+/// A program polling `/history` on a real server reads each tick once: pages of `limit` ticks
+/// after `since`, in order, without a gap or a repeat, as the sampler goes on adding ticks and
+/// dropping the oldest; a reader that fell behind sees how many it missed; a malformed page is a
+/// 400 that says which parameter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_is_read_in_pages_that_follow_each_other() {
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ));
+    let backends: Vec<Backend> = (0..3).map(Backend::new).collect();
+    let services: Vec<(usize, Backend)> = backends.iter().map(|b| (b.id, b.clone())).collect();
+    let balancer = Buffer::new(Balance::new(layer.layer(announce(&services))), 64);
+    balancer.clone().oneshot(()).await.unwrap();
+    let admin = Admin::builder(&layer.monitor())
+        .sample_every(Duration::from_millis(10))
+        .keep(Duration::from_millis(400))
+        .build();
+    let app = axum::Router::new().nest_service("/outliers", admin);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let history = |query: String| async move {
+        let (status, _, body) = get(addr, &format!("/outliers/history{query}")).await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+
+    // More ticks than are kept: the oldest have been dropped.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while history(String::new()).await["newest_seq"]
+            .as_u64()
+            .unwrap_or(0)
+            < 80
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("80 ticks within 20 s");
+
+    // From the start, in pages of 7: numbered one after the other from the oldest kept.
+    let first = history("?since=0&limit=7".into()).await;
+    let oldest = first["oldest_seq"].as_u64().unwrap();
+    assert!(oldest > 1, "the oldest ticks are dropped: {first}");
+    let kept = first["kept_ticks"].as_u64().unwrap();
+    assert_eq!(kept, 40);
+    let mut seen: Vec<u64> = Vec::new();
+    let mut page = first;
+    for _ in 0..1_000 {
+        let ticks = page["ticks"].as_array().unwrap();
+        assert!(ticks.len() <= 7, "{page}");
+        seen.extend(ticks.iter().map(|t| t["seq"].as_u64().unwrap()));
+        for tick in ticks {
+            assert_eq!(tick["endpoints"].as_array().unwrap().len(), 3, "{tick}");
+        }
+        if page["more"] == false {
+            break;
+        }
+        let since = page["next_since"].as_u64().unwrap();
+        page = history(format!("?since={since}&limit=7")).await;
+    }
+    assert!(seen.len() >= 7, "{seen:?}");
+    assert_eq!(seen[0], oldest, "{seen:?}");
+    // The sampler went on while the pages were read: some pages began after ticks were
+    // dropped, so a page may start later than the last ended, never earlier and never with a
+    // gap within it.
+    assert!(
+        seen.windows(2).all(|w| w[1] > w[0]),
+        "each tick once, in order: {seen:?}"
+    );
+    let gaps = seen.windows(2).filter(|w| w[1] != w[0] + 1).count();
+    assert!(gaps <= seen.len() / 7, "gaps only between pages: {seen:?}");
+
+    // Polling from the newest: only the ticks sampled since.
+    let newest = *seen.last().unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let next = history(format!("?since={newest}")).await;
+    let ticks: Vec<u64> = next["ticks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["seq"].as_u64().unwrap())
+        .collect();
+    assert!(!ticks.is_empty(), "ticks sampled in 100 ms: {next}");
+    assert_eq!(ticks[0], newest + 1, "{next}");
+    assert_eq!(next["next_since"].as_u64(), ticks.last().copied());
+    assert_eq!(next["more"], false);
+    // Nothing newer yet: an empty page that keeps the reader's place.
+    let far = newest + 1_000_000;
+    let empty = history(format!("?since={far}")).await;
+    assert_eq!(empty["ticks"].as_array().unwrap().len(), 0, "{empty}");
+    assert_eq!(empty["next_since"].as_u64(), Some(far));
+
+    // A malformed page is refused, naming its parameter; another parameter is left alone.
+    for (query, says) in [
+        ("since=last", "`since`"),
+        ("limit=0", "`limit`"),
+        ("since=1&limit=-5", "`limit`"),
+    ] {
+        let (status, content_type, body) = get(addr, &format!("/outliers/history?{query}")).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        assert_eq!(content_type, "text/plain; charset=utf-8");
+        assert!(body.contains(says), "{query}: {body}");
+    }
+    let (status, _, _) = get(addr, "/outliers/history?cache=123").await;
+    assert_eq!(status, 200);
+}

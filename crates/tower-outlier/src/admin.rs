@@ -11,7 +11,7 @@
 //! |---|---|
 //! | `/` | an HTML page: per endpoint its status, since when it is out, its next check and why, its error rate and share of the traffic, and a timeline of the last minutes with the spans it spent out of rotation drawn in; it reloads itself |
 //! | `/snapshot` | the monitor's [`Snapshot`](crate::Snapshot) as JSON |
-//! | `/history` | the sampled history as JSON: each tick with every endpoint's status, error rate and window calls |
+//! | `/history` | the sampled history as JSON: each tick (numbered `seq`) with every endpoint's status, error rate and window calls; `?since=<seq>` gives only the ticks after that one and `&limit=<n>` at most `n` of them, and the answer's `next_since` is the `since` of the next page (`more` says whether the kept history goes further; a malformed value is a 400 that names it) |
 //! | `/events` | the latest events as JSON objects (`at`, `kind`, `key` and the event's fields), oldest first |
 //! | `/events/stream` | the events as they happen, as server-sent events (`text/event-stream`), one JSON object per `data:` line, with a comment every 15 s to keep the connection open |
 //! | `/metrics` | the Prometheus registry given to [`AdminBuilder::metrics`], in the text format (404 without one) |
@@ -46,6 +46,7 @@ mod body;
 mod history;
 mod json;
 mod page;
+mod query;
 
 use std::convert::Infallible;
 use std::fmt;
@@ -63,6 +64,7 @@ use tower_service::Service;
 
 pub use body::AdminBody;
 use history::{Limits, Memory, Parts};
+use query::TickPage;
 
 use crate::monitor::EventCallback;
 use crate::monitor::Monitor;
@@ -146,7 +148,7 @@ impl Admin {
         }
     }
 
-    fn respond(&self, method: &Method, path: &str) -> Response<AdminBody> {
+    fn respond(&self, method: &Method, path: &str, query: Option<&str>) -> Response<AdminBody> {
         if method != Method::GET && method != Method::HEAD {
             return Response::builder()
                 .status(StatusCode::METHOD_NOT_ALLOWED)
@@ -160,12 +162,16 @@ impl Admin {
         } else {
             match path.strip_prefix('/').unwrap_or(path) {
                 "snapshot" => ("application/json", AdminBody::full(self.snapshot_json())),
-                "history" => (
-                    "application/json",
-                    AdminBody::full(
-                        json::history(&self.inner.history.history(Parts::Timeline)).to_string(),
+                "history" => match TickPage::parse(query) {
+                    Ok(page) => (
+                        "application/json",
+                        AdminBody::full(
+                            json::history(&self.inner.history.history(Parts::Timeline), page)
+                                .to_string(),
+                        ),
                     ),
-                ),
+                    Err(bad) => return bad_request(format!("{bad}\n")),
+                },
                 "events" => (
                     "application/json",
                     AdminBody::full(
@@ -256,9 +262,17 @@ impl Admin {
     }
 }
 
+fn bad_request(text: String) -> Response<AdminBody> {
+    plain(StatusCode::BAD_REQUEST, text)
+}
+
 fn not_found(text: &'static str) -> Response<AdminBody> {
+    plain(StatusCode::NOT_FOUND, text)
+}
+
+fn plain(status: StatusCode, text: impl Into<Bytes>) -> Response<AdminBody> {
     Response::builder()
-        .status(StatusCode::NOT_FOUND)
+        .status(status)
         .header(CONTENT_TYPE, "text/plain; charset=utf-8")
         .body(AdminBody::full(text))
         .unwrap_or_else(|_| Response::new(AdminBody::full("")))
@@ -350,7 +364,8 @@ impl<B> Service<Request<B>> for Admin {
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         self.start_sampling();
-        ready(Ok(self.respond(request.method(), request.uri().path())))
+        let uri = request.uri();
+        ready(Ok(self.respond(request.method(), uri.path(), uri.query())))
     }
 }
 

@@ -24,6 +24,8 @@ pub(super) struct Sample {
 /// Every endpoint sampled at one moment.
 #[derive(Clone, Debug)]
 pub(super) struct Tick {
+    /// Its number: 1 for the first tick the component sampled, one more for each after.
+    pub(super) seq: u64,
     pub(super) at: SystemTime,
     pub(super) samples: Vec<Sample>,
 }
@@ -56,6 +58,8 @@ struct Timeline {
     index: HashMap<String, u32>,
     /// Endpoints not sampled because [`Limits::endpoints`] were already tracked.
     untracked: usize,
+    /// The number of the last tick sampled (0 before the first).
+    last_seq: u64,
 }
 
 #[derive(Debug, Default)]
@@ -102,6 +106,7 @@ impl Memory {
                 keys: Arc::default(),
                 index: HashMap::new(),
                 untracked: 0,
+                last_seq: 0,
             }),
             journal: Lock::new(Journal::default()),
             limits,
@@ -205,7 +210,12 @@ impl Timeline {
         if self.ticks.len() == limits.ticks {
             self.ticks.pop_front();
         }
-        self.ticks.push_back(Arc::new(Tick { at, samples }));
+        self.last_seq += 1;
+        self.ticks.push_back(Arc::new(Tick {
+            seq: self.last_seq,
+            at,
+            samples,
+        }));
         self.forget_gone(limits);
     }
 

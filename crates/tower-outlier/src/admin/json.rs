@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::history::{History, Kept};
 use super::page::status_name;
+use super::query::TickPage;
 use crate::envoy_log::Rfc3339;
 use crate::event::{Event, Refusal};
 use tower_outlier_core::Reason;
@@ -109,11 +110,17 @@ pub(super) fn events(history: &History) -> Value {
     Value::Array(history.events.iter().map(|kept| event(kept)).collect())
 }
 
-/// The sampled history: each tick with every sampled endpoint.
-pub(super) fn history(history: &History) -> Value {
+/// The page of the sampled history a reader asked for: each of its ticks with every sampled
+/// endpoint, and where the next page starts.
+pub(super) fn history(history: &History, page: TickPage) -> Value {
     let limits = history.limits();
-    let ticks: Vec<Value> = history
-        .ticks
+    // Ticks are kept in the order of their numbers.
+    let first = history.ticks.partition_point(|tick| tick.seq <= page.since);
+    let after = &history.ticks[first..];
+    let shown = &after[..page
+        .limit
+        .map_or(after.len(), |limit| limit.min(after.len()))];
+    let ticks: Vec<Value> = shown
         .iter()
         .map(|tick| {
             let endpoints: Vec<Value> = tick
@@ -128,13 +135,17 @@ pub(super) fn history(history: &History) -> Value {
                     })
                 })
                 .collect();
-            json!({ "at": at(tick.at), "endpoints": endpoints })
+            json!({ "seq": tick.seq, "at": at(tick.at), "endpoints": endpoints })
         })
         .collect();
     json!({
         "sample_every_seconds": limits.every.as_secs_f64(),
         "kept_ticks": limits.ticks,
         "untracked_endpoints": history.untracked,
+        "oldest_seq": history.ticks.first().map(|tick| tick.seq),
+        "newest_seq": history.ticks.last().map(|tick| tick.seq),
+        "next_since": shown.last().map_or(page.since, |tick| tick.seq),
+        "more": shown.len() < after.len(),
         "ticks": ticks,
     })
 }
