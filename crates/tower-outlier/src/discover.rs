@@ -248,11 +248,9 @@ where
                     this.watches.start(key, stream);
                 }
             }
-            this.engine.sync_all_out();
-            if this.engine.has_changes() {
+            if this.engine.settle() {
                 continue;
             }
-            this.engine.publish_room();
             if *this.upstream_done && this.engine.tracked() == 0 {
                 return Poll::Ready(None);
             }
@@ -281,15 +279,9 @@ fn poll_events<K, S, P>(
     loop {
         // Register before taking the mark, so a record that signals in between still wakes us.
         engine.notifier().register(cx.waker());
-        if engine.notifier().take() {
-            // New rules wake the adaptor through the same notifier.
-            engine.reconfigure(Instant::now());
-            engine.apply_controls(Instant::now());
-            engine.signalled(Instant::now());
-        }
-        // Changes of the shared hosts wake it the same way; room for a host ejection refused
-        // earlier comes from upstream changes and re-admissions.
-        engine.sync_hosts(Instant::now());
+        // Rules, controls, records' signals and hosts all wake the adaptor through it.
+        let notified = engine.notifier().take();
+        engine.catch_up(notified, Instant::now());
         let mut progressed = false;
         let next = engine.next_deadline();
         if next != *timer_at {

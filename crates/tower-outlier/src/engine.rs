@@ -1,12 +1,15 @@
 //! The detector: which endpoints are in the balancer's set, which are out, and when each is
 //! checked again — a synchronous state machine with no runtime in it.
 //!
-//! Inputs: upstream changes ([`Engine::insert`], [`Engine::remove`]), a record's signal
-//! ([`Engine::signalled`]), the time ([`Engine::advance`], with every due deadline) and probe
-//! results ([`Engine::probe_done`]). Every input carries the time; the engine never reads a clock
-//! for its deadlines. Outputs: changes for the balancer ([`Engine::pop_change`]), probes to start
-//! ([`Engine::pop_probe`]) and probes to abandon ([`Engine::take_cancelled`]); it also publishes
-//! to the monitor and logs through `tracing`. The discover adaptor (`discover.rs`) feeds it from
+//! Inputs: upstream changes ([`Engine::insert`], [`Engine::remove`]), what other handles share
+//! (rules, operator controls, records' signals, hosts: [`Engine::catch_up`]), the time
+//! ([`Engine::advance`], with every due deadline), probe results ([`Engine::probe_done`]) and
+//! health watches' words ([`Engine::health`]); [`Engine::settle`] then works out what follows for
+//! the whole set. Every input carries the time; the engine never reads a clock for its
+//! deadlines. Outputs, polled: changes for the balancer ([`Engine::pop_change`]), probes to start
+//! ([`Engine::pop_probe`]), probes to abandon ([`Engine::take_cancelled`]), endpoints rebuilt
+//! ([`Engine::take_rebuilt`]) and the next deadline ([`Engine::next_deadline`]); it also
+//! publishes to the monitor and logs through `tracing`. The discover adaptor (`discover.rs`) feeds it from
 //! the upstream stream, the endpoints' notifier, one tokio timer and the probe tasks.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -270,7 +273,7 @@ impl<K, S> Engine<K, S> {
     }
 
     /// Whether changes wait for the balancer.
-    pub(crate) fn has_changes(&self) -> bool {
+    fn has_changes(&self) -> bool {
         !self.queue.is_empty()
     }
 
@@ -308,7 +311,33 @@ where
             .min()
     }
 
-    pub(crate) fn signalled(&mut self, now: Instant) {
+    /// Catches up with what other handles share with the adaptor: when `notified` (the notifier
+    /// was marked), new rules, operator controls and the records that flagged a signal or a
+    /// judgement, in that order (rules before the controls that may name their policies,
+    /// both before the records they judge by); always the shared hosts, whose changes come
+    /// through the same notifier or with upstream changes and re-admissions.
+    pub(crate) fn catch_up(&mut self, notified: bool, now: Instant) {
+        if notified {
+            self.reconfigure(now);
+            self.apply_controls(now);
+            self.signalled(now);
+        }
+        self.sync_hosts(now);
+    }
+
+    /// Settles what follows from the rest once the inputs are in: whether the rules leave the
+    /// balancer any endpoint (and what that does to the set), then, with no change left for
+    /// the balancer, the room shown to the records. True while changes wait for the balancer.
+    pub(crate) fn settle(&mut self) -> bool {
+        self.sync_all_out();
+        if self.has_changes() {
+            return true;
+        }
+        self.publish_room();
+        false
+    }
+
+    fn signalled(&mut self, now: Instant) {
         let mut flagged = self.signals.take();
         // In discovery order: when several compete for one budget slot the first discovered
         // wins, whatever order their bits came in.

@@ -13,7 +13,7 @@ where
     /// the balancer every endpoint or taking the ejected ones back out, and tells the registry
     /// whether the balancer has none to pick (for the fail-fast guard). Cheap when nothing
     /// changed: run before every `Pending`.
-    pub(crate) fn sync_all_out(&mut self) {
+    pub(super) fn sync_all_out(&mut self) {
         let n = self.entries.len();
         let healthy = self.available();
         let panic = self.settings.all_out.panics(healthy, n);
@@ -68,7 +68,7 @@ where
     /// Tells the endpoints whether one more ejection would be allowed, the same test
     /// [`consider`](Self::consider) applies, so none gathers evidence for an ejection that would
     /// be refused.
-    pub(crate) fn publish_room(&mut self) {
+    pub(super) fn publish_room(&mut self) {
         let n = self.entries.len();
         let max = self.settings.budget.max_ejected(n);
         // In a layer-wide dry run, the room the rules would have.

@@ -54,7 +54,7 @@ where
     /// Applies the newest controls of the layer, if they changed since last applied: the dry
     /// run's modes first, then the overrides and resets; then every endpoint in the balancer's
     /// set is judged under them.
-    pub(crate) fn apply_controls(&mut self, now: Instant) {
+    pub(super) fn apply_controls(&mut self, now: Instant) {
         let cell = self.settings.rules.clone();
         if cell.controls_version() == self.controls_version {
             return;

@@ -27,7 +27,7 @@ where
     /// holds out (within this layer's budget, never its last endpoint), and re-admits on trial
     /// those held out for a host that is back. Cheap when there is nothing to do: run on every
     /// poll.
-    pub(crate) fn sync_hosts(&mut self, now: Instant) {
+    pub(super) fn sync_hosts(&mut self, now: Instant) {
         let retry = self.mirror_pending && self.room().is_ok();
         let Some(sharing) = &mut self.sharing else {
             return;

@@ -22,7 +22,7 @@ where
     /// are not counted). Ejected endpoints stay out until their check, as scheduled. Endpoints a
     /// policy turned off had ejected come back on trial; then every endpoint in the set is judged
     /// by the new rules, so a lower threshold ejects at once.
-    pub(crate) fn reconfigure(&mut self, now: Instant) {
+    pub(super) fn reconfigure(&mut self, now: Instant) {
         let cell = self.settings.rules.clone();
         if cell.version() == self.settings.version {
             return;
