@@ -8,6 +8,7 @@ mod detectors_loopback;
 mod health_watch;
 mod health_watch_faults;
 mod hyper_servers;
+mod load_shed;
 mod network_faults;
 mod new_user;
 mod orca_weights;

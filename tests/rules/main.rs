@@ -7,6 +7,7 @@ mod support;
 
 mod all_out;
 mod balance;
+mod blame;
 mod compose;
 mod compose_members;
 mod crossings;

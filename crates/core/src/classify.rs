@@ -25,7 +25,8 @@ use crate::outcome::{FailureKind, Outcome};
 /// `Res` is the service's response type and `E` its error type.
 pub trait Classify<Res, E> {
     /// Classifies one result. Must not return [`Outcome::Cancelled`], which is reserved for
-    /// dropped futures; if it does, the call is not recorded.
+    /// dropped futures; if it does, the call is not recorded. [`Outcome::NotSent`] says the
+    /// caller's own stack refused the call: nothing counts it against the endpoint.
     fn classify(&self, result: Result<&Res, &E>) -> Outcome;
 }
 
@@ -33,7 +34,8 @@ pub trait Classify<Res, E> {
 /// a success, whatever it contains.
 ///
 /// An error is a [`FailureKind::Timeout`] when it is, or is caused by, `tower::timeout`'s or
-/// tokio's `Elapsed`, or an `io::Error` of kind `TimedOut`; otherwise it is a
+/// tokio's `Elapsed`, or an `io::Error` of kind `TimedOut`; [`Outcome::NotSent`] when the
+/// caller's own stack refused the call ([`error_outcome`]); otherwise it is a
 /// [`FailureKind::Transport`] failure.
 ///
 /// ```
@@ -54,7 +56,7 @@ impl<Res, E: 'static> Classify<Res, E> for NetworkErrors {
     fn classify(&self, result: Result<&Res, &E>) -> Outcome {
         match result {
             Ok(_) => Outcome::Success,
-            Err(e) => Outcome::Failure(error_kind(e)),
+            Err(e) => error_outcome(e),
         }
     }
 }
@@ -83,7 +85,7 @@ impl<B, E: 'static> Classify<http::Response<B>, E> for ServerErrors {
     fn classify(&self, result: Result<&http::Response<B>, &E>) -> Outcome {
         match result {
             Ok(response) => status_outcome(response.status()),
-            Err(e) => Outcome::Failure(error_kind(e)),
+            Err(e) => error_outcome(e),
         }
     }
 }
@@ -142,7 +144,7 @@ where
         }
         match result {
             Ok(_) => Outcome::Failure(FailureKind::Business),
-            Err(e) => Outcome::Failure(error_kind(e)),
+            Err(e) => error_outcome(e),
         }
     }
 }
@@ -221,29 +223,94 @@ where
     }
 }
 
+/// The outcome of a call that ended in `error`: [`Outcome::NotSent`] when the error or any of
+/// its causes is the caller's own refusal to send it — `tower::load_shed::error::Overloaded`
+/// (a per-endpoint load shedder whose inner service was not ready) or
+/// [`NoEndpointAvailable`] (the layer's fail-fast guard, as an inner layer's endpoint) — and
+/// otherwise a failure of the endpoint of kind [`error_kind`].
+///
+/// ```
+/// use tower_outlier_core::classify::error_outcome;
+/// use tower_outlier_core::{FailureKind, Outcome};
+///
+/// let shed: tower::BoxError = Box::new(tower::load_shed::error::Overloaded::new());
+/// assert_eq!(error_outcome(&shed), Outcome::NotSent);
+/// let reset: tower::BoxError = Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+/// assert_eq!(error_outcome(&reset), Outcome::Failure(FailureKind::Transport));
+/// ```
+pub fn error_outcome<E: 'static>(error: &E) -> Outcome {
+    let mut next = as_error(error);
+    // Cause chains are short; the bound keeps a cyclic `source` from looping forever.
+    for _ in 0..32 {
+        let Some(error) = next else { break };
+        if error.is::<tower::load_shed::error::Overloaded>() || error.is::<NoEndpointAvailable>() {
+            return Outcome::NotSent;
+        }
+        next = error.source();
+    }
+    Outcome::Failure(error_kind(error))
+}
+
+/// The error of a call that the layer's fail-fast guard (`tower_outlier::fail_fast::FailFast`)
+/// failed: every endpoint is out of the balancer's set. Defined here so that a classifier can
+/// tell it from an endpoint's failure where layers nest ([`error_outcome`]).
+#[derive(Debug)]
+pub struct NoEndpointAvailable {
+    _private: (),
+}
+
+impl NoEndpointAvailable {
+    /// The error, as the guard answers it.
+    pub fn new() -> Self {
+        NoEndpointAvailable { _private: () }
+    }
+}
+
+impl Default for NoEndpointAvailable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for NoEndpointAvailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("no endpoint available: every endpoint is ejected")
+    }
+}
+
+impl Error for NoEndpointAvailable {}
+
+/// `error` as a `dyn Error` when its type is one the classifiers recognise: `tower::BoxError`
+/// (and its `Send`-only and unsendable kin), `std::io::Error`, `tower::timeout::error::Elapsed`,
+/// `tokio::time::error::Elapsed`, `tower::load_shed::error::Overloaded`.
+fn as_error<E: 'static>(error: &E) -> Option<&(dyn Error + 'static)> {
+    let any = error as &dyn Any;
+    if let Some(boxed) = any.downcast_ref::<tower::BoxError>() {
+        Some(&**boxed)
+    } else if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send>>() {
+        Some(&**boxed)
+    } else if let Some(boxed) = any.downcast_ref::<Box<dyn Error>>() {
+        Some(&**boxed)
+    } else if let Some(io) = any.downcast_ref::<io::Error>() {
+        Some(io)
+    } else if let Some(elapsed) = any.downcast_ref::<tower::timeout::error::Elapsed>() {
+        Some(elapsed)
+    } else if let Some(shed) = any.downcast_ref::<tower::load_shed::error::Overloaded>() {
+        Some(shed)
+    } else {
+        any.downcast_ref::<tokio::time::error::Elapsed>()
+            .map(|e| e as &(dyn Error + 'static))
+    }
+}
+
 /// The failure kind of a service error: [`FailureKind::Timeout`] when the error or any of its
-/// causes is a timeout, else [`FailureKind::Transport`].
+/// causes is a timeout, else [`FailureKind::Transport`]. Whether the endpoint failed at all is
+/// [`error_outcome`]'s question.
 ///
 /// Recognised error types: `tower::BoxError`, `std::io::Error`, `tower::timeout::error::Elapsed`,
 /// `tokio::time::error::Elapsed`; causes are followed through `Error::source`.
 pub fn error_kind<E: 'static>(error: &E) -> FailureKind {
-    let any = error as &dyn Any;
-    let as_error: Option<&(dyn Error + 'static)> =
-        if let Some(boxed) = any.downcast_ref::<tower::BoxError>() {
-            Some(&**boxed)
-        } else if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send>>() {
-            Some(&**boxed)
-        } else if let Some(boxed) = any.downcast_ref::<Box<dyn Error>>() {
-            Some(&**boxed)
-        } else if let Some(io) = any.downcast_ref::<io::Error>() {
-            Some(io)
-        } else if let Some(elapsed) = any.downcast_ref::<tower::timeout::error::Elapsed>() {
-            Some(elapsed)
-        } else {
-            any.downcast_ref::<tokio::time::error::Elapsed>()
-                .map(|e| e as &(dyn Error + 'static))
-        };
-    let mut next = as_error;
+    let mut next = as_error(error);
     // Cause chains are short; the bound keeps a cyclic `source` from looping forever.
     for _ in 0..32 {
         let Some(error) = next else { break };

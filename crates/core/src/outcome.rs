@@ -50,12 +50,27 @@ pub enum Outcome {
     /// The caller dropped the response future before it finished. A cancelled call counts as
     /// neither success nor failure: it is never recorded in a window.
     Cancelled,
+    /// The caller's own stack refused the call before it reached the endpoint: a per-endpoint
+    /// `tower::load_shed` answering `Overloaded`, the layer's fail-fast guard answering
+    /// `NoEndpointAvailable`. The endpoint did not fail, so like a cancelled call this counts
+    /// as neither success nor failure and is never recorded in a window (Envoy stopped
+    /// counting its own circuit breaker's overflow against a host for the same reason: those
+    /// false ejections shrank fleets under load). The classifiers return it for the errors
+    /// [`error_outcome`](crate::classify::error_outcome) recognises; a classifier of your own
+    /// may count such a refusal as a failure instead.
+    NotSent,
 }
 
 impl Outcome {
     /// Whether this outcome counts as a failure.
     pub fn is_failure(&self) -> bool {
         matches!(self, Outcome::Failure(_))
+    }
+
+    /// Whether this outcome says nothing of the endpoint ([`Cancelled`](Self::Cancelled),
+    /// [`NotSent`](Self::NotSent)): no window records such a call.
+    pub fn is_unrecorded(&self) -> bool {
+        matches!(self, Outcome::Cancelled | Outcome::NotSent)
     }
 }
 

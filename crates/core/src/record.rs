@@ -254,9 +254,20 @@ impl EndpointRecord {
         now: Nanos,
         probes: ProbePermits,
     ) {
-        if observation.outcome == Outcome::Cancelled {
-            self.cancel_probes(probes);
-            return;
+        match observation.outcome {
+            Outcome::Cancelled => {
+                self.cancel_probes(probes);
+                return;
+            }
+            Outcome::NotSent => {
+                // The caller's own stack refused it: no window counts it against the endpoint,
+                // and it tested nothing (a probe's permit goes back), but the balancer is steered
+                // away for a moment (`LAST_NOT_SENT`).
+                self.cancel_probes(probes);
+                self.sample_rtt(latency, now, LAST_NOT_SENT);
+                return;
+            }
+            _ => {}
         }
         let last = match observation.outcome {
             Outcome::Failure(FailureKind::Timeout) => {
@@ -268,7 +279,7 @@ impl EndpointRecord {
                 LAST_FAILED
             }
             Outcome::Failure(_) => LAST_FAILED,
-            Outcome::Success | Outcome::Cancelled => LAST_SUCCEEDED,
+            Outcome::Success | Outcome::Cancelled | Outcome::NotSent => LAST_SUCCEEDED,
         };
         self.sample_rtt(latency, now, last);
         let counted = self.count_shared_success(observation, now, probes);

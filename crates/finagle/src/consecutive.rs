@@ -134,7 +134,7 @@ impl EndpointPolicy for ConsecutiveFailuresEndpoint {
                     Signal::None
                 }
             }
-            Outcome::Cancelled => Signal::None,
+            Outcome::Cancelled | Outcome::NotSent => Signal::None,
         }
     }
 

@@ -269,7 +269,7 @@ impl EndpointPolicy for SuccessRateEndpoint {
                     Signal::None
                 }
             }
-            Outcome::Cancelled => Signal::None,
+            Outcome::Cancelled | Outcome::NotSent => Signal::None,
         }
     }
 

@@ -70,14 +70,14 @@ impl<C> PendingCall<C> {
         self.latency = Some(self.now().saturating_sub(self.start));
     }
 
-    /// Tells the breaker the call's outcome. [`Outcome::Cancelled`] records nothing (a probe's
-    /// slot goes back).
+    /// Tells the breaker the call's outcome. [`Outcome::Cancelled`] and [`Outcome::NotSent`]
+    /// record nothing (a probe's slot goes back).
     pub fn record(mut self, outcome: Outcome) {
         // Disarmed first: this call reports itself, whatever the breaker's observers do.
         let admission = std::mem::replace(&mut self.admission, Admission::Rejected);
         let shared = self.lane.owner();
         let now = shared.clock.now();
-        if outcome == Outcome::Cancelled {
+        if outcome.is_unrecorded() {
             if admission == Admission::Probe {
                 shared.breaker.probe_cancelled(now);
             }

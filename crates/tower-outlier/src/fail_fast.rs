@@ -3,7 +3,6 @@
 //! and linkerd while every endpoint's breaker is open. tower's balancers wait for an endpoint
 //! instead; this guard in front of one turns that wait into an error.
 
-use std::error::Error;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -147,7 +146,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProj::Inner { future } => future.poll(cx).map_err(Into::into),
-            StateProj::Failed => Poll::Ready(Err(Box::new(NoEndpointAvailable { _private: () }))),
+            StateProj::Failed => Poll::Ready(Err(Box::new(NoEndpointAvailable::new()))),
         }
     }
 }
@@ -158,16 +157,8 @@ impl<F> fmt::Debug for FailFastFuture<F> {
     }
 }
 
-/// The error of a call [`FailFast`] failed: every endpoint is out of the balancer's set.
-#[derive(Debug)]
-pub struct NoEndpointAvailable {
-    _private: (),
-}
-
-impl fmt::Display for NoEndpointAvailable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("no endpoint available: every endpoint is ejected")
-    }
-}
-
-impl Error for NoEndpointAvailable {}
+/// The error of a call [`FailFast`] failed: every endpoint is out of the balancer's set. The
+/// classifiers tell it from an endpoint's failure
+/// ([`error_outcome`](tower_outlier_core::classify::error_outcome)), so an outer layer whose
+/// endpoints are inner balancers does not eject one for it.
+pub use tower_outlier_core::classify::NoEndpointAvailable;

@@ -34,7 +34,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tower_outlier_core::classify::error_kind;
+use tower_outlier_core::classify::error_outcome;
 use tower_outlier_core::{duration_to_nanos, FailureKind, Nanos, Outcome};
 
 use crate::response::{Recorder, ResponseClassifier};
@@ -188,7 +188,7 @@ fn complete<B, E: 'static>(
     let response = match result {
         Ok(response) => response,
         Err(error) => {
-            sink.record(Outcome::Failure(error_kind(&error)));
+            sink.record(error_outcome(&error));
             return Err(error);
         }
     };

@@ -134,7 +134,9 @@ pub mod classify {
     //!
     //! A [`Classify`] turns one call's result into an [`Outcome`]: success, or a failure of a
     //! [`FailureKind`]. [`NetworkErrors`] (the default, EDAS's "network exceptions") counts every
-    //! error; [`ServerErrors`] (EDAS's "network exceptions + HTTP 5xx") also counts 5xx
+    //! error but the caller's own refusals, which are [`Outcome::NotSent`] ([`error_outcome`]:
+    //! `tower::load_shed`'s `Overloaded`, the fail-fast guard's [`NoEndpointAvailable`]);
+    //! [`ServerErrors`] (EDAS's "network exceptions + HTTP 5xx") also counts 5xx
     //! responses; [`predicate`] (HSF's `bizExceptionPredicateClassName`) and [`classify_fn`]
     //! take your own rule. A call whose response future is dropped first is cancelled: neither.
     //!

@@ -249,7 +249,8 @@ impl<C> Recorder<C> {
         }
     }
 
-    /// Records the call's outcome now. [`Outcome::Cancelled`] records nothing.
+    /// Records the call's outcome now. [`Outcome::Cancelled`] records nothing;
+    /// [`Outcome::NotSent`] only steers the balancer away for a moment (no window counts it).
     #[inline]
     pub fn record(mut self, outcome: Outcome) {
         self.recorded = true;

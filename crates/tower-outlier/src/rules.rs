@@ -19,6 +19,19 @@
 //! failure: behind a proxy or a mesh it is also what a dead upstream looks like (Envoy's "no
 //! healthy upstream", a gRPC server going away).
 //!
+//! Which errors are whose: an error the caller's own stack raised before the call reached the
+//! endpoint is *not sent* ([`Outcome::NotSent`](crate::classify::Outcome::NotSent)) and, like a cancelled call,
+//! counts as neither success nor failure — `tower::load_shed`'s `Overloaded` (the endpoint's
+//! own stack shedding while its inner service is not ready) and the layer's
+//! [`NoEndpointAvailable`](crate::fail_fast::NoEndpointAvailable) (an inner tier failing fast),
+//! found anywhere in the error's causes. Envoy stopped counting its own circuit breaker's
+//! overflow against hosts for the same reason: such false ejections shrink a fleet under load.
+//! A not-sent call steers the balancer away from the endpoint for a moment (its estimate is
+//! raised as after a fast failure, and it is tried again after losing 16 draws in a row); the
+//! next success restores it. Every other error — refused, reset, timed out, a protocol error —
+//! is the endpoint's. A classifier of your own ([`classify_fn`](crate::classify::classify_fn))
+//! decides for itself.
+//!
 //! # 2. Error-rate ejection (EDAS, HSF)
 //!
 //! * An endpoint is judged only when its window (10 s by default; 15 s for Dubbo 2.7) holds at

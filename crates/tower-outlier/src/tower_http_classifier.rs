@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower_http::classify::{ClassifiedResponse, ClassifyEos, ClassifyResponse};
-use tower_outlier_core::classify::error_kind;
+use tower_outlier_core::classify::error_outcome;
 use tower_outlier_core::{FailureKind, Outcome};
 
 use crate::response::{Recorder, ResponseClassifier};
@@ -61,7 +61,7 @@ where
         let response = match result {
             Ok(response) => response,
             Err(error) => {
-                recorder.record(Outcome::Failure(error_kind(&error)));
+                recorder.record(error_outcome(&error));
                 return Err(error);
             }
         };

@@ -153,7 +153,7 @@ impl ExceptionKinds {
     pub fn counts(&self, outcome: Outcome) -> bool {
         match outcome {
             Outcome::Failure(kind) => self.0 & bit(kind) != 0,
-            Outcome::Success | Outcome::Cancelled => false,
+            Outcome::Success | Outcome::Cancelled | Outcome::NotSent => false,
         }
     }
 }

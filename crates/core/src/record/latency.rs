@@ -28,6 +28,12 @@ pub(super) const LAST_FAILED: u8 = 1;
 // Timed out: the balancer already avoids the endpoint for the time the call took, and sending it
 // calls on purpose would cost callers a timeout each.
 pub(super) const LAST_TIMED_OUT: u8 = 2;
+// Refused by the caller's own stack (`Outcome::NotSent`): not the endpoint's failure, so no
+// policy judges it and no call is sent on purpose, but the estimate is raised as for a fast
+// failure (a shedding stack is a busy one) and the balancer explores the endpoint after it has
+// lost `EXPLORE_AFTER` draws in a row: a busy stack clears in moments, and the first success
+// restores the estimate.
+pub(super) const LAST_NOT_SENT: u8 = 3;
 // No call has been sampled since the endpoint was made or re-admitted: the first one may carry a
 // connection's set-up (TCP, TLS, an HTTP/2 handshake), which says nothing of the endpoint's speed.
 pub(super) const FRESH: u8 = 0b100;
@@ -289,6 +295,13 @@ impl EndpointRecord {
                     .calls_needed()
                     .is_some_and(|needs| needs.calls_wanted(now) > 0)
             })
+    }
+
+    /// Whether the last recorded call was refused by the caller's own stack
+    /// ([`Outcome::NotSent`](crate::Outcome::NotSent)): the balancer steers away from the
+    /// endpoint for a moment and then tries it again.
+    pub fn last_not_sent(&self) -> bool {
+        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_NOT_SENT
     }
 
     /// Whether the estimate rests on one slow sample that jumped far above a fresh estimate and

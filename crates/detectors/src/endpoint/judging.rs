@@ -19,7 +19,7 @@ impl EndpointPolicy for DetectorEndpoint {
         let kind = match observation.outcome {
             Outcome::Success => None,
             Outcome::Failure(kind) => Some(kind),
-            Outcome::Cancelled => return Signal::None,
+            Outcome::Cancelled | Outcome::NotSent => return Signal::None,
         };
         // Raised before any response: the connection was refused or reset, or no answer came.
         let local = matches!(kind, Some(FailureKind::Transport | FailureKind::Timeout));

@@ -228,7 +228,9 @@ impl Draws {
         let lost = self.lost.load(Ordering::Relaxed);
         if lost >= EXPLORE_AFTER
             && in_flight == 0
-            && ((slow_call && shared.record.peak_unconfirmed()) || self.follow_up(shared, now))
+            && ((slow_call && shared.record.peak_unconfirmed())
+                || shared.record.last_not_sent()
+                || self.follow_up(shared, now))
         {
             return true;
         }
