@@ -389,7 +389,7 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
             {
                 // The check is one request of the caller's kind, sent through a clone of the
                 // ejected endpoint's service; no caller's request is risked on it.
-                let layer = layer.probe(request_probe(Request::default, NetworkErrors));
+                let layer = layer.probe(request_probe(Request::probe, NetworkErrors));
                 detect(&world, layer, discover, watch).await;
             }
             Some(layer) => detect(&world, layer, discover, watch).await,

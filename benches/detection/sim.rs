@@ -156,6 +156,9 @@ pub struct World {
     pub scenario: Scenario,
     pub start: Instant,
     rng: Mutex<Rng>,
+    // The probes' own draws: how many probes a configuration sends leaves the callers' draws
+    // (latencies, failures) what they would be without them.
+    probe_rng: Mutex<Rng>,
     pub log: Mutex<Log>,
 }
 
@@ -166,6 +169,7 @@ impl World {
         Arc::new(World {
             start: Instant::now(),
             rng: Mutex::new(Rng::new(seed)),
+            probe_rng: Mutex::new(Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15)),
             log: Mutex::new(Log {
                 calls: vec![0; n],
                 bins: vec![vec![0; bins]; n],
@@ -240,12 +244,26 @@ pub async fn watch_trials(world: Arc<World>, monitor: tower_outlier::Monitor) {
 #[derive(Debug)]
 pub struct Request {
     served_by: Arc<AtomicUsize>,
+    // An active probe's: it meets the endpoint's fault as a caller's would, but it is no
+    // caller's call (not in the shares) and draws from the probes' own numbers.
+    probe: bool,
 }
 
 impl Default for Request {
     fn default() -> Self {
         Request {
             served_by: Arc::new(AtomicUsize::new(usize::MAX)),
+            probe: false,
+        }
+    }
+}
+
+impl Request {
+    /// An active probe's request.
+    pub fn probe() -> Self {
+        Request {
+            probe: true,
+            ..Request::default()
         }
     }
 }
@@ -284,7 +302,9 @@ impl Service<Request> for Backend {
         let world = &self.world;
         let scenario = &world.scenario;
         let t = world.elapsed();
-        let nth = {
+        let nth = if request.probe {
+            0
+        } else {
             let mut log = world.log.lock().unwrap();
             log.calls[self.id] += 1;
             let bin = ((t / BIN) as usize).min(log.bins[self.id].len() - 1);
@@ -293,7 +313,12 @@ impl Service<Request> for Backend {
             log.nth_call[self.id]
         };
         let (base, noise_fails, gray_fails, tail) = {
-            let mut rng = world.rng.lock().unwrap();
+            let rng = if request.probe {
+                &world.probe_rng
+            } else {
+                &world.rng
+            };
+            let mut rng = rng.lock().unwrap();
             // The tail's draw only where there is a tail: the other scenarios keep their draws.
             let drawn = (rng.unit(), rng.unit(), rng.unit());
             let tail = if scenario.tail > 0.0 { rng.unit() } else { 1.0 };

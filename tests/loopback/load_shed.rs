@@ -98,7 +98,10 @@ async fn endpoints_whose_own_stacks_shed_load_are_not_ejected() {
         shed += s;
     }
     eprintln!("{ok} answered, {shed} shed by the endpoints' own stacks");
-    assert!(shed > 0, "16 callers on three stacks of one slot each shed some");
+    assert!(
+        shed > 0,
+        "16 callers on three stacks of one slot each shed some"
+    );
     assert!(ok > 100, "{ok} answered");
     assert!(
         ejected.lock().unwrap().is_empty(),

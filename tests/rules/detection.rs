@@ -356,3 +356,47 @@ async fn an_endpoint_no_adaptor_tracks_asks_for_no_evidence() {
     // Nothing could eject it, so failing calls are not drawn to it.
     assert!(endpoint.load().value() > 0.0);
 }
+
+/// Five 10 ms endpoints behind a 1 s timeout, the recommended configuration with an active
+/// probe, open loop at 200 requests a second through p2c: #0 is a black hole from 10 s to 30 s.
+/// It is avoided, not ejected (its timeouts never come three in a row), so no recovery check
+/// runs; the layer checks it with the probe while it is avoided, and once healed it has half its
+/// share (10 % of the calls) back within 5 s. Before, p2c's estimate of it was the timeout, which
+/// decays over most of a minute: no call in the 5 s after it healed.
+#[tokio::test(start_paused = true)]
+async fn a_healed_black_hole_is_back_at_half_its_share_within_5_s() {
+    use tower_outlier::probe::request_probe;
+    use tower_outlier::{DetectorConfig, DetectorPolicy, NetworkErrors};
+
+    let backends: Vec<Sleepy> = (0..5).map(|id| Sleepy::new(id, 10)).collect();
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::seeded(
+        DetectorConfig::recommended().build().unwrap(),
+        3,
+    ))
+    .probe(request_probe(|| (), NetworkErrors));
+    let timed: Vec<_> = backends
+        .iter()
+        .map(|b| Timeout::new(b.clone(), Duration::from_secs(1)))
+        .collect();
+    let mut balancer = Balance::from_rng(layer.layer(ServiceList::new(timed)), SeededRng(3));
+    open_loop(&mut balancer, 200.0, Duration::from_secs(10)).await;
+    backends[0].set_latency(3_600_000);
+    open_loop(&mut balancer, 200.0, Duration::from_secs(20)).await;
+    backends[0].set_latency(10);
+    let healed = backends[0].calls();
+    let mut per_second = Vec::new();
+    for _ in 0..5 {
+        let before = backends[0].calls();
+        open_loop(&mut balancer, 200.0, Duration::from_secs(1)).await;
+        per_second.push(backends[0].calls() - before);
+    }
+    eprintln!("calls to #0 in each second after it healed: {per_second:?}");
+    let snapshot = layer.monitor().snapshot();
+    assert!(
+        per_second.iter().any(|&calls| calls >= 20),
+        "calls to the healed black hole in each of the 5 s after it healed: {per_second:?} \
+         ({} in all since)\n{:#?}",
+        backends[0].calls() - healed,
+        snapshot.get_key(&0)
+    );
+}

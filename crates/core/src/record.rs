@@ -281,6 +281,9 @@ impl EndpointRecord {
             Outcome::Failure(_) => LAST_FAILED,
             Outcome::Success | Outcome::Cancelled | Outcome::NotSent => LAST_SUCCEEDED,
         };
+        // The first timeout after an answer wakes the layer: the endpoint is avoided from now,
+        // and only a check at no caller's expense brings it back before its estimate decays.
+        let timed_out_anew = last == LAST_TIMED_OUT && !self.last_timed_out();
         self.sample_rtt(latency, now, last);
         let counted = self.count_shared_success(observation, now, probes);
         if counted.is_some() && self.policies.len() == 1 {
@@ -302,7 +305,7 @@ impl EndpointRecord {
             };
             signal |= outcome == Signal::Evaluate;
         }
-        if signal
+        if (signal || timed_out_anew)
             && !self.flagged.load(Ordering::Relaxed)
             && !self.flagged.swap(true, Ordering::AcqRel)
         {

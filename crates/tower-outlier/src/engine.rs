@@ -29,6 +29,7 @@ use crate::event::Event;
 use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Registry;
 use crate::probe::ProbeFuture;
+use avoided::AvoidedChecks;
 use recovery::deadline_is_current;
 use settings::{fleet_schedules, trial_period, FleetSchedule};
 pub(crate) use settings::{Settings, DEFAULT_MAX_PUSHBACK};
@@ -112,6 +113,8 @@ pub(crate) struct Engine<K, S> {
     rebuilt: Vec<K>,
     // An endpoint had served when one joined: later ones join a serving fleet (slow start).
     fleet_served: bool,
+    // Endpoints avoided after a timeout, checked by the active probe (`avoided.rs`).
+    avoided: AvoidedChecks<K>,
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -244,6 +247,7 @@ impl<K, S> Engine<K, S> {
             rebuild: None,
             rebuilt: Vec::new(),
             fleet_served: false,
+            avoided: AvoidedChecks::default(),
         }
     }
 
@@ -308,6 +312,7 @@ where
             .next(deadline_is_current(entries))
             .into_iter()
             .chain(self.fleet.iter().map(|f| f.next))
+            .chain(self.avoided.next())
             .min()
     }
 
@@ -350,6 +355,7 @@ where
                 _ => continue,
             }
             self.consider(&key, now);
+            self.watch_if_avoided(&key, now);
         }
     }
 
@@ -446,6 +452,7 @@ impl<K, S> Drop for Engine<K, S> {
 
 mod apply;
 mod availability;
+mod avoided;
 mod controls;
 mod decide;
 mod health;

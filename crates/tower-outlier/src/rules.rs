@@ -171,7 +171,11 @@
 //! * **Avoided.** An endpoint whose last call failed, with none in flight and none completed for
 //!   a second or more, is shown avoided ([`EndpointSnapshot::avoided_for`](crate::EndpointSnapshot)):
 //!   the balancer routes around it and no policy has judged it. It gets a call again as its
-//!   estimate decays, and its first success restores its share.
+//!   estimate decays, and its first success restores its share. One avoided after a timeout (a
+//!   black hole, whose estimate is the timeout and takes most of a minute to decay) is checked
+//!   by the layer's active probe, if it has one, 1 s after the timeout and every 2 s while it
+//!   does not answer, at no caller's expense and without leaving the balancer's set; the first
+//!   answer restarts its estimate at the fleet's, so it has its share back at once.
 //! * **Exploration.** An endpoint with no call in flight whose estimate rests on one slow call
 //!   more than twice the estimate before it (a connection's handshake on the first call counts),
 //!   which no later call has confirmed, wins a power-of-two-choices draw after losing 16 in a

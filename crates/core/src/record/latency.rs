@@ -297,6 +297,24 @@ impl EndpointRecord {
             })
     }
 
+    /// Whether the last recorded call timed out: the balancer avoids the endpoint for the time
+    /// the call took, its estimate decaying from there.
+    pub fn last_timed_out(&self) -> bool {
+        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_TIMED_OUT
+    }
+
+    /// Ends the avoidance a timeout left once the endpoint answered a check at no caller's
+    /// expense (the layer restarts the estimate first, [`seed_rtt`](Self::seed_rtt)): the last
+    /// call counts as answered, so the next success is no success after failures.
+    pub fn end_timeout_avoidance(&self) {
+        let flags = self.latency.flags.load(Ordering::Relaxed);
+        if flags & LAST_MASK == LAST_TIMED_OUT {
+            self.latency
+                .flags
+                .store(flags & !(LAST_MASK | REPEATED), Ordering::Relaxed);
+        }
+    }
+
     /// Whether the last recorded call was refused by the caller's own stack
     /// ([`Outcome::NotSent`](crate::Outcome::NotSent)): the balancer steers away from the
     /// endpoint for a moment and then tries it again.

@@ -47,6 +47,7 @@ where
                 | Standing::HeldNotServing => {}
             }
         }
+        self.check_avoided(now, probe);
         // After the re-admissions that were due, so the endpoints an evaluation condemned
         // compete for the budget those freed (Envoy un-ejects before it detects, too).
         if evaluated {
@@ -247,6 +248,10 @@ where
     }
 
     pub(crate) fn probe_done(&mut self, key: K, id: u64, healthy: bool, now: Instant) {
+        if id & super::avoided::CHECK_TAG != 0 {
+            self.avoided_checked(&key, id & !super::avoided::CHECK_TAG, healthy, now);
+            return;
+        }
         let Some(entry) = self.entries.get(&key) else {
             return;
         };

@@ -88,6 +88,10 @@ where
         if matches!(status, Standing::Probing) {
             self.cancelled.push(id);
         }
+        if self.avoided.forget(key).is_some() {
+            // A check in flight, if any, is given up with it.
+            self.cancelled.push(id | super::avoided::CHECK_TAG);
+        }
         // Out of the counts, the shared host and the balancer's set.
         self.restand(key, |s| s.leave());
         let Some(entry) = self.entries.remove(key) else {
@@ -153,7 +157,7 @@ where
         let (sum, count) = self
             .entries
             .values()
-            .filter(|e| e.standing().is_available())
+            .filter(|e| e.standing().is_available() && !std::ptr::eq(e.record(), record))
             .take(SAMPLE)
             .map(|e| e.record().rtt_estimate(now))
             .fold((0.0, 0usize), |(sum, n), rtt| (sum + rtt, n + 1));

@@ -1,0 +1,207 @@
+//! Endpoints the balancer avoids after a timeout, checked at no caller's expense.
+//!
+//! A call that times out leaves its endpoint's latency estimate at the timeout, so p2c routes
+//! around it (a black hole costs callers no more than that), but nothing else brings it back:
+//! no policy need have ejected it, so no recovery check runs, and the estimate takes the better
+//! part of a minute to decay. A healed black hole then got no call for 30 s and more. So while an
+//! endpoint in the set stands avoided after a timeout, the layer's active probe checks it — 1 s
+//! after the timeout, then every 2 s while it does not answer — and the first check
+//! that passes restarts its estimate at the fleet's, so p2c gives it its share at once. The
+//! endpoint stays in the balancer's set throughout: this is no membership rule, and it writes no
+//! standing. Without an active probe nothing is checked (the estimate decays as p2c alone lets
+//! it).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{later, DiscoverKey, Engine, ProbeStart};
+use crate::probe::ProbeFuture;
+
+/// Marks a probe's id as an avoided endpoint's check rather than an ejected endpoint's recovery
+/// check: the same entry may have one of each in flight, and the adaptor aborts probes by id.
+pub(super) const CHECK_TAG: u64 = 1 << 63;
+
+/// The first check, after the timeout that made the endpoint avoided.
+const FIRST_CHECK: Duration = Duration::from_secs(1);
+
+/// The longest wait between checks of an endpoint that keeps not answering: HAProxy's default
+/// `inter`, so a healed endpoint is back as soon as under an active health check.
+const LAST_CHECK: Duration = Duration::from_secs(2);
+
+/// How long a check may take before it counts as failed: an answer slower than this is no
+/// reason to send the endpoint calls again.
+pub(super) const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The avoided endpoints under watch and when each is checked next.
+#[derive(Debug)]
+pub(super) struct AvoidedChecks<K> {
+    // Checks due, by time and entry id: the key to check.
+    due: BTreeMap<(Instant, u64), K>,
+    watched: HashMap<K, Watch>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Watch {
+    id: u64,
+    // When its next check is due; `None` while one is in flight.
+    next: Option<Instant>,
+    failed: u32,
+}
+
+impl<K> Default for AvoidedChecks<K> {
+    fn default() -> Self {
+        AvoidedChecks {
+            due: BTreeMap::new(),
+            watched: HashMap::new(),
+        }
+    }
+}
+
+impl<K: DiscoverKey> AvoidedChecks<K> {
+    /// Watches entry `id` under `key`, avoided after a timeout at `now`, unless it is already.
+    fn watch(&mut self, key: &K, id: u64, now: Instant) {
+        if self.watched.get(key).is_some_and(|w| w.id == id) {
+            return;
+        }
+        self.forget(key);
+        let next = later(now, FIRST_CHECK);
+        self.due.insert((next, id), key.clone());
+        self.watched.insert(
+            key.clone(),
+            Watch {
+                id,
+                next: Some(next),
+                failed: 0,
+            },
+        );
+    }
+
+    /// Stops watching `key`.
+    pub(super) fn forget(&mut self, key: &K) -> Option<u64> {
+        let watch = self.watched.remove(key)?;
+        if let Some(next) = watch.next {
+            self.due.remove(&(next, watch.id));
+        }
+        Some(watch.id)
+    }
+
+    /// When the next check is due.
+    pub(super) fn next(&self) -> Option<Instant> {
+        self.due.keys().next().map(|(at, _)| *at)
+    }
+
+    /// The checks due at `now`, each marked in flight.
+    fn pop_due(&mut self, now: Instant) -> Vec<(K, u64)> {
+        let mut due = Vec::new();
+        while let Some(entry) = self.due.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, id), key) = entry.remove_entry();
+            if let Some(watch) = self.watched.get_mut(&key) {
+                watch.next = None;
+            }
+            due.push((key, id));
+        }
+        due
+    }
+
+    /// Whether entry `id` under `key` has a check in flight.
+    fn checking(&self, key: &K, id: u64) -> bool {
+        self.watched
+            .get(key)
+            .is_some_and(|w| w.id == id && w.next.is_none())
+    }
+
+    /// A check of `key` failed at `now`: the next one later, up to [`LAST_CHECK`] apart.
+    fn failed(&mut self, key: &K, now: Instant) -> Option<Duration> {
+        let watch = self.watched.get_mut(key)?;
+        watch.failed = watch.failed.saturating_add(1);
+        let wait = FIRST_CHECK
+            .saturating_mul(1 << watch.failed.min(3))
+            .min(LAST_CHECK);
+        let next = later(now, wait);
+        watch.next = Some(next);
+        self.due.insert((next, watch.id), key.clone());
+        Some(wait)
+    }
+}
+
+impl<K, S> Engine<K, S>
+where
+    K: DiscoverKey,
+    S: Clone,
+{
+    /// Watches `key` if its last call timed out and it stands available in the set, for its
+    /// own sake (not in dry run's shadow of an ejection, where its rules' check runs).
+    pub(super) fn watch_if_avoided(&mut self, key: &K, now: Instant) {
+        let Some(entry) = self.entries.get(key) else {
+            return;
+        };
+        if entry.standing().is_available() && entry.record().last_timed_out() {
+            self.avoided.watch(key, entry.id, now);
+        }
+    }
+
+    /// Starts the checks that are due (an endpoint that answered a call since, or was taken out
+    /// meanwhile, is no longer watched).
+    pub(super) fn check_avoided(
+        &mut self,
+        now: Instant,
+        probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
+    ) {
+        for (key, id) in self.avoided.pop_due(now) {
+            let Some(entry) = self.entries.get(&key).filter(|e| e.id == id) else {
+                self.avoided.forget(&key);
+                continue;
+            };
+            if !entry.standing().is_available() || !entry.record().last_timed_out() {
+                self.avoided.forget(&key);
+                continue;
+            }
+            match probe(&key, &entry.service) {
+                Some(probe) => {
+                    tracing::debug!(target: "tower_outlier", endpoint = ?key, "checking an endpoint avoided after a timeout");
+                    self.probes.push_back(ProbeStart {
+                        key: key.clone(),
+                        id: id | CHECK_TAG,
+                        probe,
+                        timeout: CHECK_TIMEOUT,
+                    });
+                }
+                // No active probe: nothing checks it at no caller's expense.
+                None => {
+                    self.avoided.forget(&key);
+                }
+            }
+        }
+    }
+
+    /// An avoided endpoint's check is done: one that answered gets its share back at once
+    /// (its estimate restarted at the fleet's), one that did not is checked again later.
+    pub(super) fn avoided_checked(&mut self, key: &K, id: u64, healthy: bool, now: Instant) {
+        if !self.avoided.checking(key, id) {
+            return;
+        }
+        let Some(entry) = self.entries.get(key).filter(|e| e.id == id) else {
+            self.avoided.forget(key);
+            return;
+        };
+        if !entry.standing().is_available() || !entry.record().last_timed_out() {
+            // Taken out, or a call answered meanwhile: nothing more to do here.
+            self.avoided.forget(key);
+            return;
+        }
+        if healthy {
+            let shared = entry.shared.clone();
+            self.avoided.forget(key);
+            self.seed_rtt(&shared.record);
+            shared.record.end_timeout_avoidance();
+            tracing::info!(target: "tower_outlier", endpoint = ?key, "an endpoint avoided after a timeout answered its check: back to its share");
+        } else if let Some(wait) = self.avoided.failed(key, now) {
+            tracing::debug!(target: "tower_outlier", endpoint = ?key, next_check_in = ?wait, "an endpoint avoided after a timeout did not answer its check");
+        }
+    }
+}
