@@ -294,6 +294,49 @@ async fn a_fast_failing_endpoint_is_never_the_cheapest_pick_of_a_policy_that_jud
     );
 }
 
+/// The same fast-failing endpoint under gRPC's preset is ejected on the next tick, as grpc-go's
+/// own end-to-end test expects: the balancer starved it (a handful of calls, every one failed,
+/// where round robin would have sent it a fifth of the traffic), so the success-rate detector
+/// judges it as if it had carried its request volume at the rate it failed. Before, it never
+/// reached the volume and stayed in, avoided and unjudged.
+#[tokio::test(start_paused = true)]
+async fn a_fast_failing_endpoint_is_ejected_on_the_tick_of_a_policy_that_judges_on_a_tick() {
+    let services: Vec<Refusing> = (0..5)
+        .map(|_| Refusing {
+            down: Arc::new(AtomicBool::new(false)),
+            calls: Arc::new(AtomicUsize::new(0)),
+        })
+        .collect();
+    let layer =
+        OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::grpc().build().unwrap()));
+    let monitor = layer.monitor();
+    let mut balancer = Balance::from_rng(
+        layer.layer(ServiceList::new(services.clone())),
+        SeededRng(5),
+    );
+    // Refusing from its first call (a server that never came up), through the first tick, under
+    // serial traffic: after its first failure it is never the cheaper of a pair.
+    services[0].down.store(true, Ordering::SeqCst);
+    let end = tokio::time::Instant::now() + Duration::from_millis(10_500);
+    while tokio::time::Instant::now() < end {
+        poll_fn(|cx| balancer.poll_ready(cx)).await.unwrap();
+        let _ = balancer.call(()).await;
+    }
+    let refused = services[0].calls.load(Ordering::SeqCst);
+    let zero = standing(&monitor, 0);
+    assert_eq!(
+        zero.status,
+        EndpointStatus::Ejected,
+        "after {refused} refused calls: {zero:#?}"
+    );
+    // Fewer than the detector's request volume of 100: what it was judged on.
+    assert!(refused < 100, "{refused} calls refused");
+    // The healthy ones were not judged for it.
+    for key in 1..5 {
+        assert_eq!(standing(&monitor, key).status, EndpointStatus::Available);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn three_endpoints_one_failing_the_recommended_budget_ejects_edas_says_why_not() {
     let backends = fleet(3);

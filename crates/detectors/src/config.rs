@@ -317,6 +317,17 @@ impl DetectorConfig {
         self.interval.max(MIN_RUNNING_INTERVAL)
     }
 
+    /// The most calls any of its statistical detectors needs from an endpoint in an interval
+    /// (0 without one).
+    pub(crate) fn request_volume(&self) -> u64 {
+        let success_rate = self.success_rate.as_ref().map_or(0, |d| d.request_volume);
+        let failure_percentage = self
+            .failure_percentage
+            .as_ref()
+            .map_or(0, |d| d.request_volume);
+        u64::from(success_rate.max(failure_percentage))
+    }
+
     /// The first ejection's length (linkerd: the shortest back-off).
     pub fn base_ejection_time(&self) -> Duration {
         self.base_ejection_time

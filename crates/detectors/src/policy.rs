@@ -153,10 +153,20 @@ impl FleetPolicy for DetectorPolicy {
         let config = &self.shared.config;
         let mut external: Vec<Option<Tally>> = Vec::with_capacity(fleet.len());
         let mut local: Vec<Option<Tally>> = Vec::with_capacity(fleet.len());
+        let volume = config.request_volume();
         for member in fleet {
             member.state.last_tick.store(now, Ordering::Relaxed);
             member.state.clear_stale(now);
-            let (outside, inside) = member.state.take_tallies();
+            let (mut outside, mut inside) = member.state.take_tallies();
+            if member.available && member.record.last_call_failed() {
+                // Starved on its failures: the balancer routes around an endpoint whose calls
+                // fail, so it never reaches the volume its system would have sent it (gRPC's
+                // round robin, Envoy's balancers give it its share until it is ejected). Every
+                // call it had failed, and it still fails: judged as if it had carried the
+                // volume at that rate, as its system would have judged it.
+                outside = outside.carried(volume);
+                inside = inside.carried(volume);
+            }
             // Ejected endpoints do not take part (and have no traffic to count anyway).
             external.push(member.available.then_some(outside));
             local.push(member.available.then_some(inside));

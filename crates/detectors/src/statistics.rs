@@ -11,7 +11,25 @@ pub(crate) struct Tally {
     pub(crate) failures: u64,
 }
 
+/// The fewest calls, all failed, that [`Tally::carried`] takes as a starved endpoint's: one
+/// failure may be a blip, after which the balancer avoids the endpoint for a moment.
+const STARVED_FAILURES: u64 = 2;
+
 impl Tally {
+    /// This tally as if the endpoint had carried `volume` calls, when every call it had failed
+    /// and there were at least [`STARVED_FAILURES`] of them (fewer than `volume`): what its
+    /// system would have counted had its balancer not routed around it. Otherwise as it is.
+    pub(crate) fn carried(self, volume: u64) -> Tally {
+        if self.calls >= STARVED_FAILURES && self.failures >= self.calls && self.calls < volume {
+            Tally {
+                calls: volume,
+                failures: volume,
+            }
+        } else {
+            self
+        }
+    }
+
     /// The success rate in percent (100 for an endpoint with no calls).
     pub(crate) fn success_percent(&self) -> f64 {
         if self.calls == 0 {
@@ -242,5 +260,32 @@ mod tests {
         assert_eq!(grpc, vec![4]);
         let small = &fleet[..4];
         assert!(failure_percentage_outliers(&detector, DetectorSemantics::Envoy, small).is_empty());
+    }
+
+    #[test]
+    fn a_starved_endpoint_is_judged_as_if_it_had_carried_the_volume() {
+        let tally = |calls, failures| Tally { calls, failures };
+        // Every call failed, fewer than the volume: as if it had carried the volume.
+        assert_eq!(tally(3, 3).carried(100), tally(100, 100));
+        // One failure may be a blip; a success says it is not failing every call; at or over
+        // the volume it is judged on what it had anyway.
+        assert_eq!(tally(1, 1).carried(100), tally(1, 1));
+        assert_eq!(tally(3, 2).carried(100), tally(3, 2));
+        assert_eq!(tally(0, 0).carried(100), tally(0, 0));
+        assert_eq!(tally(150, 150).carried(100), tally(150, 150));
+        // Among four healthy endpoints with the volume, the starved one is the outlier.
+        let detector = SuccessRate {
+            rule: SuccessRateRule::Stdev,
+            stdev_factor: 1900,
+            enforcement: 100,
+            local_origin_enforcement: 100,
+            minimum_hosts: 5,
+            request_volume: 100,
+        };
+        let mut fleet = vec![Some(tally(400, 0)); 4];
+        fleet.push(Some(tally(3, 3)));
+        assert!(ejected(&detector, &fleet).is_empty(), "not without it");
+        fleet[4] = fleet[4].map(|t| t.carried(100));
+        assert_eq!(ejected(&detector, &fleet), vec![4]);
     }
 }

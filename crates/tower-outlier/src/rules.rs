@@ -295,7 +295,11 @@
 //!   population stdev` (Envoy, gRPC), or below `median − factor/1000 × max(1.4826 × MAD,
 //!   min_spread)` (the robust rule: two of five fully down are both ejected; a tight healthy
 //!   fleet ejects none). Failure percentage: at or above the threshold (Envoy), above it (gRPC).
-//!   With the origins split, both also run over local-origin events.
+//!   With the origins split, both also run over local-origin events. An endpoint the balancer
+//!   starved — in rotation, every call of the interval failed (two at least) and its last call
+//!   too — takes part as if it had carried the request volume at that rate: its system's
+//!   balancer (round robin) would have given it its share until the tick, and the volume would
+//!   have been there; p2c routes around it on its first failures.
 //! * **Ejection time.** Envoy: `min(base × m, max)` plus up to `max_ejection_time_jitter`, where
 //!   the multiplier `m` grows on each ejection while `base × m < max + base` and drops by one on
 //!   each interval tick from one full interval after the endpoint came back; it comes back on the
