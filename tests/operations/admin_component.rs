@@ -477,11 +477,12 @@ async fn the_history_is_read_in_pages_that_follow_each_other() {
     assert_eq!(ticks[0], newest + 1, "{next}");
     assert_eq!(next["next_since"].as_u64(), ticks.last().copied());
     assert_eq!(next["more"], false);
-    // Nothing newer yet: an empty page that keeps the reader's place.
+    // A place past the newest tick is from before a restart: back to the oldest kept.
     let far = newest + 1_000_000;
-    let empty = history(format!("?since={far}")).await;
-    assert_eq!(empty["ticks"].as_array().unwrap().len(), 0, "{empty}");
-    assert_eq!(empty["next_since"].as_u64(), Some(far));
+    let over = history(format!("?since={far}&limit=3")).await;
+    assert_eq!(over["restarted"], true, "{over}");
+    assert_eq!(over["ticks"][0]["seq"], over["oldest_seq"], "{over}");
+    assert_eq!(next["restarted"], false, "{next}");
 
     // A malformed page is refused, naming its parameter; another parameter is left alone.
     for (query, says) in [

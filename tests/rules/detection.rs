@@ -400,3 +400,61 @@ async fn a_healed_black_hole_is_back_at_half_its_share_within_5_s() {
         snapshot.get_key(&0)
     );
 }
+
+/// When a whole fleet stalls, the checks of its avoided endpoints are rationed: at most a tenth
+/// of the endpoints (two at least) are checked at once, so an overloaded fleet is not sent a
+/// request per endpoint every 2 s on top of its callers'.
+#[tokio::test(start_paused = true)]
+async fn the_checks_of_a_stalled_fleet_are_rationed() {
+    use std::sync::atomic::AtomicUsize;
+    use tower_outlier::probe::{probe_fn, ProbeFuture};
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    struct Checking(Arc<AtomicUsize>);
+    impl Drop for Checking {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let now_checking = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let checks = Arc::new(AtomicUsize::new(0));
+    let (counting, highest, total) = (now_checking.clone(), most.clone(), checks.clone());
+    let backends: Vec<Sleepy> = (0..40).map(|id| Sleepy::new(id, 10)).collect();
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::seeded(
+        DetectorConfig::recommended().build().unwrap(),
+        3,
+    ))
+    .probe(probe_fn(move |_: &usize, _: Timeout<Sleepy>| {
+        let (counting, highest, total) = (counting.clone(), highest.clone(), total.clone());
+        Box::pin(async move {
+            let now = counting.fetch_add(1, Ordering::SeqCst) + 1;
+            highest.fetch_max(now, Ordering::SeqCst);
+            total.fetch_add(1, Ordering::SeqCst);
+            let _checking = Checking(counting);
+            // The stalled server never answers: the check times out.
+            std::future::pending::<()>().await;
+            true
+        }) as ProbeFuture
+    }));
+    let timed: Vec<_> = backends
+        .iter()
+        .map(|b| Timeout::new(b.clone(), Duration::from_secs(1)))
+        .collect();
+    let mut balancer = Balance::from_rng(layer.layer(ServiceList::new(timed)), SeededRng(3));
+    open_loop(&mut balancer, 100.0, Duration::from_secs(5)).await;
+    for backend in &backends {
+        backend.set_latency(3_600_000);
+    }
+    open_loop(&mut balancer, 100.0, Duration::from_secs(30)).await;
+    let (most, checks) = (most.load(Ordering::SeqCst), checks.load(Ordering::SeqCst));
+    // The probe also checks the endpoints the rules ejected (as many as the budget allows):
+    // those are rationed by the budget, the avoided ones by the tenth.
+    let ejected = layer.monitor().snapshot().ejected();
+    eprintln!("{most} probes at once of 40 endpoints, {ejected} of them ejected; {checks} in all");
+    assert!(checks > 0, "the avoided endpoints were checked");
+    assert!(
+        most <= ejected + 4,
+        "{most} probes at once of 40 endpoints, {ejected} of them ejected"
+    );
+}

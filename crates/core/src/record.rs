@@ -254,12 +254,13 @@ impl EndpointRecord {
         now: Nanos,
         probes: ProbePermits,
     ) {
-        match observation.outcome {
+        let stuck;
+        let observation = match observation.outcome {
             Outcome::Cancelled => {
                 self.cancel_probes(probes);
                 return;
             }
-            Outcome::NotSent => {
+            Outcome::NotSent if self.refusing_for(now) < STUCK_AFTER => {
                 // The caller's own stack refused it: no window counts it against the endpoint,
                 // and it tested nothing (a probe's permit goes back), but the balancer is steered
                 // away for a moment (`LAST_NOT_SENT`).
@@ -267,8 +268,18 @@ impl EndpointRecord {
                 self.sample_rtt(latency, now, LAST_NOT_SENT);
                 return;
             }
-            _ => {}
-        }
+            Outcome::NotSent => {
+                // Refusing every call for `STUCK_AFTER` with no success between: not a busy
+                // stack but a stuck one (a connection that never comes up behind a load
+                // shedder). Its endpoint cannot serve: counted as a transport failure.
+                stuck = Observation {
+                    outcome: Outcome::Failure(FailureKind::Transport),
+                    latency: observation.latency,
+                };
+                &stuck
+            }
+            _ => observation,
+        };
         let last = match observation.outcome {
             Outcome::Failure(FailureKind::Timeout) => {
                 self.note_connection_failed();
@@ -461,9 +472,30 @@ struct Options {
     heard: Heard,
     draws: Draws,
     evidence: Evidence,
+    // When the caller's stack began refusing every call (`Outcome::NotSent`) with no success
+    // since, plus one (0: it is not).
+    refusing_since: AtomicU64,
 }
 
+/// How long the caller's own stack may refuse every call of an endpoint, with no success
+/// between, before its refusals count against the endpoint: a busy stack clears in moments.
+const STUCK_AFTER: Nanos = 2_000_000_000;
+
 impl EndpointRecord {
+    /// How long the caller's stack has refused every call, this one included, with no success
+    /// between (cold path: a refusal).
+    fn refusing_for(&self, now: Nanos) -> Nanos {
+        let since = &self.options_or_new().refusing_since;
+        // A success since the last refusal ends the run; another failure does not.
+        let answered = self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_SUCCEEDED;
+        let began = since.load(Ordering::Relaxed);
+        if began == 0 || answered {
+            since.store(now.saturating_add(1), Ordering::Relaxed);
+            return 0;
+        }
+        now.saturating_sub(began - 1)
+    }
+
     /// The options' state, made now if the endpoint has none yet (cold path: one allocation).
     fn options_or_new(&self) -> &Options {
         self.options.get_or_init(Box::default)

@@ -155,10 +155,16 @@ impl FleetPolicy for DetectorPolicy {
         let mut local: Vec<Option<Tally>> = Vec::with_capacity(fleet.len());
         let volume = config.request_volume();
         for member in fleet {
-            member.state.last_tick.store(now, Ordering::Relaxed);
+            let previous = member.state.last_tick.swap(now, Ordering::Relaxed);
             member.state.clear_stale(now);
             let (mut outside, mut inside) = member.state.take_tallies();
-            if member.available && member.record.last_call_failed() {
+            // In rotation for the whole interval: known at the tick before, and not back from
+            // an ejection since. One that joined or came back meanwhile would not have carried
+            // the volume under its system either.
+            let back_at = member.state.ejected_until.load(Ordering::Relaxed);
+            let whole_interval =
+                previous != Nanos::MAX && (back_at == Nanos::MAX || back_at <= previous);
+            if member.available && whole_interval && member.record.last_call_failed() {
                 // Starved on its failures: the balancer routes around an endpoint whose calls
                 // fail, so it never reaches the volume its system would have sent it (gRPC's
                 // round robin, Envoy's balancers give it its share until it is ejected). Every

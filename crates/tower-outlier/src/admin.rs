@@ -11,7 +11,7 @@
 //! |---|---|
 //! | `/` | an HTML page: per endpoint its status, since when it is out, its next check and why, its error rate and share of the traffic, and a timeline of the last minutes with the spans it spent out of rotation drawn in; it reloads itself |
 //! | `/snapshot` | the monitor's [`Snapshot`](crate::Snapshot) as JSON |
-//! | `/history` | the sampled history as JSON: each tick (numbered `seq`) with every endpoint's status, error rate and window calls; `?since=<seq>` gives only the ticks after that one and `&limit=<n>` at most `n` of them, and the answer's `next_since` is the `since` of the next page (`more` says whether the kept history goes further; a malformed value is a 400 that names it) |
+//! | `/history` | the sampled history as JSON: each tick (numbered `seq`) with every endpoint's status, error rate and window calls; `?since=<seq>` gives only the ticks after that one and `&limit=<n>` at most `n` of them, and the answer's `next_since` is the `since` of the next page (`more` says whether the kept history goes further; a `since` past the newest tick, from before the process restarted, starts over from the oldest with `restarted`; a malformed value is a 400 that names it) |
 //! | `/events` | the latest events as JSON objects (`at`, `kind`, `key` and the event's fields), oldest first |
 //! | `/events/stream` | the events as they happen, as server-sent events (`text/event-stream`), one JSON object per `data:` line, with a comment every 15 s to keep the connection open |
 //! | `/metrics` | the Prometheus registry given to [`AdminBuilder::metrics`], in the text format (404 without one) |

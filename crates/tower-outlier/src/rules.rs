@@ -28,7 +28,9 @@
 //! overflow against hosts for the same reason: such false ejections shrink a fleet under load.
 //! A not-sent call steers the balancer away from the endpoint for a moment (its estimate is
 //! raised as after a fast failure, and it is tried again after losing 16 draws in a row); the
-//! next success restores it. Every other error — refused, reset, timed out, a protocol error —
+//! next success restores it. A stack that refuses every call for 2 s with no success between is
+//! stuck, not busy (a connection that never comes up behind a load shedder, an inner tier with
+//! nothing to pick): from then on its refusals count as the endpoint's transport failures. Every other error — refused, reset, timed out, a protocol error —
 //! is the endpoint's. A classifier of your own ([`classify_fn`](crate::classify::classify_fn))
 //! decides for itself.
 //!
@@ -175,7 +177,8 @@
 //!   black hole, whose estimate is the timeout and takes most of a minute to decay) is checked
 //!   by the layer's active probe, if it has one, 1 s after the timeout and every 2 s while it
 //!   does not answer, at no caller's expense and without leaving the balancer's set; the first
-//!   answer restarts its estimate at the fleet's, so it has its share back at once.
+//!   answer restarts its estimate at the fleet's, so it has its share back at once. At most a
+//!   tenth of the endpoints (two at least) are checked at once.
 //! * **Exploration.** An endpoint with no call in flight whose estimate rests on one slow call
 //!   more than twice the estimate before it (a connection's handshake on the first call counts),
 //!   which no later call has confirmed, wins a power-of-two-choices draw after losing 16 in a
@@ -296,8 +299,8 @@
 //!   min_spread)` (the robust rule: two of five fully down are both ejected; a tight healthy
 //!   fleet ejects none). Failure percentage: at or above the threshold (Envoy), above it (gRPC).
 //!   With the origins split, both also run over local-origin events. An endpoint the balancer
-//!   starved — in rotation, every call of the interval failed (two at least) and its last call
-//!   too — takes part as if it had carried the request volume at that rate: its system's
+//!   starved — in rotation for the whole interval, every call of it failed (two at least) and
+//!   its last call too — takes part as if it had carried the request volume at that rate: its system's
 //!   balancer (round robin) would have given it its share until the tick, and the volume would
 //!   have been there; p2c routes around it on its first failures.
 //! * **Ejection time.** Envoy: `min(base × m, max)` plus up to `max_ejection_time_jitter`, where

@@ -114,8 +114,13 @@ pub(super) fn events(history: &History) -> Value {
 /// endpoint, and where the next page starts.
 pub(super) fn history(history: &History, page: TickPage) -> Value {
     let limits = history.limits();
+    // A reader whose place is past the newest tick read an earlier run of this component (its
+    // process restarted, numbering from 1 again): it starts over from the oldest kept.
+    let newest = history.ticks.last().map_or(0, |tick| tick.seq);
+    let restarted = page.since > newest && newest > 0;
+    let since = if restarted { 0 } else { page.since };
     // Ticks are kept in the order of their numbers.
-    let first = history.ticks.partition_point(|tick| tick.seq <= page.since);
+    let first = history.ticks.partition_point(|tick| tick.seq <= since);
     let after = &history.ticks[first..];
     let shown = &after[..page
         .limit
@@ -144,8 +149,9 @@ pub(super) fn history(history: &History, page: TickPage) -> Value {
         "untracked_endpoints": history.untracked,
         "oldest_seq": history.ticks.first().map(|tick| tick.seq),
         "newest_seq": history.ticks.last().map(|tick| tick.seq),
-        "next_since": shown.last().map_or(page.since, |tick| tick.seq),
+        "next_since": shown.last().map_or(since, |tick| tick.seq),
         "more": shown.len() < after.len(),
+        "restarted": restarted,
         "ticks": ticks,
     })
 }

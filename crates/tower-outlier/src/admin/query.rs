@@ -22,7 +22,7 @@ impl fmt::Display for BadQuery {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let wanted = match self.parameter {
             "since" => "a tick's number (`seq`), 0 for the oldest kept",
-            _ => "a count of ticks, at least 1",
+            _ => "a count of ticks, from 1 to 18446744073709551615",
         };
         write!(
             f,
@@ -92,7 +92,7 @@ mod tests {
             ("since=99999999999999999999999", "`since` must be"),
             (
                 "limit=0",
-                "`limit` must be a count of ticks, at least 1: got `0`",
+                "`limit` must be a count of ticks, from 1 to 18446744073709551615: got `0`",
             ),
             ("limit=ten", "got `ten`"),
         ] {

@@ -34,12 +34,20 @@ const LAST_CHECK: Duration = Duration::from_secs(2);
 /// reason to send the endpoint calls again.
 pub(super) const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The share of the fleet that may be checked at once: when a whole fleet stalls (an
+/// overload), checking every endpoint every 2 s would add a request per endpoint to servers
+/// already drowning. A tenth of the endpoints (two at least) at a time, each check taking at
+/// most [`CHECK_TIMEOUT`]; the others wait their turn.
+const CHECKS_AT_ONCE_PER_ENDPOINTS: usize = 10;
+
 /// The avoided endpoints under watch and when each is checked next.
 #[derive(Debug)]
 pub(super) struct AvoidedChecks<K> {
     // Checks due, by time and entry id: the key to check.
     due: BTreeMap<(Instant, u64), K>,
     watched: HashMap<K, Watch>,
+    // Checks in flight.
+    checking: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +63,7 @@ impl<K> Default for AvoidedChecks<K> {
         AvoidedChecks {
             due: BTreeMap::new(),
             watched: HashMap::new(),
+            checking: 0,
         }
     }
 }
@@ -81,10 +90,22 @@ impl<K: DiscoverKey> AvoidedChecks<K> {
     /// Stops watching `key`.
     pub(super) fn forget(&mut self, key: &K) -> Option<u64> {
         let watch = self.watched.remove(key)?;
-        if let Some(next) = watch.next {
-            self.due.remove(&(next, watch.id));
+        match watch.next {
+            Some(next) => {
+                self.due.remove(&(next, watch.id));
+            }
+            None => self.checking = self.checking.saturating_sub(1),
         }
         Some(watch.id)
+    }
+
+    /// Puts a due check of `key` off by `wait` (no room to run it now).
+    fn defer(&mut self, key: &K, now: Instant, wait: Duration) {
+        if let Some(watch) = self.watched.get_mut(key) {
+            let next = later(now, wait);
+            watch.next = Some(next);
+            self.due.insert((next, watch.id), key.clone());
+        }
     }
 
     /// When the next check is due.
@@ -102,6 +123,7 @@ impl<K: DiscoverKey> AvoidedChecks<K> {
             let ((_, id), key) = entry.remove_entry();
             if let Some(watch) = self.watched.get_mut(&key) {
                 watch.next = None;
+                self.checking += 1;
             }
             due.push((key, id));
         }
@@ -118,6 +140,9 @@ impl<K: DiscoverKey> AvoidedChecks<K> {
     /// A check of `key` failed at `now`: the next one later, up to [`LAST_CHECK`] apart.
     fn failed(&mut self, key: &K, now: Instant) -> Option<Duration> {
         let watch = self.watched.get_mut(key)?;
+        if watch.next.is_none() {
+            self.checking = self.checking.saturating_sub(1);
+        }
         watch.failed = watch.failed.saturating_add(1);
         let wait = FIRST_CHECK
             .saturating_mul(1 << watch.failed.min(3))
@@ -152,13 +177,22 @@ where
         now: Instant,
         probe: &mut dyn FnMut(&K, &S) -> Option<ProbeFuture>,
     ) {
-        for (key, id) in self.avoided.pop_due(now) {
+        let room = (self.entries.len() / CHECKS_AT_ONCE_PER_ENDPOINTS).max(2);
+        let already = self.avoided.checking;
+        let due = self.avoided.pop_due(now);
+        for (index, (key, id)) in due.into_iter().enumerate() {
             let Some(entry) = self.entries.get(&key).filter(|e| e.id == id) else {
                 self.avoided.forget(&key);
                 continue;
             };
             if !entry.standing().is_available() || !entry.record().last_timed_out() {
                 self.avoided.forget(&key);
+                continue;
+            }
+            if already + index >= room {
+                // Marked in flight by `pop_due`: back to waiting, its turn a moment later.
+                self.avoided.checking = self.avoided.checking.saturating_sub(1);
+                self.avoided.defer(&key, now, FIRST_CHECK);
                 continue;
             }
             match probe(&key, &entry.service) {
