@@ -27,6 +27,7 @@ use tower::load::{CompleteOnResponse, PeakEwmaDiscover};
 use tower::timeout::Timeout;
 use tower::util::BoxService;
 use tower::{BoxError, Layer, Service, ServiceExt};
+use tower_outlier::connection::{ConnectionWatch, WhileConnected};
 use tower_outlier::events::Event;
 use tower_outlier::grpc::GrpcErrors;
 use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
@@ -191,8 +192,10 @@ pub struct Caller {
 /// connection pool), sending GETs of `/` there.
 #[derive(Clone)]
 struct HttpEndpoint {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<ConnectionWatch<HttpConnector>, Empty<Bytes>>,
     authority: http::uri::Authority,
+    // The client's connections go through it; only the layer's stacks read it (`watched`).
+    watch: ConnectionWatch<HttpConnector>,
 }
 
 type HttpRequest = http::Request<Empty<Bytes>>;
@@ -202,13 +205,23 @@ impl HttpEndpoint {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(TIMEOUT));
+        let watch = ConnectionWatch::new(connector);
         HttpEndpoint {
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client: Client::builder(TokioExecutor::new()).build(watch.clone()),
             authority: addr
                 .to_string()
                 .parse()
                 .expect("an address is an authority"),
+            watch,
         }
+    }
+
+    /// The endpoint as the layer's stacks use it: picked only while its connection is not
+    /// refused (`tower_outlier::connection`), as `PinnedClient::new` is.
+    fn watched(addr: SocketAddr) -> WhileConnected<Self> {
+        let endpoint = HttpEndpoint::new(addr);
+        let target = format!("http://{addr}/").parse().expect("a URI");
+        endpoint.watch.clone().gate(endpoint, target)
     }
 }
 
@@ -361,7 +374,7 @@ pub fn build(stack: Stack, protocol: Protocol, backends: &[SocketAddr], start: I
         (Stack::Outlier(preset), Protocol::Http) => {
             let (tx, rx) = mpsc::unbounded();
             for (i, addr) in backends.iter().enumerate() {
-                let service = Timeout::new(HttpEndpoint::new(*addr), TIMEOUT);
+                let service = Timeout::new(HttpEndpoint::watched(*addr), TIMEOUT);
                 tx.unbounded_send(Ok::<_, Infallible>(Change::Insert(i, service)))
                     .expect("open");
             }
@@ -369,12 +382,14 @@ pub fn build(stack: Stack, protocol: Protocol, backends: &[SocketAddr], start: I
             let monitor = layer.monitor();
             watch(&monitor, &decisions, start);
             let balance = if preset.probes() {
-                let probe = probe_fn(|_: &usize, service: Timeout<HttpEndpoint>| {
-                    Box::pin(async move {
-                        matches!(service.oneshot(get("/healthz")).await,
+                let probe = probe_fn(
+                    |_: &usize, service: Timeout<WhileConnected<HttpEndpoint>>| {
+                        Box::pin(async move {
+                            matches!(service.oneshot(get("/healthz")).await,
                             Ok(response) if response.status().is_success())
-                    }) as ProbeFuture
-                });
+                        }) as ProbeFuture
+                    },
+                );
                 BoxService::new(Balance::new(layer.probe(probe).layer(rx)))
             } else {
                 BoxService::new(Balance::new(layer.layer(rx)))
@@ -390,7 +405,7 @@ pub fn build(stack: Stack, protocol: Protocol, backends: &[SocketAddr], start: I
         (Stack::Outlier(preset), Protocol::Grpc) => {
             let (tx, rx) = mpsc::unbounded();
             for (i, addr) in backends.iter().enumerate() {
-                let service = Timeout::new(channel(*addr), TIMEOUT);
+                let service = Timeout::new(watched_channel(*addr), TIMEOUT);
                 tx.unbounded_send(Ok::<_, Infallible>(Change::Insert(i, service)))
                     .expect("open");
             }
@@ -398,7 +413,7 @@ pub fn build(stack: Stack, protocol: Protocol, backends: &[SocketAddr], start: I
             let monitor = layer.monitor();
             watch(&monitor, &decisions, start);
             let balance = if preset.probes() {
-                let probe = probe_fn(|_: &usize, service: Timeout<Channel>| {
+                let probe = probe_fn(|_: &usize, service: Timeout<WhileConnected<Channel>>| {
                     Box::pin(async move {
                         let mut client = HealthClient::new(service);
                         let request = HealthCheckRequest {
@@ -443,6 +458,18 @@ fn channel(addr: SocketAddr) -> Channel {
         .connect_timeout(TIMEOUT)
         .tcp_nodelay(true)
         .connect_lazy()
+}
+
+/// A channel connecting through a watch, picked only while its connection is not refused
+/// (`tower_outlier::connection`): what gRPC's own client knows of its subchannels.
+fn watched_channel(addr: SocketAddr) -> WhileConnected<Channel> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(TIMEOUT));
+    let watch = ConnectionWatch::new(connector);
+    let target: http::Uri = format!("http://{addr}").parse().expect("a URI");
+    let channel = Endpoint::from(target.clone()).connect_with_connector_lazy(watch.clone());
+    watch.gate(channel, target)
 }
 
 /// Records ejections and re-admissions with their time.

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod connection;
 mod detectors_loopback;
 mod health_watch;
 mod health_watch_faults;

@@ -10,6 +10,7 @@ mod balance;
 mod blame;
 mod compose;
 mod compose_members;
+mod connection;
 mod crossings;
 mod degraded;
 mod detection;

@@ -45,6 +45,14 @@ impl<T> Lock<T> {
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
+
+    /// The value, through an exclusive borrow of the lock: nothing to wait for, nothing locked
+    /// (for a value kept in a lock only so that its owner stays `Sync`).
+    pub fn get_mut(&mut self) -> &mut T {
+        self.0
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl<T: Default> Default for Lock<T> {

@@ -15,9 +15,12 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::{Connect, HttpConnector};
-use hyper_util::client::legacy::{Client, ResponseFuture};
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tower::BoxError;
 use tower_service::Service;
+
+use crate::connection::{ConnectionWatch, Gate, ResponseFuture};
 
 /// A hyper-util client that sends every request to one address, over plain HTTP/1.1 by default.
 ///
@@ -38,10 +41,18 @@ use tower_service::Service;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// Requests through it fail with hyper-util's error (a refused connection, a reset), which the
-/// layer's classifiers count as transport failures. It is always ready: the client queues on its
-/// pool. Put a `tower::timeout::Timeout` around it, so that a server that never answers fails
-/// calls the layer can count.
+/// Requests through it fail with hyper-util's error, boxed (a refused connection, a reset),
+/// which the layer's classifiers count as transport failures. Put a `tower::timeout::Timeout`
+/// around it, so that a server that never answers fails calls the layer can count.
+///
+/// Made with [`new`](Self::new) or [`with_connector`](Self::with_connector), it watches its
+/// connection ([`connection`](crate::connection)): once a connection to its server is refused,
+/// its `poll_ready` fails once with [`Disconnected`](crate::connection::Disconnected) and then
+/// waits, reconnecting with a back-off (200 ms growing to 2 s), so that under the layer the
+/// balancer picks it for no call until its server accepts connections again; the monitor shows
+/// it `Unready`. Otherwise it is always ready: the client queues on its pool. Made with
+/// [`with_client`](Self::with_client), it watches nothing (a shared client's connector serves
+/// every endpoint).
 ///
 /// A request naming an authority (`http://api.example.com/x`) and carrying no `Host` header is
 /// given `Host: api.example.com`, so that a server routing by name still sees the name; without
@@ -49,10 +60,11 @@ use tower_service::Service;
 /// `CONNECT` request's target is replaced like any other authority. With
 /// [`with_client`](Self::with_client) and a name rather than an address, the connector resolves
 /// the name, and which address a connection reaches is the resolver's choice.
-pub struct PinnedClient<B, C = HttpConnector> {
+pub struct PinnedClient<B, C = ConnectionWatch<HttpConnector>> {
     client: Client<C, B>,
     scheme: Scheme,
     authority: Authority,
+    gate: Option<Gate>,
 }
 
 impl<B> PinnedClient<B>
@@ -61,23 +73,55 @@ where
     B::Data: Send,
 {
     /// A client of its own (its own connection pool, Nagle off: small request/response pairs on
-    /// kept-alive connections) sending to `addr` over plain HTTP.
+    /// kept-alive connections) sending to `addr` over plain HTTP, watching its connection.
     pub fn new(addr: SocketAddr) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
-        PinnedClient::with_client(client, Scheme::HTTP, authority_of(addr))
+        PinnedClient::with_connector(connector, Scheme::HTTP, authority_of(addr))
+    }
+
+    /// A client of its own (its own connection pool) connecting through `connector` (TLS, a
+    /// connect timeout, a proxy: whatever it does) to `scheme://authority`, watching its
+    /// connection as [`new`](Self::new) does.
+    pub fn with_connector<C>(
+        connector: C,
+        scheme: Scheme,
+        authority: Authority,
+    ) -> PinnedClient<B, ConnectionWatch<C>>
+    where
+        C: tower_service::Service<Uri> + Clone + Send + Sync + 'static,
+        C::Future: Send,
+        C::Response: Send,
+        ConnectionWatch<C>: Connect,
+    {
+        let watch = ConnectionWatch::new(connector);
+        let target = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .unwrap_or_default();
+        let gate = Gate::new(watch.clone(), target);
+        let client = Client::builder(TokioExecutor::new()).build(watch);
+        PinnedClient {
+            client,
+            scheme,
+            authority,
+            gate: Some(gate),
+        }
     }
 }
 
 impl<B, C> PinnedClient<B, C> {
     /// Pins `client` (which may be shared by every endpoint: one pool, keyed by authority, and
-    /// whatever connector it has, TLS included) to `scheme://authority`.
+    /// whatever connector it has, TLS included) to `scheme://authority`. It does not watch its
+    /// connection: it is always ready.
     pub fn with_client(client: Client<C, B>, scheme: Scheme, authority: Authority) -> Self {
         PinnedClient {
             client,
             scheme,
             authority,
+            gate: None,
         }
     }
 
@@ -103,14 +147,18 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Response = Response<Incoming>;
-    type Error = hyper_util::client::legacy::Error;
-    type Future = ResponseFuture;
+    type Error = BoxError;
+    type Future = ResponseFuture<hyper_util::client::legacy::ResponseFuture>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        match self.gate.as_mut() {
+            Some(gate) => gate.poll(cx).map_err(Into::into),
+            None => Poll::Ready(Ok(())),
+        }
     }
 
-    fn call(&mut self, mut request: Request<B>) -> ResponseFuture {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
         // The authority the request named becomes its Host (when it has none), so that a server
         // routing by name (an nginx `server_name`, an ingress) still sees it.
         if !request.headers().contains_key(http::header::HOST) {
@@ -130,7 +178,7 @@ where
         if let Ok(uri) = Uri::from_parts(parts) {
             *request.uri_mut() = uri;
         }
-        self.client.request(request)
+        ResponseFuture::new(self.client.request(request))
     }
 }
 
@@ -140,6 +188,7 @@ impl<B, C: Clone> Clone for PinnedClient<B, C> {
             client: self.client.clone(),
             scheme: self.scheme.clone(),
             authority: self.authority.clone(),
+            gate: self.gate.clone(),
         }
     }
 }

@@ -83,6 +83,7 @@
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
+pub mod connection;
 pub mod controls;
 mod deadlines;
 pub mod degraded;

@@ -1,0 +1,443 @@
+//! Connection state as a signal: an endpoint whose connection is refused is picked by no call
+//! until it connects again, as a gRPC subchannel in `TRANSIENT_FAILURE` is, and no request is
+//! sent to find out.
+//!
+//! A hyper-util client or a tonic `Channel` says nothing about its connection until a call
+//! fails: a balancer keeps picking an endpoint whose server is gone, and every pick is a failed
+//! request until the layer's rules eject it. [`ConnectionWatch`] wraps the connector those
+//! clients open connections with and remembers whether the last attempt to connect succeeded;
+//! [`WhileConnected`] wraps the endpoint's service and, while its connection is refused, fails
+//! `poll_ready` once with [`Disconnected`] and then stays `Pending`, trying to connect (through
+//! the same connector: TLS and proxies included) with a back-off of 200 ms growing to 2 s,
+//! jittered, until an attempt succeeds. Under an
+//! [`OutlierDetectionLayer`](crate::OutlierDetectionLayer) that readiness error takes the
+//! endpoint out of the balancer's picks at once; the [`Monitor`](crate::Monitor) shows it
+//! `Unready`, the rules count it as an endpoint the balancer cannot pick (an ejection never takes
+//! the last one it can), and it is back in the picks as soon as a connection is made.
+//! [`hyper_client::PinnedClient::new`](crate::hyper_client::PinnedClient::new) watches its
+//! connection this way already.
+//!
+//! Outside the layer, note that tower's p2c `Balance` drops an endpoint whose `poll_ready`
+//! fails (as it does for tower's `Reconnect`); put the layer between the discover stream and the
+//! balancer.
+//!
+//! With tonic, one watch per endpoint carries the channel's connections
+//! (`Endpoint::connect_with_connector_lazy(watch.clone())`) and gates the channel
+//! (`watch.gate(channel, uri)`); any connector that is a `Service<Uri>` will do, as here:
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::Uri;
+//! use tower::{service_fn, timeout::Timeout};
+//! use tower_outlier::connection::ConnectionWatch;
+//!
+//! // A plain TCP connector (hyper-util's `HttpConnector` is one too).
+//! let connector = service_fn(|target: Uri| async move {
+//!     let authority = target.authority().map(|a| a.to_string()).unwrap_or_default();
+//!     tokio::net::TcpStream::connect(authority).await
+//! });
+//! let watch = ConnectionWatch::new(connector);
+//! // The endpoint's client connects through `watch.clone()`; here, a stand-in service.
+//! let client = service_fn(|_: ()| async { Ok::<_, std::io::Error>("answer") });
+//! let target: Uri = "http://127.0.0.1:8081".parse().unwrap();
+//! let endpoint = Timeout::new(watch.gate(client, target), Duration::from_secs(1));
+//! // `endpoint` is the service a discover stream hands the layer for this server.
+//! # let _ = endpoint;
+//! assert!(!watch.is_refused());
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Uri;
+use pin_project_lite::pin_project;
+use tower::BoxError;
+use tower_outlier_core::{Dice, Lock};
+use tower_service::Service;
+
+/// The first wait after a failed attempt to connect, grown by [`GROWTH`] after each one in a row
+/// up to [`MAX_WAIT`]: a server that restarts is reached again within about 2 s of listening,
+/// and a server that stays down costs one connection attempt (a SYN answered by a reset) every
+/// 2 s per client, as HAProxy's default check interval does.
+const FIRST_WAIT: Duration = Duration::from_millis(200);
+const GROWTH: f64 = 1.6;
+const MAX_WAIT: Duration = Duration::from_secs(2);
+/// Each wait is drawn within ±20 % of its value, as gRPC's connection back-off is, so that the
+/// clients of a fleet do not reconnect in lock-step.
+const JITTER: f64 = 0.2;
+/// How long one attempt may take before it counts as failed, when the connector sets no timeout
+/// of its own (a server whose packets are dropped answers nothing).
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connector that remembers whether its last connection attempt succeeded: the connection
+/// state of one endpoint, shared by its clones.
+///
+/// Give one watch per endpoint to the client that connects to it (a hyper-util `Client`, a tonic
+/// `Endpoint::connect_with_connector_lazy`), and [`gate`](Self::gate) the endpoint's service with
+/// it. Every connection the client opens goes through the watch: a failure to connect (refused,
+/// unreachable, timed out, a TLS handshake that fails inside the connector) marks the endpoint
+/// refused; a connection made marks it connected. The module's documentation says what the gate
+/// does with it.
+pub struct ConnectionWatch<C> {
+    connector: C,
+    state: Arc<State>,
+}
+
+struct State {
+    refused: AtomicBool,
+    // Seeds the jitter of the gates of this endpoint.
+    dice: Dice,
+}
+
+impl<C> ConnectionWatch<C> {
+    /// Watches the connections `connector` opens. It starts out connected (nothing was refused).
+    pub fn new(connector: C) -> Self {
+        // Seeded by where this watch lives, so that the clients of a fleet draw different waits.
+        static WATCHES: AtomicU64 = AtomicU64::new(0);
+        let seed = {
+            // `RandomState` draws its keys at random once per thread.
+            std::collections::hash_map::RandomState::new()
+                .hash_one((std::process::id(), WATCHES.fetch_add(1, Ordering::Relaxed)))
+        };
+        ConnectionWatch {
+            connector,
+            state: Arc::new(State {
+                refused: AtomicBool::new(false),
+                dice: Dice::new(seed),
+            }),
+        }
+    }
+
+    /// Whether the last attempt to connect failed (and none succeeded since).
+    pub fn is_refused(&self) -> bool {
+        self.state.refused.load(Ordering::Relaxed)
+    }
+
+    /// The connector inside.
+    pub fn get_ref(&self) -> &C {
+        &self.connector
+    }
+
+    /// `service`, picked by the balancer only while this watch's endpoint is connected; while it
+    /// is refused, the gate tries to connect to `target` through this watch (the scheme and
+    /// authority matter: the address the service's own connections go to).
+    pub fn gate<S>(&self, service: S, target: Uri) -> WhileConnected<S>
+    where
+        C: Service<Uri> + Clone + Send + Sync + 'static,
+        C::Future: Send,
+        C::Response: Send,
+    {
+        WhileConnected {
+            inner: service,
+            gate: Gate::new(self.clone(), target),
+        }
+    }
+}
+
+impl<C: Clone> Clone for ConnectionWatch<C> {
+    fn clone(&self) -> Self {
+        ConnectionWatch {
+            connector: self.connector.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl<C: fmt::Debug> fmt::Debug for ConnectionWatch<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionWatch")
+            .field("connector", &self.connector)
+            .field("refused", &self.is_refused())
+            .finish()
+    }
+}
+
+impl<C> Service<Uri> for ConnectionWatch<C>
+where
+    C: Service<Uri>,
+{
+    type Response = C::Response;
+    type Error = C::Error;
+    type Future = Connecting<C::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.connector.poll_ready(cx)
+    }
+
+    fn call(&mut self, target: Uri) -> Self::Future {
+        Connecting {
+            inner: self.connector.call(target),
+            state: self.state.clone(),
+        }
+    }
+}
+
+pin_project! {
+    /// A connection attempt through a [`ConnectionWatch`]: its outcome becomes the endpoint's
+    /// connection state.
+    pub struct Connecting<F> {
+        #[pin]
+        inner: F,
+        state: Arc<State>,
+    }
+}
+
+impl<F, T, E> Future for Connecting<F>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    type Output = Result<T, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let outcome = std::task::ready!(this.inner.poll(cx));
+        let refused = outcome.is_err();
+        if this.state.refused.swap(refused, Ordering::Relaxed) != refused {
+            if refused {
+                tracing::info!(target: "tower_outlier", "an endpoint's connection was refused: out of the balancer's picks until it connects");
+            } else {
+                tracing::info!(target: "tower_outlier", "an endpoint connected again");
+            }
+        }
+        Poll::Ready(outcome)
+    }
+}
+
+impl<F> fmt::Debug for Connecting<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connecting").finish_non_exhaustive()
+    }
+}
+
+/// The error a [`WhileConnected`] service's `poll_ready` returns once when its endpoint's
+/// connection is refused: the layer then holds the endpoint out of the balancer's picks until the
+/// service is ready again (the gate stays `Pending` while it reconnects).
+#[derive(Debug)]
+pub struct Disconnected(());
+
+impl fmt::Display for Disconnected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the endpoint's connection was refused; reconnecting with a back-off")
+    }
+}
+
+impl std::error::Error for Disconnected {}
+
+type Attempt = Pin<Box<dyn Future<Output = bool> + Send>>;
+type StartAttempt = Arc<dyn Fn() -> Attempt + Send + Sync>;
+
+/// The readiness of one handle on an endpoint, from its [`ConnectionWatch`]: what
+/// [`WhileConnected`] and `PinnedClient` ask before anything else in `poll_ready`.
+pub(crate) struct Gate {
+    state: Arc<State>,
+    start: StartAttempt,
+    // The attempt in flight. In a lock only so that the handle stays `Sync`: it is reached
+    // through `&mut self` (`Lock::get_mut`), never locked.
+    attempt: Lock<Option<Attempt>>,
+    wait: Option<Pin<Box<tokio::time::Sleep>>>,
+    failed: u32,
+    // Whether this handle told its owner (the layer) with `Disconnected` since it was refused.
+    told: bool,
+}
+
+impl Gate {
+    pub(crate) fn new<C>(watch: ConnectionWatch<C>, target: Uri) -> Self
+    where
+        C: Service<Uri> + Clone + Send + Sync + 'static,
+        C::Future: Send,
+        C::Response: Send,
+    {
+        let state = watch.state.clone();
+        let start: StartAttempt = Arc::new(move || {
+            let mut watch = watch.clone();
+            let target = target.clone();
+            Box::pin(async move {
+                let attempt = async {
+                    futures::future::poll_fn(|cx| watch.poll_ready(cx))
+                        .await
+                        .ok()?;
+                    // The connection is dropped: the client opens its own when a call needs one.
+                    watch.call(target).await.ok().map(drop)
+                };
+                matches!(
+                    tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await,
+                    Ok(Some(()))
+                )
+            })
+        });
+        Gate {
+            state,
+            start,
+            attempt: Lock::new(None),
+            wait: None,
+            failed: 0,
+            told: false,
+        }
+    }
+
+    /// Ready while connected. While refused: an attempt to connect at once (a handle that has
+    /// not tried yet), then `Err(Disconnected)` once if it fails, then `Pending` with the
+    /// back-off's timer or the attempt registered, until an attempt (this handle's or another's)
+    /// connects.
+    #[inline]
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Disconnected>> {
+        if !self.state.refused.load(Ordering::Relaxed) {
+            if self.failed != 0 || self.told || self.wait.is_some() {
+                self.reset();
+            }
+            return Poll::Ready(Ok(()));
+        }
+        self.poll_refused(cx)
+    }
+
+    #[cold]
+    fn poll_refused(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Disconnected>> {
+        loop {
+            let slot = self.attempt.get_mut();
+            if let Some(running) = slot.as_mut() {
+                let connected = std::task::ready!(running.as_mut().poll(cx));
+                *slot = None;
+                if connected || !self.state.refused.load(Ordering::Relaxed) {
+                    self.reset();
+                    return Poll::Ready(Ok(()));
+                }
+                self.failed = self.failed.saturating_add(1);
+                let wait = self.next_wait();
+                self.wait = Some(Box::pin(tokio::time::sleep(wait)));
+                if !self.told {
+                    self.told = true;
+                    return Poll::Ready(Err(Disconnected(())));
+                }
+                continue;
+            }
+            if let Some(wait) = self.wait.as_mut() {
+                std::task::ready!(wait.as_mut().poll(cx));
+                self.wait = None;
+                if !self.state.refused.load(Ordering::Relaxed) {
+                    self.reset();
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            let attempt = (self.start)();
+            *self.attempt.get_mut() = Some(attempt);
+        }
+    }
+
+    fn next_wait(&self) -> Duration {
+        let grown =
+            FIRST_WAIT.as_secs_f64() * GROWTH.powi(self.failed.saturating_sub(1).min(16) as i32);
+        let capped = grown.min(MAX_WAIT.as_secs_f64());
+        let jitter = 1.0 + JITTER * (2.0 * self.state.dice.unit() - 1.0);
+        Duration::from_secs_f64(capped * jitter)
+    }
+
+    fn reset(&mut self) {
+        *self.attempt.get_mut() = None;
+        self.wait = None;
+        self.failed = 0;
+        self.told = false;
+    }
+}
+
+impl Clone for Gate {
+    /// A fresh handle on the same endpoint: it tries to connect at once if the endpoint is
+    /// refused (a probe's handle on an ejected endpoint finds out for itself).
+    fn clone(&self) -> Self {
+        Gate {
+            state: self.state.clone(),
+            start: self.start.clone(),
+            attempt: Lock::new(None),
+            wait: None,
+            failed: 0,
+            told: false,
+        }
+    }
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("refused", &self.state.refused.load(Ordering::Relaxed))
+            .field("failed_attempts", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A service picked only while its endpoint is connected: see the [module](self). Made by
+/// [`ConnectionWatch::gate`]. Its errors are boxed (its own [`Disconnected`] beside the
+/// service's), as tower's middleware boxes them.
+#[derive(Clone, Debug)]
+pub struct WhileConnected<S> {
+    inner: S,
+    gate: Gate,
+}
+
+impl<S> WhileConnected<S> {
+    /// The service inside.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, Req> Service<Req> for WhileConnected<S>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        std::task::ready!(self.gate.poll(cx))?;
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    #[inline]
+    fn call(&mut self, request: Req) -> Self::Future {
+        ResponseFuture {
+            inner: self.inner.call(request),
+        }
+    }
+}
+
+pin_project! {
+    /// The response of a [`WhileConnected`] service (or a `PinnedClient`), its error boxed.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    #[cfg(feature = "hyper-client")]
+    pub(crate) fn new(inner: F) -> Self {
+        ResponseFuture { inner }
+    }
+}
+
+impl<F, T, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx).map_err(Into::into)
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
