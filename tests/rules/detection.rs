@@ -18,7 +18,8 @@ use tower::discover::ServiceList;
 use tower::timeout::Timeout;
 use tower::{BoxError, Layer, Service};
 use tower_outlier::{
-    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor, OutlierDetectionLayer,
+    DetectorConfig, DetectorPolicy, EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor,
+    OutlierDetectionLayer,
 };
 
 use support::{Harness, SeededRng, Sleepy};
@@ -457,4 +458,57 @@ async fn the_checks_of_a_stalled_fleet_are_rationed() {
         most <= ejected + 4,
         "{most} probes at once of 40 endpoints, {ejected} of them ejected"
     );
+}
+
+/// A gray endpoint failing every third call or so (calls 1, 4 and 7 of every 10: never two in a
+/// row), serial traffic through p2c over five endpoints: `DetectorConfig::recommended()` ejects
+/// it on linkerd's success-rate trigger (under 0.8 over 10 s, on 5 calls or more) after a handful
+/// of failures. Without the trigger, three in a row never happen and it stays in, failing.
+#[tokio::test(start_paused = true)]
+async fn the_recommended_configuration_ejects_a_gray_endpoint_that_never_fails_twice_in_a_row() {
+    let failed = Arc::new(AtomicUsize::new(0));
+    let services: Vec<_> = (0..5usize)
+        .map(|key| {
+            let calls = Arc::new(AtomicUsize::new(0));
+            let failed = failed.clone();
+            tower::service_fn(move |()| {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                let fails = key == 0 && matches!(n % 10, 0 | 3 | 6);
+                if fails {
+                    failed.fetch_add(1, Ordering::SeqCst);
+                }
+                async move {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if fails {
+                        Err::<(), BoxError>("replica broken".into())
+                    } else {
+                        Ok(())
+                    }
+                }
+            })
+        })
+        .collect();
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::seeded(
+        DetectorConfig::recommended().build().unwrap(),
+        5,
+    ));
+    let monitor = layer.monitor();
+    let mut balancer = Balance::new(layer.layer(ServiceList::new(services)));
+    let mut calls = 0;
+    loop {
+        poll_fn(|cx| balancer.poll_ready(cx)).await.unwrap();
+        let _ = balancer.call(()).await;
+        tokio::time::sleep(Duration::from_millis(4)).await;
+        calls += 1;
+        if status(&monitor, 0) == EndpointStatus::Ejected {
+            break;
+        }
+        assert!(
+            calls < 2_000,
+            "a gray endpoint still in after {calls} calls, {} failed",
+            failed.load(Ordering::SeqCst)
+        );
+    }
+    let failed = failed.load(Ordering::SeqCst);
+    assert!(failed <= 5, "{failed} failed calls before the ejection");
 }

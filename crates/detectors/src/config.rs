@@ -247,8 +247,11 @@ impl DetectorConfig {
     /// * at most **half the fleet** out at once, and always one if the fleet has two endpoints
     ///   or more: one of three, two of five; never the last endpoint.
     ///
-    /// No statistical detector: a gray failure (some calls failing, never three in a row) is left
-    /// to the balancer, whose latency estimate a fast failure raises.
+    /// * linkerd's second trigger ([`RecentSuccessRate`], its unified failure accrual): a
+    ///   success rate **below 0.8 over the last 10 s**, on 5 calls or more, ejects as a streak
+    ///   does, so a gray failure that rarely fails three calls in a row (every third call, say)
+    ///   is ejected after a handful of failures instead of being left to the balancer. A fleet
+    ///   whose every endpoint fails that often is still served: at most half of it is out.
     ///
     /// ```
     /// use tower_outlier_detectors::{DetectorConfig, DetectorPolicy};
@@ -277,6 +280,7 @@ impl DetectorConfig {
             failure_percentage: None,
             // Whatever the last endpoint still answers beats failing every call.
             when_all_out: WhenAllOut::KeepLast,
+            recent_success_rate: Some(recent::LINKERD_RECENT_SUCCESS_RATE),
             ..DetectorBuilder::default()
         }
     }
