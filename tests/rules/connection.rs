@@ -3,11 +3,12 @@
 //! connects again, whatever the rules would do (here they are in dry run, so only the connection
 //! keeps it out), and it is back in the picks within the back-off's longest wait (2 s, +20 %
 //! jitter) of its server accepting connections. Every endpoint refused: no call is sent to any,
-//! and the first to accept again takes the calls.
+//! and the first to accept again takes the calls. A server that closes its connection and stops
+//! listening (killed) costs no call at all: the gate checks it before the next pick.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::channel::mpsc;
@@ -15,18 +16,21 @@ use http::Uri;
 use tower::balance::p2c::Balance;
 use tower::discover::Change;
 use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
-use tower_outlier::connection::{ConnectionWatch, WhileConnected};
+use tower_outlier::connection::{ConnectionWatch, WatchedIo, WhileConnected};
 use tower_outlier::{DetectorConfig, DetectorPolicy, EndpointStatus, OutlierDetectionLayer};
 
 const TICK: Duration = Duration::from_millis(5);
 const SECOND: Duration = Duration::from_secs(1);
 
-/// One server as its client sees it: whether it accepts connections, and the calls it was sent
-/// (each opens a connection through the endpoint's watch, as a client without a pool would).
+/// One server as its client sees it: whether it accepts connections, the calls it was sent, and
+/// the client's one pooled connection to it (opened through the endpoint's watch when a call
+/// needs one; dropped when the server is killed, as a client drops a connection its server
+/// closed).
 #[derive(Clone, Default)]
 struct Server {
     down: Arc<AtomicBool>,
     sent: Arc<AtomicUsize>,
+    pooled: Arc<Mutex<Option<WatchedIo<()>>>>,
 }
 
 type Connector = tower::util::BoxCloneSyncService<Uri, (), io::Error>;
@@ -47,15 +51,18 @@ impl Server {
                 }
             }));
         let watch = ConnectionWatch::new(connector);
-        let (sent, connect) = (self.sent.clone(), watch.clone());
+        let (sent, connect, pooled) = (self.sent.clone(), watch.clone(), self.pooled.clone());
         let client = service_fn(move |()| {
             sent.fetch_add(1, Ordering::SeqCst);
-            let connect = connect.clone();
+            let (connect, pooled) = (connect.clone(), pooled.clone());
             async move {
-                connect
-                    .oneshot("http://server/".parse().unwrap())
-                    .await
-                    .map_err(BoxError::from)?;
+                if pooled.lock().unwrap().is_none() {
+                    let connection = connect
+                        .oneshot("http://server/".parse().unwrap())
+                        .await
+                        .map_err(BoxError::from)?;
+                    *pooled.lock().unwrap() = Some(connection);
+                }
                 tokio::time::sleep(TICK).await;
                 Ok::<_, BoxError>(())
             }
@@ -68,6 +75,12 @@ impl Server {
 
     fn sent(&self) -> usize {
         self.sent.load(Ordering::SeqCst)
+    }
+
+    /// Stops accepting connections, and closes the one the client holds.
+    fn kill(&self) {
+        self.down.store(true, Ordering::SeqCst);
+        self.pooled.lock().unwrap().take();
     }
 }
 
@@ -114,8 +127,12 @@ async fn a_refused_connection_is_picked_by_no_call_until_it_connects() {
     }
     assert!(servers.iter().all(|s| s.sent() > 50));
 
-    // Server 0 refuses connections for 4 s.
+    // Server 0 refuses connections for 4 s; the client's connection to it is lost without its
+    // knowing (a path that failed while it was idle): the next call finds out.
     servers[0].down.store(true, Ordering::SeqCst);
+    if let Some(connection) = servers[0].pooled.lock().unwrap().take() {
+        let () = connection.into_inner();
+    }
     let before = servers[0].sent();
     let until = tokio::time::Instant::now() + 4 * SECOND;
     while tokio::time::Instant::now() < until {
@@ -167,6 +184,9 @@ async fn with_every_connection_refused_no_call_is_sent_and_the_first_back_takes_
     }
     for server in &servers {
         server.down.store(true, Ordering::SeqCst);
+        if let Some(connection) = server.pooled.lock().unwrap().take() {
+            let () = connection.into_inner();
+        }
     }
     // Each server finds out on one call at most; then no call is sent anywhere, and a caller
     // waits for a server to accept (a fail-fast guard would answer at once instead).
@@ -199,4 +219,36 @@ async fn with_every_connection_refused_no_call_is_sent_and_the_first_back_takes_
     assert_eq!(servers[0].sent(), sent[0]);
     assert_eq!(servers[1].sent(), sent[1]);
     assert_eq!(servers[2].sent(), sent[2] + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_that_closes_its_connection_and_stops_listening_costs_no_call() {
+    let (servers, mut balancer, layer, _tx) = fleet();
+    for _ in 0..300 {
+        balancer.ready().await.unwrap().call(()).await.unwrap();
+        tokio::time::sleep(TICK).await;
+    }
+    assert!(servers.iter().all(|s| s.sent() > 50));
+    // Killed: its connection closes, so the gate checks the server before the next pick, and
+    // finds it refusing.
+    servers[0].kill();
+    let before = servers[0].sent();
+    for _ in 0..400 {
+        balancer.ready().await.unwrap().call(()).await.unwrap();
+        tokio::time::sleep(TICK).await;
+    }
+    assert_eq!(
+        servers[0].sent(),
+        before,
+        "a call was sent to the killed server"
+    );
+    assert_eq!(status(&layer, 0), EndpointStatus::Unready);
+    // Listening again: back within the longest wait.
+    servers[0].down.store(false, Ordering::SeqCst);
+    let healed = tokio::time::Instant::now();
+    while servers[0].sent() == before {
+        balancer.ready().await.unwrap().call(()).await.unwrap();
+        tokio::time::sleep(TICK).await;
+        assert!(healed.elapsed() <= Duration::from_millis(2_400) + 2 * TICK);
+    }
 }

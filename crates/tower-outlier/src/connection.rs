@@ -9,7 +9,13 @@
 //! [`WhileConnected`] wraps the endpoint's service and, while its connection is refused, fails
 //! `poll_ready` once with [`Disconnected`] and then stays `Pending`, trying to connect (through
 //! the same connector: TLS and proxies included) with a back-off of 200 ms growing to 2 s,
-//! jittered, until an attempt succeeds. Under an
+//! jittered, until an attempt succeeds. When a connection the watch handed out ends (its server
+//! closed it — a killed process's kernel does — or it failed, or the client let it go), the
+//! gate tries to connect before the endpoint is picked again, `Pending` meanwhile: a server
+//! killed while its connection was open costs no call at all, as a gRPC subchannel that sees
+//! its connection close and reconnects before it is picked. The price is one connection attempt
+//! (dropped at once) after each connection that ends; a server closing every connection after
+//! one response (`Connection: close`) pays it on every call. Under an
 //! [`OutlierDetectionLayer`](crate::OutlierDetectionLayer) that readiness error takes the
 //! endpoint out of the balancer's picks at once; the [`Monitor`](crate::Monitor) shows it
 //! `Unready`, the rules count it as an endpoint the balancer cannot pick (an ejection never takes
@@ -50,7 +56,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -90,9 +96,39 @@ pub struct ConnectionWatch<C> {
 }
 
 struct State {
-    refused: AtomicBool,
+    // `REFUSED` and `CLOSED` bits; zero while connected.
+    bits: AtomicU8,
     // Seeds the jitter of the gates of this endpoint.
     dice: Dice,
+}
+
+/// The last attempt to connect failed.
+const REFUSED: u8 = 1;
+/// A connection the watch handed out has ended (closed by its server, failed, or dropped by its
+/// client) since the last connection was made: the server may be gone.
+const CLOSED: u8 = 2;
+
+impl State {
+    #[inline]
+    fn bits(&self) -> u8 {
+        self.bits.load(Ordering::Relaxed)
+    }
+
+    fn connected(&self) {
+        if self.bits.swap(0, Ordering::Relaxed) & REFUSED != 0 {
+            tracing::info!(target: "tower_outlier", "an endpoint connected again");
+        }
+    }
+
+    fn refused(&self) {
+        if self.bits.fetch_or(REFUSED, Ordering::Relaxed) & REFUSED == 0 {
+            tracing::info!(target: "tower_outlier", "an endpoint's connection was refused: out of the balancer's picks until it connects");
+        }
+    }
+
+    fn closed(&self) {
+        self.bits.fetch_or(CLOSED, Ordering::Relaxed);
+    }
 }
 
 impl<C> ConnectionWatch<C> {
@@ -108,7 +144,7 @@ impl<C> ConnectionWatch<C> {
         ConnectionWatch {
             connector,
             state: Arc::new(State {
-                refused: AtomicBool::new(false),
+                bits: AtomicU8::new(0),
                 dice: Dice::new(seed),
             }),
         }
@@ -116,7 +152,7 @@ impl<C> ConnectionWatch<C> {
 
     /// Whether the last attempt to connect failed (and none succeeded since).
     pub fn is_refused(&self) -> bool {
-        self.state.refused.load(Ordering::Relaxed)
+        self.state.bits() & REFUSED != 0
     }
 
     /// The connector inside.
@@ -162,7 +198,7 @@ impl<C> Service<Uri> for ConnectionWatch<C>
 where
     C: Service<Uri>,
 {
-    type Response = C::Response;
+    type Response = WatchedIo<C::Response>;
     type Error = C::Error;
     type Future = Connecting<C::Future>;
 
@@ -192,20 +228,161 @@ impl<F, T, E> Future for Connecting<F>
 where
     F: Future<Output = Result<T, E>>,
 {
-    type Output = Result<T, E>;
+    type Output = Result<WatchedIo<T>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let outcome = std::task::ready!(this.inner.poll(cx));
-        let refused = outcome.is_err();
-        if this.state.refused.swap(refused, Ordering::Relaxed) != refused {
-            if refused {
-                tracing::info!(target: "tower_outlier", "an endpoint's connection was refused: out of the balancer's picks until it connects");
-            } else {
-                tracing::info!(target: "tower_outlier", "an endpoint connected again");
+        Poll::Ready(match outcome {
+            Ok(io) => {
+                this.state.connected();
+                Ok(WatchedIo {
+                    inner: io,
+                    ended: Ended(Some(this.state.clone())),
+                })
             }
+            Err(error) => {
+                this.state.refused();
+                Err(error)
+            }
+        })
+    }
+}
+
+pin_project! {
+    /// A connection made through a [`ConnectionWatch`]: the connector's own, whose end (the
+    /// client drops it when its server closed it, when it failed, or when the client's pool let
+    /// it go) has the endpoint's gate check that its server still accepts connections before it
+    /// is picked again. With the `hyper-client` feature it is hyper's IO (and hyper-util's
+    /// `Connection`), as the connector's is; it is tokio's `AsyncRead` and `AsyncWrite` when the
+    /// connector's is.
+    pub struct WatchedIo<T> {
+        #[pin]
+        inner: T,
+        ended: Ended,
+    }
+}
+
+/// Marks the endpoint's connection closed when dropped, unless disarmed.
+struct Ended(Option<Arc<State>>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        if let Some(state) = self.0.take() {
+            state.closed();
         }
-        Poll::Ready(outcome)
+    }
+}
+
+impl<T> WatchedIo<T> {
+    /// The connection inside; its end is no longer watched.
+    pub fn into_inner(mut self) -> T {
+        self.ended.0 = None;
+        // `WatchedIo` has no `Drop` of its own (the guard has), so the field can move out.
+        let WatchedIo { inner, .. } = self;
+        inner
+    }
+
+    /// The connection inside.
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+}
+
+impl<T> fmt::Debug for WatchedIo<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchedIo").finish_non_exhaustive()
+    }
+}
+
+impl<T: tokio::io::AsyncRead> tokio::io::AsyncRead for WatchedIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for WatchedIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().inner.poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(feature = "hyper-client")]
+impl<T: hyper::rt::Read> hyper::rt::Read for WatchedIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_read(cx, buf)
+    }
+}
+
+#[cfg(feature = "hyper-client")]
+impl<T: hyper::rt::Write> hyper::rt::Write for WatchedIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().inner.poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(feature = "hyper-client")]
+impl<T: hyper_util::client::legacy::connect::Connection>
+    hyper_util::client::legacy::connect::Connection for WatchedIo<T>
+{
+    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
+        self.inner.connected()
     }
 }
 
@@ -262,8 +439,13 @@ impl Gate {
                     futures::future::poll_fn(|cx| watch.poll_ready(cx))
                         .await
                         .ok()?;
-                    // The connection is dropped: the client opens its own when a call needs one.
-                    watch.call(target).await.ok().map(drop)
+                    // The connection is dropped (unwatched: its end says nothing of the server):
+                    // the client opens its own when a call needs one.
+                    watch
+                        .call(target)
+                        .await
+                        .ok()
+                        .map(|io| drop(io.into_inner()))
                 };
                 matches!(
                     tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await,
@@ -287,23 +469,25 @@ impl Gate {
     /// connects.
     #[inline]
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Disconnected>> {
-        if !self.state.refused.load(Ordering::Relaxed) {
+        if self.state.bits() == 0 {
             if self.failed != 0 || self.told || self.wait.is_some() {
                 self.reset();
             }
             return Poll::Ready(Ok(()));
         }
-        self.poll_refused(cx)
+        self.poll_suspect(cx)
     }
 
+    /// Refused, or a connection ended: an attempt to connect decides (this handle's, or any
+    /// connection made meanwhile).
     #[cold]
-    fn poll_refused(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Disconnected>> {
+    fn poll_suspect(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Disconnected>> {
         loop {
             let slot = self.attempt.get_mut();
             if let Some(running) = slot.as_mut() {
                 let connected = std::task::ready!(running.as_mut().poll(cx));
                 *slot = None;
-                if connected || !self.state.refused.load(Ordering::Relaxed) {
+                if connected || self.state.bits() == 0 {
                     self.reset();
                     return Poll::Ready(Ok(()));
                 }
@@ -319,7 +503,7 @@ impl Gate {
             if let Some(wait) = self.wait.as_mut() {
                 std::task::ready!(wait.as_mut().poll(cx));
                 self.wait = None;
-                if !self.state.refused.load(Ordering::Relaxed) {
+                if self.state.bits() == 0 {
                     self.reset();
                     return Poll::Ready(Ok(()));
                 }
@@ -363,7 +547,7 @@ impl Clone for Gate {
 impl fmt::Debug for Gate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gate")
-            .field("refused", &self.state.refused.load(Ordering::Relaxed))
+            .field("refused", &(self.state.bits() & REFUSED != 0))
             .field("failed_attempts", &self.failed)
             .finish_non_exhaustive()
     }
