@@ -253,8 +253,9 @@ pin_project! {
     /// A connection made through a [`ConnectionWatch`]: the connector's own, whose end (the
     /// client drops it when its server closed it, when it failed, or when the client's pool let
     /// it go) has the endpoint's gate check that its server still accepts connections before it
-    /// is picked again. With the `hyper-client` feature it is hyper's IO (and hyper-util's
-    /// `Connection`), as the connector's is; it is tokio's `AsyncRead` and `AsyncWrite` when the
+    /// is picked again. With the `hyper-io` feature (on with `hyper-client`) it is hyper's IO
+    /// (and hyper-util's `Connection`) when the connector's is, as hyper-util's client and
+    /// tonic's `Endpoint::connect_with_connector` need; it is tokio's `AsyncRead` and `AsyncWrite` when the
     /// connector's is.
     pub struct WatchedIo<T> {
         #[pin]
@@ -335,7 +336,7 @@ impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for WatchedIo<T> {
     }
 }
 
-#[cfg(feature = "hyper-client")]
+#[cfg(feature = "hyper-io")]
 impl<T: hyper::rt::Read> hyper::rt::Read for WatchedIo<T> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -346,7 +347,7 @@ impl<T: hyper::rt::Read> hyper::rt::Read for WatchedIo<T> {
     }
 }
 
-#[cfg(feature = "hyper-client")]
+#[cfg(feature = "hyper-io")]
 impl<T: hyper::rt::Write> hyper::rt::Write for WatchedIo<T> {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -377,7 +378,7 @@ impl<T: hyper::rt::Write> hyper::rt::Write for WatchedIo<T> {
     }
 }
 
-#[cfg(feature = "hyper-client")]
+#[cfg(feature = "hyper-io")]
 impl<T: hyper_util::client::legacy::connect::Connection>
     hyper_util::client::legacy::connect::Connection for WatchedIo<T>
 {

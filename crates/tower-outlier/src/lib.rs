@@ -68,7 +68,9 @@
 //! * `serde`: `serde::Serialize` for snapshots.
 //! * `tower-http`: a `tower_http` response classifier as the layer's classifier.
 //! * `hyper-client`: `hyper_client::PinnedClient`, a hyper-util client pinned to one address, the
-//!   discover item of an HTTP fleet.
+//!   discover item of an HTTP fleet (it turns on `hyper-io`).
+//! * `hyper-io`: the connections a `connection::ConnectionWatch` hands out are hyper's IO, for
+//!   hyper-util's client and tonic's `Endpoint::connect_with_connector`.
 //! * `tonic`: `From` conversions between `grpc::Code` and `tonic::Code`.
 //! * `latency`: `latency::LatencyPolicy`, latency outliers judged against their peers (LinkedIn
 //!   D2's relative rule).
