@@ -650,10 +650,24 @@ async fn a_server_saying_it_is_degraded_gets_only_what_the_others_cannot_take() 
         while_degraded <= 4,
         "the degraded server got {while_degraded} requests in 5 s (the others {others})"
     );
-    let snapshot = monitor.snapshot();
-    let shown = snapshot.get(&format!("{degraded_addr:?}")).unwrap();
-    assert_eq!(shown.status, EndpointStatus::Available);
-    assert!(shown.degraded_by_server.is_some(), "{shown:#?}");
+    // Shown degraded while it says so. Between one hold's end and the next response saying so
+    // again the monitor shows it held no more (on a loaded machine that gap can be what a
+    // snapshot meets), so the traffic goes on until a snapshot shows it, within 3 s.
+    let showing = std::time::Instant::now();
+    loop {
+        let snapshot = monitor.snapshot();
+        let shown = snapshot.get(&format!("{degraded_addr:?}")).unwrap();
+        assert_eq!(shown.status, EndpointStatus::Available);
+        if shown.degraded_by_server.is_some() {
+            break;
+        }
+        assert!(
+            showing.elapsed() < Duration::from_secs(3),
+            "not shown degraded: {shown:#?}"
+        );
+        let _ = balance.ready().await.unwrap().call(request()).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     // It stops saying so: back to a share once its next response says so.
     degraded.store(false, Ordering::SeqCst);
     let stopped = std::time::Instant::now();

@@ -512,3 +512,84 @@ async fn the_recommended_configuration_ejects_a_gray_endpoint_that_never_fails_t
     let failed = failed.load(Ordering::SeqCst);
     assert!(failed <= 5, "{failed} failed calls before the ejection");
 }
+
+/// Four endpoints answering in 1 ms, serial traffic through p2c, `DetectorConfig::recommended()`
+/// with an active probe: #0 fails slowly for 2 s (an error after 100 ms, which takes its latency
+/// estimate to a hundred times the others'), is ejected, and is re-admitted by the probe once it
+/// heals. Its estimate from the failures would keep p2c away for tens of seconds as it decays;
+/// re-admitted, it restarts at the fleet's and has half its share within 2 s.
+#[tokio::test(start_paused = true)]
+async fn a_readmitted_endpoint_whose_estimate_was_high_from_its_failures_gets_its_share() {
+    use std::sync::atomic::AtomicBool;
+    use tower_outlier::probe::{probe_fn, ProbeFuture};
+
+    let failing = Arc::new(AtomicBool::new(false));
+    let served: Vec<Arc<AtomicUsize>> = (0..4).map(|_| Arc::default()).collect();
+    let services: Vec<_> = (0..4usize)
+        .map(|key| {
+            let (failing, served) = (failing.clone(), served[key].clone());
+            tower::service_fn(move |()| {
+                let fails = key == 0 && failing.load(Ordering::SeqCst);
+                let served = served.clone();
+                async move {
+                    if fails {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        return Err::<(), BoxError>("503".into());
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    served.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            })
+        })
+        .collect();
+    let healthy = failing.clone();
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::seeded(
+        DetectorConfig::recommended().build().unwrap(),
+        7,
+    ))
+    .probe(probe_fn(move |_: &usize, _service| {
+        let up = !healthy.load(Ordering::SeqCst);
+        Box::pin(async move { up }) as ProbeFuture
+    }));
+    let monitor = layer.monitor();
+    let mut balancer = Balance::new(layer.layer(ServiceList::new(services)));
+    async fn serial<B: Service<(), Error = BoxError>>(balancer: &mut B, span: Duration) {
+        let until = tokio::time::Instant::now() + span;
+        while tokio::time::Instant::now() < until {
+            poll_fn(|cx| balancer.poll_ready(cx)).await.unwrap();
+            let _ = balancer.call(()).await;
+        }
+    }
+    serial(&mut balancer, Duration::from_secs(2)).await;
+    failing.store(true, Ordering::SeqCst);
+    serial(&mut balancer, Duration::from_secs(2)).await;
+    assert_eq!(status(&monitor, 0), EndpointStatus::Ejected);
+    let estimate = monitor
+        .snapshot()
+        .get_key(&0usize)
+        .unwrap()
+        .latency_estimate;
+    failing.store(false, Ordering::SeqCst);
+    let healed = tokio::time::Instant::now();
+    while status(&monitor, 0) != EndpointStatus::Available {
+        serial(&mut balancer, Duration::from_millis(10)).await;
+        assert!(
+            healed.elapsed() < Duration::from_secs(10),
+            "never re-admitted"
+        );
+    }
+    let before: Vec<usize> = served.iter().map(|s| s.load(Ordering::SeqCst)).collect();
+    serial(&mut balancer, Duration::from_secs(2)).await;
+    let got: Vec<usize> = served
+        .iter()
+        .zip(&before)
+        .map(|(s, b)| s.load(Ordering::SeqCst) - b)
+        .collect();
+    let all: usize = got.iter().sum();
+    assert!(
+        got[0] * 4 * 2 >= all,
+        "less than half its share in the 2 s after its re-admission: {got:?} (its estimate \
+         while ejected: {estimate:?})"
+    );
+}
