@@ -19,13 +19,16 @@
 //! [`OutlierDetectionLayer`](crate::OutlierDetectionLayer) that readiness error takes the
 //! endpoint out of the balancer's picks at once; the [`Monitor`](crate::Monitor) shows it
 //! `Unready`, the rules count it as an endpoint the balancer cannot pick (an ejection never takes
-//! the last one it can), and it is back in the picks as soon as a connection is made.
-//! [`hyper_client::PinnedClient::new`](crate::hyper_client::PinnedClient::new) watches its
-//! connection this way already.
+//! the last one it can), and it is back in the picks at the first attempt that connects (its
+//! own, or the next after its back-off's wait when another handle connected meanwhile).
+//! `hyper_client::PinnedClient::new` (feature `hyper-client`) watches its connection this way
+//! already.
 //!
 //! Outside the layer, note that tower's p2c `Balance` drops an endpoint whose `poll_ready`
-//! fails (as it does for tower's `Reconnect`); put the layer between the discover stream and the
-//! balancer.
+//! fails (as it does for tower's `Reconnect`), and a `Buffer` around a gated service fails for
+//! good on the error; put the layer between the discover stream and the balancer. Each handle
+//! (each clone of the gated service: the balancer's, a probe's) keeps its own back-off, and a
+//! fresh one tries to connect at once; with a TLS connector each attempt is a full handshake.
 //!
 //! With tonic, one watch per endpoint carries the channel's connections
 //! (`Endpoint::connect_with_connector_lazy(watch.clone())`) and gates the channel
@@ -37,11 +40,9 @@
 //! use tower::{service_fn, timeout::Timeout};
 //! use tower_outlier::connection::ConnectionWatch;
 //!
-//! // A plain TCP connector (hyper-util's `HttpConnector` is one too).
-//! let connector = service_fn(|target: Uri| async move {
-//!     let authority = target.authority().map(|a| a.to_string()).unwrap_or_default();
-//!     tokio::net::TcpStream::connect(authority).await
-//! });
+//! // Stands in for a real connector (hyper-util's `HttpConnector`, a TLS one): connecting to
+//! // `target` yields the connection.
+//! let connector = service_fn(|_target: Uri| async { Ok::<_, std::io::Error>(()) });
 //! let watch = ConnectionWatch::new(connector);
 //! // The endpoint's client connects through `watch.clone()`; here, a stand-in service.
 //! let client = service_fn(|_: ()| async { Ok::<_, std::io::Error>("answer") });
@@ -70,7 +71,7 @@ use tower_service::Service;
 /// The first wait after a failed attempt to connect, grown by [`GROWTH`] after each one in a row
 /// up to [`MAX_WAIT`]: a server that restarts is reached again within about 2 s of listening,
 /// and a server that stays down costs one connection attempt (a SYN answered by a reset) every
-/// 2 s per client, as HAProxy's default check interval does.
+/// 2 s per handle, as HAProxy's default check interval does.
 const FIRST_WAIT: Duration = Duration::from_millis(200);
 const GROWTH: f64 = 1.6;
 const MAX_WAIT: Duration = Duration::from_secs(2);
@@ -115,7 +116,8 @@ impl State {
     }
 
     fn connected(&self) {
-        if self.bits.swap(0, Ordering::Relaxed) & REFUSED != 0 {
+        // Read first: a healthy endpoint's connections write nothing other cores read.
+        if self.bits() != 0 && self.bits.swap(0, Ordering::Relaxed) & REFUSED != 0 {
             tracing::info!(target: "tower_outlier", "an endpoint connected again");
         }
     }
@@ -422,6 +424,9 @@ pub(crate) struct Gate {
     failed: u32,
     // Whether this handle told its owner (the layer) with `Disconnected` since it was refused.
     told: bool,
+    // Whether this handle has been through an episode (an attempt, a wait, a report) since its
+    // last reset: the fast path resets it once the endpoint is connected again.
+    dirty: bool,
 }
 
 impl Gate {
@@ -435,6 +440,7 @@ impl Gate {
         let start: StartAttempt = Arc::new(move || {
             let mut watch = watch.clone();
             let target = target.clone();
+            let state = watch.state.clone();
             Box::pin(async move {
                 let attempt = async {
                     futures::future::poll_fn(|cx| watch.poll_ready(cx))
@@ -448,10 +454,20 @@ impl Gate {
                         .ok()
                         .map(|io| drop(io.into_inner()))
                 };
-                matches!(
-                    tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await,
-                    Ok(Some(()))
-                )
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
+                    Ok(Some(())) => true,
+                    Ok(None) => {
+                        // The connector's own failure marked it refused; its readiness error
+                        // did not go through it.
+                        state.refused();
+                        false
+                    }
+                    Err(_) => {
+                        // No answer within the attempt's time: as refused as a reset says.
+                        state.refused();
+                        false
+                    }
+                }
             })
         });
         Gate {
@@ -461,6 +477,7 @@ impl Gate {
             wait: None,
             failed: 0,
             told: false,
+            dirty: false,
         }
     }
 
@@ -471,7 +488,9 @@ impl Gate {
     #[inline]
     pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Disconnected>> {
         if self.state.bits() == 0 {
-            if self.failed != 0 || self.told || self.wait.is_some() {
+            if self.dirty {
+                // An attempt, a wait or a report of an earlier episode: none of it holds now (a
+                // half-run attempt kept would be trusted in the next episode).
                 self.reset();
             }
             return Poll::Ready(Ok(()));
@@ -483,6 +502,7 @@ impl Gate {
     /// connection made meanwhile).
     #[cold]
     fn poll_suspect(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Disconnected>> {
+        self.dirty = true;
         loop {
             let slot = self.attempt.get_mut();
             if let Some(running) = slot.as_mut() {
@@ -527,6 +547,7 @@ impl Gate {
         self.wait = None;
         self.failed = 0;
         self.told = false;
+        self.dirty = false;
     }
 }
 
@@ -541,6 +562,7 @@ impl Clone for Gate {
             wait: None,
             failed: 0,
             told: false,
+            dirty: false,
         }
     }
 }
@@ -624,5 +646,67 @@ where
 impl<F> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use tower::ServiceExt;
+
+    /// A connector that decides when called whether the server accepts, and answers 10 ms later.
+    fn connector(
+        up: Arc<AtomicBool>,
+    ) -> impl Service<Uri, Response = (), Error = std::io::Error, Future: Send> + Clone + Send + Sync
+    {
+        tower::service_fn(move |_: Uri| {
+            let accepts = up.load(Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if accepts {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+                }
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_left_half_run_is_not_trusted_in_a_later_episode() {
+        let up = Arc::new(AtomicBool::new(true));
+        let watch = ConnectionWatch::new(connector(up.clone()));
+        let target: Uri = "http://server/".parse().unwrap();
+        let mut gate = Gate::new(watch.clone(), target.clone());
+        // A connection ended: the gate starts an attempt (which would succeed) and waits on it.
+        watch.state.closed();
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(gate.poll(&mut cx).is_pending());
+        // Another handle connects meanwhile: the gate is ready without its attempt.
+        let connection = watch.clone().oneshot(target.clone()).await.unwrap();
+        let () = connection.into_inner();
+        assert!(matches!(gate.poll(&mut cx), Poll::Ready(Ok(()))));
+        // The server is killed later and its connection closes: a fresh attempt decides, and it
+        // is refused (the first attempt, had it been kept, would say it connected).
+        up.store(false, Ordering::SeqCst);
+        watch.state.closed();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let outcome = futures::future::poll_fn(|cx| gate.poll(cx)).await;
+        assert!(outcome.is_err(), "a stale attempt was trusted");
+        assert!(watch.is_refused());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_that_times_out_marks_the_endpoint_refused() {
+        let watch = ConnectionWatch::new(tower::service_fn(|_: Uri| {
+            futures::future::pending::<Result<(), std::io::Error>>()
+        }));
+        let mut gate = Gate::new(watch.clone(), "http://server/".parse().unwrap());
+        watch.state.closed();
+        let outcome = futures::future::poll_fn(|cx| gate.poll(cx)).await;
+        assert!(outcome.is_err());
+        assert!(watch.is_refused());
     }
 }
