@@ -516,6 +516,8 @@ fn standing_of(monitor: &tower_outlier::Monitor) -> Option<&'static str> {
     Some(match endpoint.status {
         EndpointStatus::Ejected => "ejected",
         EndpointStatus::Probing => "probing",
+        // Out of the balancer's picks: its connection refused (`tower_outlier::connection`).
+        EndpointStatus::Unready => "unready",
         _ if endpoint.avoided_for.is_some() => "avoided",
         EndpointStatus::Trial => "on trial",
         EndpointStatus::Available if endpoint.error_rate >= 0.99 => "in, failing every call",
@@ -741,10 +743,13 @@ fn check_quick(cell: &Cell, stack: Stack, runs: &[Outcome], failures: &mut Vec<S
     if cell.shape == Shape::Serial {
         for (i, run) in runs.iter().enumerate() {
             let judged = run.ejected_after.is_some()
-                || matches!(run.standing, Some("avoided" | "ejected" | "probing"));
+                || matches!(
+                    run.standing,
+                    Some("avoided" | "ejected" | "probing" | "unready")
+                );
             if !judged {
                 failures.push(format!(
-                    "{title}: run {i}: backend 0 neither ejected nor reported avoided"
+                    "{title}: run {i}: backend 0 neither ejected nor reported avoided or unready"
                 ));
             }
             // EDAS's recovery checks start 30 s after an ejection, by its design.
