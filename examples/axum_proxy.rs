@@ -1,7 +1,9 @@
 //! An axum reverse proxy that balances every request over four upstream servers, with outlier
-//! detection: one upstream resets every connection from the start (an instance stuck in a crash
-//! loop); the layer ejects it, the proxy stops sending it traffic, and once it heals a passive
-//! trial brings it back.
+//! detection: one upstream accepts connections but resets each one as its request arrives (an
+//! instance that crashes on every request); the layer ejects it, the proxy stops sending it
+//! traffic, and once it heals a passive trial brings it back. (An upstream that refuses or resets
+//! connections outright is held out sooner, as unready, by `PinnedClient`'s connection watch:
+//! its rules need no failed request to see it.)
 //!
 //! ```text
 //! cargo run --example axum_proxy
@@ -45,6 +47,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tower::balance::p2c::Balance;
 use tower::discover::Change;
@@ -58,7 +61,7 @@ use tower_outlier::{
 
 type DynError = Box<dyn Error + Send + Sync>;
 
-/// The upstreams; `FLAKY` resets every connection while the shared `broken` flag is set.
+/// The upstreams; `FLAKY` resets every request's connection while the shared `broken` flag is set.
 const NAMES: [&str; 4] = ["alpha", "bravo", "charlie", "delta"];
 const FLAKY: &str = "charlie";
 
@@ -95,7 +98,7 @@ async fn main() -> Result<(), DynError> {
         .try_init()?;
 
     // 1. Four upstream HTTP/1 servers on loopback. `broken` is set from the start: the flaky one
-    //    resets every connection from the first, like an instance in a crash loop.
+    //    resets every request's connection from the first, like an instance that crashes on each.
     let broken = Arc::new(AtomicBool::new(true));
     let mut upstreams = Vec::new();
     for name in NAMES {
@@ -166,7 +169,7 @@ async fn main() -> Result<(), DynError> {
     // 4a. Warm-up, with the flaky upstream broken from the start. Its resets reach the client as
     //     502s until the layer ejects it, once its window holds 5 calls; the monitor is read after
     //     each batch to catch that.
-    println!("\n== (a) warm-up: {FLAKY} resets every connection from the start ==");
+    println!("\n== (a) warm-up: {FLAKY} resets every request from the start ==");
     let before = received(&upstreams);
     let mut warm_up_statuses = Statuses::default();
     // (requests the flaky upstream had received, requests sent) when the ejection showed.
@@ -301,7 +304,7 @@ async fn proxy(State(upstreams): State<Upstreams>, request: Request) -> Response
 
 impl Upstream {
     /// Binds 127.0.0.1 on a port the OS picks and serves HTTP/1 from a background task: 200 with
-    /// the upstream's name, or, while `broken` is given and set, a reset for every connection.
+    /// the upstream's name, or, while `broken` is given and set, a reset for every request.
     async fn start(name: &'static str, broken: Option<Arc<AtomicBool>>) -> Result<Self, DynError> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
@@ -326,11 +329,20 @@ impl Upstream {
                     }
                 };
                 if broken.as_ref().is_some_and(|b| b.load(Ordering::SeqCst)) {
-                    // A connection reset costs the client its request (the client opens a fresh
-                    // connection per attempt here: a reset one never goes back to its pool), so
-                    // it counts as one request received.
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    reset(stream);
+                    // The process dies on every request: the connection is accepted (a check
+                    // that only connects finds the port open), and reset once a request arrives.
+                    // A reset costs the client its request (the client opens a fresh connection
+                    // per attempt here: a reset one never goes back to its pool), so it counts as
+                    // one request received.
+                    let counter = counter.clone();
+                    tokio::spawn(async move {
+                        let mut stream = stream;
+                        let mut first = [0u8; 1];
+                        if matches!(stream.read(&mut first).await, Ok(n) if n > 0) {
+                            counter.fetch_add(1, Ordering::SeqCst);
+                            reset(stream);
+                        }
+                    });
                     continue;
                 }
                 let handler = handler.clone();

@@ -36,7 +36,8 @@ impl Holder {
         if failures == 1 {
             tracing::warn!(
                 target: "tower_outlier",
-                error = std::any::type_name::<E>(),
+                // The error's type: the service's error has no `Display` bound to print it by.
+                error_type = std::any::type_name::<E>(),
                 "an endpoint's service failed poll_ready: held out of the balancer's picks and asked again after a back-off"
             );
         }
