@@ -1,5 +1,6 @@
 //! Blame where it belongs: an error that is the caller's own decision — its stack shedding
-//! load, the layer's fail-fast guard — is not the endpoint's failure and does not count toward
+//! load, the layer's fail-fast guard, its own h2 closing the connection (a GOAWAY raised by the
+//! client's library) — is not the endpoint's failure and does not count toward
 //! an ejection (`Outcome::NotSent`), on tokio's paused clock through a real p2c `Balance`. It
 //! steers p2c away for a moment, as a busy endpoint should be; a stack that refuses every call
 //! for 2 s with no success between is stuck, not busy, and its refusals count.
@@ -216,4 +217,155 @@ async fn an_inner_fail_fast_guard_is_not_an_endpoint_failure() {
         .find(|e| e.key.as_str() == "0")
         .unwrap();
     assert_eq!(tier.windows[0].counts.failures, 0, "{tier:#?}");
+}
+
+/// A raw HTTP/2 peer on an in-memory pipe, for hyper's HTTP/2 client: it answers the client's
+/// first request with `answer` (whole frames) and reads on until the client's GOAWAY.
+fn raw_h2_peer(mut io: tokio::io::DuplexStream, answer: &'static [u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::spawn(async move {
+        // The server's preface: an empty SETTINGS frame.
+        io.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?;
+        // The client's preface, then its frames up to the request's HEADERS (type 1): an answer
+        // before the stream is open would be a connection error of another kind.
+        let mut preface = [0u8; 24];
+        io.read_exact(&mut preface).await?;
+        let mut answered = false;
+        loop {
+            let mut header = [0u8; 9];
+            io.read_exact(&mut header).await?;
+            let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+            let mut payload = vec![0u8; length];
+            io.read_exact(&mut payload).await?;
+            match header[3] {
+                1 if !answered => {
+                    answered = true;
+                    io.write_all(answer).await?;
+                }
+                7 => return Ok::<_, std::io::Error>(()),
+                _ => {}
+            }
+        }
+    });
+}
+
+/// hyper's HTTP/2 client sends one request to a raw peer that answers `answer`; returns the
+/// connection's error, which hyper gives the requests that connection fails (a `hyper::Error`
+/// whose cause is h2's).
+async fn h2_connection_error(max_local_error_resets: usize, answer: &'static [u8]) -> BoxError {
+    let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+    raw_h2_peer(server_io, answer);
+    let (mut sender, connection) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .max_local_error_reset_streams(max_local_error_resets)
+            .handshake::<_, http_body_util::Empty<bytes::Bytes>>(hyper_util::rt::TokioIo::new(
+                client_io,
+            ))
+            .await
+            .unwrap();
+    let request = http::Request::get("http://peer/")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let response = sender.send_request(request);
+    // The connection's own error says why it ended; the request in flight is dropped (h2 fails
+    // it with the stream's own reset, or leaves it to the connection).
+    tokio::spawn(async move {
+        let _ = response.await;
+    });
+    Box::new(connection.await.unwrap_err())
+}
+
+/// The client's own GOAWAY: hyper's HTTP/2 client allowed no locally reset stream (h2's
+/// `max_local_error_reset_streams`, 1024 by default) gets a response that h2 resets on its own
+/// (`content-length: 1` and no body), and closes the connection with `ENHANCE_YOUR_CALM`
+/// "too_many_internal_resets" — the error hyperium/h2#856 reports, raised by the client's
+/// library, not received from the server.
+async fn own_goaway() -> BoxError {
+    // A HEADERS frame on stream 1 (END_STREAM | END_HEADERS): ":status: 200" (HPACK's static
+    // entry 8) and "content-length: 1" (entry 28's name, a literal value).
+    const ANSWER: &[u8] = &[0, 0, 5, 1, 5, 0, 0, 0, 1, 0x88, 0x0f, 0x0d, 1, b'1'];
+    h2_connection_error(0, ANSWER).await
+}
+
+/// The server's GOAWAY with the same code (as a gRPC server says "too_many_pings").
+async fn servers_goaway() -> BoxError {
+    // GOAWAY (type 7) on stream 0: last stream 0, ENHANCE_YOUR_CALM (0xb).
+    const ANSWER: &[u8] = &[0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xb];
+    h2_connection_error(1024, ANSWER).await
+}
+
+/// An HTTP/2 connection the client's own h2 closed (GOAWAY `ENHANCE_YOUR_CALM` raised by the
+/// library) is the caller's, as a load shedder's refusal is; the same GOAWAY received from the
+/// server is the server's word, a transport failure.
+#[tokio::test]
+async fn an_h2_goaway_the_client_sent_itself_is_not_the_endpoints_failure() {
+    use tower_outlier::classify::{error_outcome, FailureKind, Outcome};
+
+    let own = own_goaway().await;
+    let cause = own.source().and_then(|e| e.downcast_ref::<h2::Error>());
+    assert!(
+        cause.is_some_and(|h2| h2.is_library() && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM)),
+        "{own:?}"
+    );
+    assert_eq!(error_outcome(&own), Outcome::NotSent, "{own:?}");
+    let servers = servers_goaway().await;
+    let cause = servers.source().and_then(|e| e.downcast_ref::<h2::Error>());
+    assert!(cause.is_some_and(|h2| h2.is_remote()), "{servers:?}");
+    assert_eq!(
+        error_outcome(&servers),
+        Outcome::Failure(FailureKind::Transport),
+        "{servers:?}"
+    );
+}
+
+/// Through p2c under the recommended configuration: an endpoint whose calls fail for 1.5 s with
+/// the client's own GOAWAY (one real hyper connection per call) is not ejected and its window
+/// counts no failure; the same endpoint failing with the server's GOAWAY is ejected.
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_is_not_ejected_for_its_clients_own_goaways() {
+    for servers in [false, true] {
+        let layer = recommended();
+        let ejected = ejections(&layer);
+        let start = tokio::time::Instant::now();
+        let inner = |failing: bool| {
+            tower::util::BoxCloneSyncService::new(tower::service_fn(move |()| async move {
+                if failing && start.elapsed() < Duration::from_millis(1_500) {
+                    Err::<(), BoxError>(if servers {
+                        servers_goaway().await
+                    } else {
+                        own_goaway().await
+                    })
+                } else {
+                    tokio::time::sleep(TICK).await;
+                    Ok(())
+                }
+            }))
+        };
+        let services = vec![(0usize, inner(true)), (1, inner(false)), (2, inner(false))];
+        let mut balancer = Balance::new(layer.layer(announce(&services)));
+        let mut failed = 0;
+        for _ in 0..600 {
+            if balancer.ready().await.unwrap().call(()).await.is_err() {
+                failed += 1;
+            }
+            tokio::time::sleep(TICK).await;
+        }
+        assert!(failed > 0, "p2c tried the endpoint");
+        let ejected = ejected.lock().unwrap().clone();
+        if servers {
+            assert!(
+                !ejected.is_empty(),
+                "the server's GOAWAYs eject it ({failed} failed)"
+            );
+            continue;
+        }
+        assert!(ejected.is_empty(), "{ejected:?}");
+        let snapshot = layer.monitor().snapshot();
+        let endpoint = snapshot
+            .endpoints
+            .iter()
+            .find(|e| e.key.as_str() == "0")
+            .unwrap();
+        assert_eq!(endpoint.windows[0].counts.failures, 0, "{endpoint:#?}");
+    }
 }

@@ -402,6 +402,57 @@ async fn a_healed_black_hole_is_back_at_half_its_share_within_5_s() {
     );
 }
 
+/// A black hole avoided after a timeout is checked by a probe starting every 2 s while it does
+/// not answer (HAProxy's `inter`), each check timing out after 1 s: five endpoints behind a 1 s
+/// timeout, open loop at 200 requests a second, #0 a black hole from 10 s to 30 s. Before, the
+/// 2 s were waited after each check's timeout, so a check started every 3 s (about 7 in the 20
+/// s) and a healed endpoint waited up to 3 s for the one that would find it.
+#[tokio::test(start_paused = true)]
+async fn an_avoided_endpoint_that_does_not_answer_is_checked_every_2_s() {
+    use tower_outlier::probe::{probe_fn, ProbeFuture};
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    let backends: Vec<Sleepy> = (0..5).map(|id| Sleepy::new(id, 10)).collect();
+    let checks_of_the_hole = Arc::new(AtomicUsize::new(0));
+    let counted = checks_of_the_hole.clone();
+    let hole = backends[0].clone();
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::seeded(
+        DetectorConfig::recommended().build().unwrap(),
+        3,
+    ))
+    .probe(probe_fn(move |key: &usize, _: Timeout<Sleepy>| {
+        let (key, counted, hole) = (*key, counted.clone(), hole.clone());
+        Box::pin(async move {
+            if key != 0 {
+                return true;
+            }
+            counted.fetch_add(1, Ordering::SeqCst);
+            // A check answers as a call would: never, while it is a black hole.
+            if hole.latency_ms.load(Ordering::SeqCst) > 1_000 {
+                std::future::pending::<()>().await;
+            }
+            true
+        }) as ProbeFuture
+    }));
+    let timed: Vec<_> = backends
+        .iter()
+        .map(|b| Timeout::new(b.clone(), Duration::from_secs(1)))
+        .collect();
+    let mut balancer = Balance::from_rng(layer.layer(ServiceList::new(timed)), SeededRng(3));
+    open_loop(&mut balancer, 200.0, Duration::from_secs(10)).await;
+    backends[0].set_latency(3_600_000);
+    open_loop(&mut balancer, 200.0, Duration::from_secs(20)).await;
+    let checks = checks_of_the_hole.load(Ordering::SeqCst);
+    let hole = layer.monitor().snapshot();
+    let hole = hole.get_key(&0).unwrap();
+    assert!(hole.avoided_for.is_some(), "avoided, not ejected: {hole:?}");
+    // The first 1 s after its first timeout, then one every 2 s: 10 in the 20 s.
+    assert!(
+        (9..=11).contains(&checks),
+        "{checks} checks of the black hole in 20 s"
+    );
+}
+
 /// When a whole fleet stalls, the checks of its avoided endpoints are rationed: at most a tenth
 /// of the endpoints (two at least) are checked at once, so an overloaded fleet is not sent a
 /// request per endpoint every 2 s on top of its callers'.

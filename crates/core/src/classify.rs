@@ -226,8 +226,11 @@ where
 /// The outcome of a call that ended in `error`: [`Outcome::NotSent`] when the error or any of
 /// its causes is the caller's own refusal to send it — `tower::load_shed::error::Overloaded`
 /// (a per-endpoint load shedder whose inner service was not ready) or
-/// [`NoEndpointAvailable`] (the layer's fail-fast guard, as an inner layer's endpoint) — and
-/// otherwise a failure of the endpoint of kind [`error_kind`].
+/// [`NoEndpointAvailable`] (the layer's fail-fast guard, as an inner layer's endpoint) — or,
+/// with the `h2` feature, an HTTP/2 connection the client's own h2 closed with a GOAWAY
+/// `ENHANCE_YOUR_CALM` (hyperium/h2#856: its count of locally reset streams ran out; a GOAWAY
+/// received from the server still counts), and otherwise a failure of the endpoint of kind
+/// [`error_kind`].
 ///
 /// ```
 /// use tower_outlier_core::classify::error_outcome;
@@ -243,12 +246,32 @@ pub fn error_outcome<E: 'static>(error: &E) -> Outcome {
     // Cause chains are short; the bound keeps a cyclic `source` from looping forever.
     for _ in 0..32 {
         let Some(error) = next else { break };
-        if error.is::<tower::load_shed::error::Overloaded>() || error.is::<NoEndpointAvailable>() {
+        if error.is::<tower::load_shed::error::Overloaded>()
+            || error.is::<NoEndpointAvailable>()
+            || own_goaway(error)
+        {
             return Outcome::NotSent;
         }
         next = error.source();
     }
     Outcome::Failure(error_kind(error))
+}
+
+/// Whether `error` is an HTTP/2 GOAWAY the client's own h2 sent (`ENHANCE_YOUR_CALM`, raised by
+/// the library: "too_many_internal_resets" when more streams than h2's
+/// `max_local_error_reset_streams` were reset on the client's side, hyperium/h2#856). The
+/// client closed the connection on its own count; a GOAWAY the server sent
+/// (`h2::Error::is_remote`) is the server's word and counts against it as any transport error.
+#[cfg(feature = "h2")]
+fn own_goaway(error: &(dyn Error + 'static)) -> bool {
+    error.downcast_ref::<h2::Error>().is_some_and(|h2| {
+        h2.is_go_away() && h2.is_library() && h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM)
+    })
+}
+
+#[cfg(not(feature = "h2"))]
+fn own_goaway(_: &(dyn Error + 'static)) -> bool {
+    false
 }
 
 /// The error of a call that the layer's fail-fast guard (`tower_outlier::fail_fast::FailFast`)

@@ -71,7 +71,10 @@
 //!   discover item of an HTTP fleet (it turns on `hyper-io`).
 //! * `hyper-io`: the connections a `connection::ConnectionWatch` hands out are hyper's IO, for
 //!   hyper-util's client and tonic's `Endpoint::connect_with_connector`.
-//! * `tonic`: `From` conversions between `grpc::Code` and `tonic::Code`.
+//! * `tonic`: `From` conversions between `grpc::Code` and `tonic::Code` (it turns on `h2`).
+//! * `h2`: an HTTP/2 connection the client's own h2 closed with a GOAWAY `ENHANCE_YOUR_CALM`
+//!   (its count of locally reset streams ran out) is the caller's, not the endpoint's failure
+//!   (`classify::error_outcome`).
 //! * `latency`: `latency::LatencyPolicy`, latency outliers judged against their peers (LinkedIn
 //!   D2's relative rule).
 //! * `orca`: `orca::OrcaPolicy`, endpoint weights from servers' ORCA load reports (gRPC's
@@ -138,7 +141,8 @@ pub mod classify {
     //! A [`Classify`] turns one call's result into an [`Outcome`]: success, or a failure of a
     //! [`FailureKind`]. [`NetworkErrors`] (the default, EDAS's "network exceptions") counts every
     //! error but the caller's own refusals, which are [`Outcome::NotSent`] ([`error_outcome`]:
-    //! `tower::load_shed`'s `Overloaded`, the fail-fast guard's [`NoEndpointAvailable`]);
+    //! `tower::load_shed`'s `Overloaded`, the fail-fast guard's [`NoEndpointAvailable`], with
+    //! the `h2` feature the client's own HTTP/2 GOAWAY);
     //! [`ServerErrors`] (EDAS's "network exceptions + HTTP 5xx") also counts 5xx
     //! responses; [`predicate`] (HSF's `bizExceptionPredicateClassName`) and [`classify_fn`]
     //! take your own rule. A call whose response future is dropped first is cancelled: neither.

@@ -24,7 +24,10 @@
 //! counts as neither success nor failure — `tower::load_shed`'s `Overloaded` (the endpoint's
 //! own stack shedding while its inner service is not ready) and the layer's
 //! [`NoEndpointAvailable`](crate::fail_fast::NoEndpointAvailable) (an inner tier failing fast),
-//! found anywhere in the error's causes. Envoy stopped counting its own circuit breaker's
+//! and, with the `h2` feature (on with `tonic`), an HTTP/2 connection the client's own h2 closed
+//! with a GOAWAY `ENHANCE_YOUR_CALM` (its count of locally reset streams ran out, hyperium/h2#856;
+//! the same GOAWAY received from the server is the server's), found anywhere in the error's
+//! causes. Envoy stopped counting its own circuit breaker's
 //! overflow against hosts for the same reason: such false ejections shrink a fleet under load.
 //! A not-sent call steers the balancer away from the endpoint for a moment (its estimate is
 //! raised as after a fast failure, and it is tried again after losing 16 draws in a row); the

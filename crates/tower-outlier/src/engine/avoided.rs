@@ -5,7 +5,9 @@
 //! no policy need have ejected it, so no recovery check runs, and the estimate takes the better
 //! part of a minute to decay. A healed black hole then got no call for 30 s and more. So while an
 //! endpoint in the set stands avoided after a timeout, the layer's active probe checks it — 1 s
-//! after the timeout, then every 2 s while it does not answer — and the first check
+//! after the timeout, then a check starting every 2 s while it does not answer (a check that
+//! times out after 1 s is followed by the next 1 s later, as HAProxy's `inter` spaces its
+//! checks) — and the first check
 //! that passes restarts its estimate at the fleet's, so p2c gives it its share at once. The
 //! endpoint stays in the balancer's set throughout: this is no membership rule, and it writes no
 //! standing. Without an active probe nothing is checked (the estimate decays as p2c alone lets
@@ -26,9 +28,11 @@ pub(super) const CHECK_TAG: u64 = 1 << 63;
 /// The first check, after the timeout that made the endpoint avoided.
 const FIRST_CHECK: Duration = Duration::from_secs(1);
 
-/// The longest wait between checks of an endpoint that keeps not answering: HAProxy's default
-/// `inter`, so a healed endpoint is back as soon as under an active health check.
-const LAST_CHECK: Duration = Duration::from_secs(2);
+/// The time from one check's start to the next while the endpoint does not answer: HAProxy's
+/// default `inter`, so a healed endpoint is back as soon as under an active health check. (It was
+/// the wait after a failed check: with a check's 1 s timeout, a black hole was checked every 3 s,
+/// and a healed one at 5 req/s had half its share back after 4 s against HAProxy's 2 s.)
+const CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// How long a check may take before it counts as failed: an answer slower than this is no
 /// reason to send the endpoint calls again.
@@ -55,7 +59,8 @@ struct Watch {
     id: u64,
     // When its next check is due; `None` while one is in flight.
     next: Option<Instant>,
-    failed: u32,
+    // When the check in flight (or the last one) started.
+    started: Instant,
 }
 
 impl<K> Default for AvoidedChecks<K> {
@@ -82,7 +87,7 @@ impl<K: DiscoverKey> AvoidedChecks<K> {
             Watch {
                 id,
                 next: Some(next),
-                failed: 0,
+                started: now,
             },
         );
     }
@@ -123,6 +128,7 @@ impl<K: DiscoverKey> AvoidedChecks<K> {
             let ((_, id), key) = entry.remove_entry();
             if let Some(watch) = self.watched.get_mut(&key) {
                 watch.next = None;
+                watch.started = now;
                 self.checking += 1;
             }
             due.push((key, id));
@@ -137,16 +143,14 @@ impl<K: DiscoverKey> AvoidedChecks<K> {
             .is_some_and(|w| w.id == id && w.next.is_none())
     }
 
-    /// A check of `key` failed at `now`: the next one later, up to [`LAST_CHECK`] apart.
+    /// A check of `key` failed at `now`: the next one starts [`CHECK_INTERVAL`] after this one
+    /// started.
     fn failed(&mut self, key: &K, now: Instant) -> Option<Duration> {
         let watch = self.watched.get_mut(key)?;
         if watch.next.is_none() {
             self.checking = self.checking.saturating_sub(1);
         }
-        watch.failed = watch.failed.saturating_add(1);
-        let wait = FIRST_CHECK
-            .saturating_mul(1 << watch.failed.min(3))
-            .min(LAST_CHECK);
+        let wait = CHECK_INTERVAL.saturating_sub(now.saturating_duration_since(watch.started));
         let next = later(now, wait);
         watch.next = Some(next);
         self.due.insert((next, watch.id), key.clone());
