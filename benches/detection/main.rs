@@ -339,6 +339,16 @@ fn scenarios() -> Vec<Scenario> {
                 Fault::BlackHole,
             )
         },
+        // Few calls per window: a rule that judges on a handful of calls meets noise here.
+        Scenario {
+            rate: LOW_RATE,
+            noise: 0.02,
+            ..scenario(
+                "low traffic (5 req/s): healthy noise (2 % failures everywhere)",
+                &[],
+                Fault::Down,
+            )
+        },
     ]
 }
 
