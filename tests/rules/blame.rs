@@ -369,3 +369,45 @@ async fn an_endpoint_is_not_ejected_for_its_clients_own_goaways() {
         assert_eq!(endpoint.windows[0].counts.failures, 0, "{endpoint:#?}");
     }
 }
+
+/// A gRPC response whose body fails with the client's own GOAWAY (the connection closed under a
+/// stream) counts nothing against the endpoint under `GrpcErrors`; with the server's GOAWAY it
+/// is a transport failure, as any body error.
+#[tokio::test]
+async fn a_grpc_body_cut_by_the_clients_own_goaway_is_not_a_failure() {
+    use bytes::Bytes;
+    use futures::stream::{self, StreamExt};
+    use http_body_util::{BodyExt, StreamBody};
+    use tower_outlier::grpc::GrpcErrors;
+    use tower_outlier::{ErrorRateConfig, ErrorRatePolicy};
+
+    for servers in [false, true] {
+        let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+            ErrorRateConfig::hsf().build().unwrap(),
+        ))
+        .classifier(GrpcErrors::default());
+        let mut endpoint = layer.endpoint(tower::service_fn(move |()| async move {
+            let error = if servers {
+                servers_goaway().await
+            } else {
+                own_goaway().await
+            };
+            let frames: Vec<Result<http_body::Frame<Bytes>, BoxError>> = vec![
+                Ok(http_body::Frame::data(Bytes::from_static(b"\0\0\0\0\0"))),
+                Err(error),
+            ];
+            Ok::<_, BoxError>(http::Response::new(StreamBody::new(
+                stream::iter(frames).boxed(),
+            )))
+        }));
+        let response = endpoint.ready().await.unwrap().call(()).await.unwrap();
+        assert!(response.into_body().collect().await.is_err());
+        let record = endpoint.record();
+        let counts = record.policies()[0].describe(record.clock().now()).counts;
+        assert_eq!(
+            counts.failures,
+            u64::from(servers),
+            "server's: {servers}, {counts:?}"
+        );
+    }
+}

@@ -317,7 +317,10 @@ impl<B> GrpcBody<B> {
     }
 }
 
-impl<B: Body> Body for GrpcBody<B> {
+impl<B: Body> Body for GrpcBody<B>
+where
+    B::Error: 'static,
+{
     type Data = B::Data;
     type Error = B::Error;
 
@@ -366,7 +369,12 @@ impl<B: Body> Body for GrpcBody<B> {
                     None => Outcome::Success,
                 }
             }),
-            Some(Err(_)) => Some(Outcome::Failure(FailureKind::Transport)),
+            // The caller's own stack's error (its h2 closing the connection on its own count)
+            // is no failure of the endpoint, as before the response (`error_outcome`).
+            Some(Err(error)) => Some(match error_outcome(error) {
+                Outcome::Failure(_) => Outcome::Failure(FailureKind::Transport),
+                outcome => outcome,
+            }),
             None => recorder_slot
                 .as_ref()
                 .map(|r| r.classifier().outcome(Code::Unavailable)),
