@@ -194,10 +194,11 @@ fn complete<B, E: 'static>(
     };
     if let Some(recorder) = sink.layer() {
         recorder.read_headers(response.headers());
-        // A trailers-only status with gRPC's pushback, or a proxy's 429 / 503 with Retry-After,
+        // A trailers-only status with gRPC's pushback, or a proxy's 429 / 503 with Retry-After
+        // or a rate limiter's reset headers,
         // whatever the classifier makes of the status.
         let wait = crate::pushback::grpc_pushback(response.headers())
-            .or_else(|| crate::pushback::retry_after(&response));
+            .or_else(|| crate::pushback::asked_wait(&response));
         if let Some(wait) = wait {
             recorder.push_back(wait);
         }

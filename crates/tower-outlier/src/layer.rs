@@ -143,7 +143,8 @@ impl<C, P, R> OutlierDetectionLayer<C, P, R> {
     }
 
     /// Sets the longest a server's pushback keeps its endpoint out (default 300 s, linkerd's
-    /// cap; `Duration::ZERO` ignores pushback). A 429 or 503 with `Retry-After`, or a gRPC
+    /// cap; `Duration::ZERO` ignores pushback). A 429 or 503 with `Retry-After` or a rate
+    /// limiter's reset headers ([`pushback::asked_wait`](crate::pushback::asked_wait)), or a gRPC
     /// status with `grpc-retry-pushback-ms`, read by [`ServerErrors`](crate::ServerErrors) and
     /// [`GrpcErrors`](crate::grpc::GrpcErrors), asks the layer to leave the endpoint alone that
     /// long ([`pushback`](crate::pushback)): it is ejected for the time asked, within the budget

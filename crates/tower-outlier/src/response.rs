@@ -227,12 +227,13 @@ impl<C> Recorder<C> {
     }
 
     /// Reads what an HTTP response says of its server, whatever the classifier makes of its
-    /// status: its headers ([`read_headers`](Self::read_headers)), and a 429 or 503's
-    /// `Retry-After` ([`pushback::retry_after`](crate::pushback::retry_after)).
+    /// status: its headers ([`read_headers`](Self::read_headers)), and what a 429 or 503 asks
+    /// of its client ([`pushback::asked_wait`](crate::pushback::asked_wait): `Retry-After`, or
+    /// its rate limiter's reset headers).
     #[inline]
     pub(crate) fn read_response<B>(&self, response: &http::Response<B>) {
         self.read_headers(response.headers());
-        if let Some(wait) = crate::pushback::retry_after(response) {
+        if let Some(wait) = crate::pushback::asked_wait(response) {
             self.push_back(wait);
         }
     }
