@@ -1,6 +1,7 @@
-//! Quickstart: four real HTTP servers behind a power-of-two-choices balancer, one of which starts
-//! answering 503. The outlier-detection layer ejects it, the balancer stops sending it traffic,
-//! and once it heals a passive trial brings it back.
+//! Quickstart: four real HTTP servers behind a power-of-two-choices balancer, one of which answers
+//! 503 from the start. The layer, built as the README recommends (`DetectorConfig::recommended()`
+//! with an active probe), ejects it after three failures in a row, the balancer stops sending it
+//! traffic, its `/healthz` is checked meanwhile, and once it answers the server is back.
 //!
 //! ```text
 //! cargo run --example quickstart
@@ -32,13 +33,16 @@ use tower::balance::p2c::Balance;
 use tower::discover::Change;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_outlier::hyper_client::PinnedClient;
+use tower_outlier::probe::request_probe;
 use tower_outlier::{
-    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, ServerErrors,
+    DetectorConfig, DetectorPolicy, DiscoverErrors, EndpointStatus, OutlierDetectionLayer,
+    ServerErrors,
 };
 
 type DynError = Box<dyn Error + Send + Sync>;
 
-/// The servers of the demo; `FLAKY` answers 503 while the shared `broken` flag is set.
+/// The servers of the demo; `FLAKY` answers 503 (its `/healthz` too) while the shared `broken`
+/// flag is set.
 const NAMES: [&str; 4] = ["alpha", "bravo", "charlie", "delta"];
 const FLAKY: &str = "charlie";
 
@@ -54,7 +58,7 @@ const REQUESTS: usize = 200;
 /// holds for every request of the next one.
 const BATCH: usize = 20;
 
-/// Once the flaky server is ejected, a batch is sent only while its recovery check is at least
+/// Once the flaky server is ejected, a batch is sent only while its next check is at least
 /// this far off, so every request counted as "sent while it was ejected" certainly was, even on a
 /// slow machine.
 const MARGIN: Duration = Duration::from_millis(250);
@@ -70,10 +74,13 @@ async fn main() -> Result<(), DynError> {
     // 1. Four HTTP/1 servers on loopback. `broken` is set from the start: the flaky one fails
     //    from its first request, like an instance that came up without its database.
     let broken = Arc::new(AtomicBool::new(true));
+    // The health checks each server answered, counted apart from the callers' requests.
+    let checks = Arc::new(AtomicUsize::new(0));
     let mut servers = Vec::new();
     for name in NAMES {
         let flag = (name == FLAKY).then(|| broken.clone());
-        servers.push(Server::start(name, flag).await?);
+        let checked = (name == FLAKY).then(|| checks.clone());
+        servers.push(Server::start(name, flag, checked).await?);
     }
     let flaky = servers
         .iter()
@@ -82,19 +89,20 @@ async fn main() -> Result<(), DynError> {
     // The monitor names endpoints by their discover key, as `Debug` prints it.
     let flaky_key = format!("{:?}", servers[flaky].addr);
 
-    // 2. Short timings so the demo runs in seconds (the EDAS defaults are a 10 s window and a
-    //    30 s recovery unit): more than 50 % errors over at least 5 calls in a 2 s window ejects,
-    //    the first recovery check comes 1 s after the ejection, at most half the set may be out.
-    let config = ErrorRateConfig::edas_spring_cloud()
-        .window(Duration::from_secs(2))
-        .min_calls(5)
-        .recovery_unit(Duration::from_secs(1))
-        .max_ejection_ratio(0.5)
-        .build()?;
-    // `ServerErrors` counts 5xx responses as failures; the default, `NetworkErrors`, counts only
-    // transport errors and would take a 503 for a perfectly good answer.
+    // 2. The layer, as the README recommends: three failures in a row (or under 80 % success over
+    //    10 s) eject, for 1 s growing to 5 s while the server stays bad; at most half the set is
+    //    out, never the last endpoint. `ServerErrors` counts 5xx responses as failures (the
+    //    default, `NetworkErrors`, counts only transport errors and would take a 503 for a
+    //    perfectly good answer). The probe checks an ejected server's `/healthz` through a clone
+    //    of its service: it is back once that answers, and no caller's request pays to find out.
     let outliers =
-        OutlierDetectionLayer::new(ErrorRatePolicy::new(config)).classifier(ServerErrors);
+        OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::recommended().build()?))
+            .classifier(ServerErrors)
+            .discover_errors(DiscoverErrors::KeepServing)
+            .probe(request_probe(
+                || Request::get("/healthz").body(Empty::new()).unwrap(),
+                ServerErrors,
+            ));
     // Taken before the layer is consumed; it shows what the layer decided.
     let monitor = outliers.monitor();
 
@@ -117,8 +125,9 @@ async fn main() -> Result<(), DynError> {
         .layer(outliers)
         .service(changes);
 
-    // 3a. Warm-up, with the flaky server broken from the start. The layer ejects it once its
-    //     window holds 5 calls, all failed; we read the monitor after each batch to catch that.
+    // 3a. Warm-up, with the flaky server broken from the start. The layer ejects it on its third
+    //     failure in a row. Requests go one at a time until then (in a batch, the ones already
+    //     in flight to it when the third failed would fail too); we read the monitor after each.
     println!("\n== (a) warm-up: {FLAKY} answers 503 from the start ==");
     let before = received(&servers);
     let mut errors_seen = 0;
@@ -127,11 +136,16 @@ async fn main() -> Result<(), DynError> {
     let mut sent = 0;
     while sent < REQUESTS {
         if ejection.is_some() && !certainly_ejected(&monitor, &flaky_key, MARGIN) {
-            println!("(stopping early: the recovery check is about to run)");
+            println!("(stopping early: its next check is about to run)");
             break;
         }
-        errors_seen += send_batch(&client).await?;
-        sent += BATCH;
+        if ejection.is_none() {
+            errors_seen += usize::from(send(&client).await?.is_server_error());
+            sent += 1;
+        } else {
+            errors_seen += send_batch(&client).await?;
+            sent += BATCH;
+        }
         if ejection.is_none() && status(&monitor, &flaky_key) == Some(EndpointStatus::Ejected) {
             ejection = Some((since(&servers, &before)[flaky], sent));
         }
@@ -155,7 +169,7 @@ async fn main() -> Result<(), DynError> {
     let mut sent_while_ejected_b = 0;
     while sent_while_ejected_b < REQUESTS {
         if !certainly_ejected(&monitor, &flaky_key, MARGIN) {
-            println!("(stopping early: the recovery check is about to run)");
+            println!("(stopping early: its next check is about to run)");
             break;
         }
         errors_seen += send_batch(&client).await?;
@@ -164,17 +178,24 @@ async fn main() -> Result<(), DynError> {
     let while_ejected = since(&servers, &before);
     print_table(&servers, &while_ejected, &monitor, "server", "requests");
 
-    // 3c. The server heals. With the default passive trial there is no health-check request:
-    //     once the recovery check is due, the layer re-admits the server and judges it on real
-    //     traffic for one window. The layer acts when the balancer polls it, at the next request.
+    // 3c. The server heals. The probe's next check of `/healthz` passes, and the layer puts the
+    //     server back in the balancer's set; no caller's request was spent finding out. The
+    //     layer works when the balancer polls it, so the callers' traffic goes on meanwhile.
     broken.store(false, Ordering::SeqCst);
-    let due_in = monitor
-        .snapshot()
-        .get(&flaky_key)
-        .and_then(|e| e.next_check_in)
-        .unwrap_or_default();
-    println!("\n== (c) {FLAKY} heals; its recovery check is due in {due_in:.1?} ==");
-    tokio::time::sleep(due_in + Duration::from_millis(100)).await;
+    let healed = std::time::Instant::now();
+    println!("\n== (c) {FLAKY} heals ==");
+    while status(&monitor, &flaky_key) == Some(EndpointStatus::Ejected) {
+        if healed.elapsed() > Duration::from_secs(10) {
+            return Err(format!("{FLAKY} was not back within 10 s of healing").into());
+        }
+        errors_seen += send_batch(&client).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "{FLAKY} back in the set {:.1?} after it healed (checks of its /healthz so far: {})",
+        healed.elapsed(),
+        checks.load(Ordering::SeqCst)
+    );
     let before = received(&servers);
     let errors_before = errors_seen;
     for _ in 0..REQUESTS / BATCH {
@@ -222,7 +243,8 @@ async fn main() -> Result<(), DynError> {
     }
     println!(
         "\nOK: {FLAKY} failed {before_ejection} requests, was ejected, received none of the \
-         {sent_while_ejected} sent while it was out, and {} of {REQUESTS} once it had healed.",
+         {sent_while_ejected} sent while it was out (its /healthz was checked instead), and {} \
+         of {REQUESTS} once it had healed.",
         recovered[flaky]
     );
     Ok(())
@@ -230,15 +252,26 @@ async fn main() -> Result<(), DynError> {
 
 impl Server {
     /// Binds 127.0.0.1 on a port the OS picks and serves HTTP/1 from a background task: 200 with
-    /// the server's name, or 503 while `broken` is given and set.
-    async fn start(name: &'static str, broken: Option<Arc<AtomicBool>>) -> Result<Self, DynError> {
+    /// the server's name, or 503 while `broken` is given and set. Requests for `/healthz` (the
+    /// probe's) are counted in `checks`, not as received requests.
+    async fn start(
+        name: &'static str,
+        broken: Option<Arc<AtomicBool>>,
+        checks: Option<Arc<AtomicUsize>>,
+    ) -> Result<Self, DynError> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let received = Arc::new(AtomicUsize::new(0));
         let counter = received.clone();
-        let handler = hyper::service::service_fn(move |_request: Request<Incoming>| {
+        let handler = hyper::service::service_fn(move |request: Request<Incoming>| {
             // Counted here, on the server, so the tables show what the servers actually saw.
-            counter.fetch_add(1, Ordering::SeqCst);
+            if request.uri().path() == "/healthz" {
+                if let Some(checks) = &checks {
+                    checks.fetch_add(1, Ordering::SeqCst);
+                }
+            } else {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
             let failing = broken.as_ref().is_some_and(|b| b.load(Ordering::SeqCst));
             let mut response = Response::new(Full::new(Bytes::from(name)));
             if failing {
