@@ -183,7 +183,7 @@ async fn the_admin_component_shows_a_scripted_incident() {
     // or a success rate under 0.8 (a loaded machine sends #1 fewer calls before it fails, so
     // two failures can already weigh that much).
     assert!(
-        ["consecutive 5xx", "success rate"]
+        ["consecutive failures", "success rate"]
             .contains(&event["reason"]["measure"].as_str().unwrap_or("")),
         "{event}"
     );

@@ -63,10 +63,11 @@ async fn events_and_snapshots_tell_what_happened() {
     let log = captured.text();
     assert!(log.contains("endpoint ejected"), "{log}");
     assert!(log.contains("endpoint=3"), "{log}");
-    assert!(log.contains("error_rate=0.6"), "{log}");
+    assert!(log.contains("measure=\"error rate\" value=0.6"), "{log}");
     assert!(log.contains("next_check_in=30s"), "{log}");
+    // EDAS ejects strictly above its threshold, and the words say so.
     assert!(
-        log.contains("error rate 0.600 over threshold 0.500 (10 calls: 6 failed, 0 slow)"),
+        log.contains("error rate 0.600, above its threshold 0.500 (10 calls: 6 failed, 0 slow)"),
         "{log}"
     );
 
@@ -130,4 +131,52 @@ async fn a_monitor_taken_before_with_policy_still_shows_every_endpoint() {
     assert_eq!(names, ["error-rate", "slow-call"]);
     assert_eq!(windows[0].counts.failures, 2);
     assert_eq!(layer.monitor().snapshot().endpoints.len(), 3);
+}
+
+/// The recommended configuration's words, as an operator reads them in the log and the
+/// monitor: its own policy name (not linkerd's, whose semantics it uses), the streak called a
+/// streak of failures (not Envoy's "5xx": it counts gRPC statuses and transport errors too), the
+/// rule's comparison as the rule makes it (three in a row eject: "at or above"), and the measured
+/// value under its measure's name (it was logged as `error_rate=3.0`).
+#[tokio::test(start_paused = true)]
+async fn the_recommended_configuration_says_what_it_judged() {
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ));
+    let monitor = layer.monitor();
+    let mut h = Harness::new(&layer, 5);
+    h.calls(1, 3, 0).await;
+    let log = captured.text();
+    assert!(log.contains("endpoint ejected"), "{log}");
+    assert!(log.contains("policy=\"recommended\""), "{log}");
+    assert!(
+        log.contains(
+            "consecutive failures 3, at or above its threshold 3 (3 calls: 3 failed, 0 slow)"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("measure=\"consecutive failures\" value=3"),
+        "{log}"
+    );
+    assert!(!log.contains("error_rate"), "{log}");
+    assert!(!log.contains("over threshold"), "{log}");
+    let snapshot = monitor.snapshot();
+    let reason = snapshot.get_key(&1).unwrap().last_reason.clone().unwrap();
+    assert_eq!(reason.policy, "recommended");
+    assert_eq!(reason.measure, "consecutive failures");
+    assert_eq!(
+        reason.comparison,
+        tower_outlier::policy::Comparison::AtOrAbove
+    );
 }

@@ -68,7 +68,7 @@ async fn trips_on_consecutive_failures() {
     assert!(h.is_live(0));
     calls(&mut h, &[false]).await;
     assert!(!h.is_live(0));
-    assert_eq!(measure(&layer), "consecutive 5xx");
+    assert_eq!(measure(&layer), "consecutive failures");
 }
 
 // success_resets_consecutive_count (threshold 0, as linkerd's other consecutive cases).
@@ -164,7 +164,7 @@ async fn simultaneous_threshold_cross_reports_consecutive_reason() {
     let mut h = Harness::new(&layer, 3);
     calls(&mut h, &[false, false, false]).await;
     assert!(!h.is_live(0));
-    assert_eq!(measure(&layer), "consecutive 5xx");
+    assert_eq!(measure(&layer), "consecutive failures");
     assert_eq!(policy.stats().detected(Detector::SuccessRate), 0);
 }
 

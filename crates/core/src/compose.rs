@@ -89,6 +89,7 @@ impl Agreement {
 ///     fn judge(&self, _: Nanos) -> Judgement {
 ///         Judgement::Outlier(Reason {
 ///             policy: self.0, measure: "always", value: 1.0, threshold: 0.0,
+///             comparison: tower_outlier_core::Comparison::AtOrAbove,
 ///             counts: Default::default(),
 ///         })
 ///     }

@@ -64,9 +64,9 @@ pub use error::{check_nonzero_duration, check_ratio, ConfigError};
 pub use lock::{Lock, LockGuard};
 pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
-    Admit, BudgetFloor, CallsNeeded, Description, DynOutlierPolicy, EjectionBudget, EndpointPolicy,
-    FleetMember, FleetPolicy, Judgement, OutlierPolicy, OwnTiming, ProbeGate, Reason,
-    RecoverySchedule, Signal, Weighting, WhenAllOut,
+    Admit, BudgetFloor, CallsNeeded, Comparison, Description, DynOutlierPolicy, EjectionBudget,
+    EndpointPolicy, FleetMember, FleetPolicy, Judgement, OutlierPolicy, OwnTiming, ProbeGate,
+    Reason, RecoverySchedule, Signal, Weighting, WhenAllOut,
 };
 pub use record::{
     store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,

@@ -301,6 +301,23 @@ pub enum Judgement {
 }
 
 /// Why a policy judged an endpoint an outlier.
+///
+/// ```
+/// use tower_outlier_core::{Comparison, Reason, WindowCounts};
+///
+/// let streak = Reason {
+///     policy: "recommended",
+///     measure: "consecutive 5xx",
+///     value: 3.0,
+///     threshold: 3.0,
+///     comparison: Comparison::AtOrAbove,
+///     counts: WindowCounts { calls: 3, failures: 3, slow: 0 },
+/// };
+/// assert_eq!(
+///     streak.to_string(),
+///     "consecutive 5xx 3, at or above its threshold 3 (3 calls: 3 failed, 0 slow)"
+/// );
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Reason {
@@ -312,18 +329,79 @@ pub struct Reason {
     pub value: f64,
     /// The threshold it was compared with (for example 0.5).
     pub threshold: f64,
+    /// How the value was compared with the threshold: the rule, in the words shown.
+    pub comparison: Comparison,
     /// The window's counts at the time of the judgement.
     pub counts: WindowCounts,
 }
 
+/// How a [`Reason`]'s value crossed its threshold: each rule says it as its system does (EDAS's
+/// error rate is strictly above its threshold, Envoy's failure percentage at or above, a success
+/// rate below). [`Said`](Self::Said) is a reason with no measure: a server's, an operator's or a
+/// probe's word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum Comparison {
+    /// The value is strictly above the threshold.
+    Above,
+    /// The value is at or above the threshold.
+    AtOrAbove,
+    /// The value is strictly below the threshold.
+    Below,
+    /// The value is at or below the threshold.
+    AtOrBelow,
+    /// No measure was compared: the reason is what someone said.
+    Said,
+}
+
+impl Comparison {
+    /// The words between the value and the threshold (`"at or above"`).
+    pub fn words(self) -> &'static str {
+        match self {
+            Comparison::Above => "above",
+            Comparison::AtOrAbove => "at or above",
+            Comparison::Below => "below",
+            Comparison::AtOrBelow => "at or below",
+            Comparison::Said => "said",
+        }
+    }
+}
+
+/// A number as a reason shows it: whole numbers (a streak, a count) without decimals.
+struct Shown(f64);
+
+impl fmt::Display for Shown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.fract() == 0.0 && self.0.abs() < 1e15 {
+            write!(f, "{}", self.0 as i64)
+        } else {
+            write!(f, "{:.3}", self.0)
+        }
+    }
+}
+
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.comparison == Comparison::Said {
+            // A value of its own (the seconds a server asked for) follows its words.
+            f.write_str(self.measure)?;
+            if self.value != 1.0 {
+                write!(f, " {}", Shown(self.value))?;
+            }
+            return Ok(());
+        }
         write!(
             f,
-            "{} {:.3} over threshold {:.3} ({} calls: {} failed, {} slow)",
+            "{} {}, {} its threshold {} ({} calls: {} failed, {} slow)",
             self.measure,
-            self.value,
-            self.threshold,
+            Shown(self.value),
+            self.comparison.words(),
+            Shown(self.threshold),
             self.counts.calls,
             self.counts.failures,
             self.counts.slow

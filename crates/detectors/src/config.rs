@@ -155,9 +155,25 @@ pub struct DetectorConfig {
     pub(crate) failure_percentage: Option<FailurePercentage>,
     pub(crate) recent_success_rate: Option<RecentSuccessRate>,
     pub(crate) when_all_out: WhenAllOut,
+    pub(crate) name: Option<&'static str>,
 }
 
 impl DetectorConfig {
+    /// The name its policy reports in logs, snapshots, metrics and events: its semantics'
+    /// (`"envoy"`, `"grpc"`, `"linkerd"`), or `"recommended"` for
+    /// [`recommended`](Self::recommended)'s.
+    ///
+    /// ```
+    /// use tower_outlier_detectors::DetectorConfig;
+    ///
+    /// assert_eq!(DetectorConfig::recommended().build()?.policy_name(), "recommended");
+    /// assert_eq!(DetectorConfig::linkerd().build()?.policy_name(), "linkerd");
+    /// # Ok::<(), tower_outlier_core::ConfigError>(())
+    /// ```
+    pub fn policy_name(&self) -> &'static str {
+        self.name.unwrap_or(self.semantics.policy_name())
+    }
+
     /// Envoy's defaults (`DetectorConfig` in `outlier_detection_impl.h`):
     ///
     /// * consecutive 5xx: 5, enforced 100 %; consecutive gateway failures (502, 503, 504): 5,
@@ -281,6 +297,9 @@ impl DetectorConfig {
             // Whatever the last endpoint still answers beats failing every call.
             when_all_out: WhenAllOut::KeepLast,
             recent_success_rate: Some(recent::LINKERD_RECENT_SUCCESS_RATE),
+            // Its own name in logs, snapshots and metrics: linkerd's semantics, not linkerd's
+            // configuration.
+            name: Some("recommended"),
             ..DetectorBuilder::default()
         }
     }

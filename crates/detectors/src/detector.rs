@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tower_outlier_core::Nanos;
+use tower_outlier_core::{Comparison, Nanos};
 
 use crate::config::DetectorConfig;
 use crate::enforcement::Dice;
@@ -57,6 +57,15 @@ impl Detector {
 
     pub(crate) fn from_bit(bits: u8) -> Detector {
         Detector::ALL[(bits.trailing_zeros() as usize).min(Detector::ALL.len() - 1)]
+    }
+
+    /// How its value crosses its threshold: a success rate falls below it, a streak or a
+    /// failure percentage reaches it.
+    pub fn comparison(self) -> Comparison {
+        match self {
+            Detector::SuccessRate | Detector::LocalOriginSuccessRate => Comparison::Below,
+            _ => Comparison::AtOrAbove,
+        }
     }
 
     /// What the detector measures, in words (the `measure` of its ejections' reasons).
@@ -184,7 +193,7 @@ impl Shared {
 
     /// The detectors' shared state for `config`, counting and rolling dice in `runtime`.
     pub(crate) fn new(config: DetectorConfig, runtime: Arc<Runtime>) -> Self {
-        let name = config.semantics.policy_name();
+        let name = config.policy_name();
         Shared {
             config,
             name,

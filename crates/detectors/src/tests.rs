@@ -261,6 +261,7 @@ fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
             measure: "failed probe",
             value: 1.0,
             threshold: 1.0,
+            comparison: tower_outlier_core::Comparison::Said,
             counts: endpoint.describe(0).counts,
         })
     );

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    CallsNeeded, Description, EjectionBudget, EndpointPolicy, Judgement, Nanos, Observation,
-    OutlierPolicy, Reason, RecoverySchedule, SharedWindow, Signal, WindowCounts,
+    CallsNeeded, Comparison, Description, EjectionBudget, EndpointPolicy, Judgement, Nanos,
+    Observation, OutlierPolicy, Reason, RecoverySchedule, SharedWindow, Signal, WindowCounts,
 };
 
 use crate::config::ErrorRateConfig;
@@ -164,6 +164,8 @@ impl EndpointPolicy for ErrorRateEndpoint {
                 measure: "error rate",
                 value: counts.failure_rate(),
                 threshold: self.threshold,
+                // EDAS ejects strictly above its threshold.
+                comparison: Comparison::Above,
                 counts,
             })
         } else {

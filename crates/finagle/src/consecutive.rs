@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tower_outlier_core::{
-    CallsNeeded, ConfigError, Description, EndpointPolicy, Judgement, Nanos, Observation, Outcome,
-    OutlierPolicy, OwnTiming, Reason, RecoverySchedule, Signal, WindowCounts,
+    CallsNeeded, Comparison, ConfigError, Description, EndpointPolicy, Judgement, Nanos,
+    Observation, Outcome, OutlierPolicy, OwnTiming, Reason, RecoverySchedule, Signal, WindowCounts,
 };
 
 use crate::accrual::MarkDead;
@@ -148,6 +148,7 @@ impl EndpointPolicy for ConsecutiveFailuresEndpoint {
             measure: "consecutive failures",
             value: f64::from(in_a_row),
             threshold: f64::from(self.needed),
+            comparison: Comparison::AtOrAbove,
             counts: WindowCounts {
                 calls: u64::from(in_a_row),
                 failures: u64::from(in_a_row),

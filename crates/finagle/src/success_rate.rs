@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tower_outlier_core::{
-    check_ratio, duration_to_nanos, ConfigError, Description, EndpointPolicy, Judgement, Nanos,
-    Observation, Outcome, OutlierPolicy, OwnTiming, Reason, RecoverySchedule, Signal, Window,
-    WindowShape,
+    check_ratio, duration_to_nanos, Comparison, ConfigError, Description, EndpointPolicy,
+    Judgement, Nanos, Observation, Outcome, OutlierPolicy, OwnTiming, Reason, RecoverySchedule,
+    Signal, Window, WindowShape,
 };
 
 use crate::accrual::MarkDead;
@@ -282,6 +282,7 @@ impl EndpointPolicy for SuccessRateEndpoint {
             measure: "success rate (moving average)",
             value: self.success_rate(),
             threshold: self.required,
+            comparison: Comparison::Below,
             counts: self.requests.counts(now),
         })
     }

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_outlier_core::{
-    Description, EndpointPolicy, FailureKind, FleetMember, FleetPolicy, Judgement, Nanos,
-    Observation, Outcome, OutlierPolicy, Reason, RecoverySchedule, Signal, Weighting, WindowCounts,
+    Comparison, Description, EndpointPolicy, FailureKind, FleetMember, FleetPolicy, Judgement,
+    Nanos, Observation, Outcome, OutlierPolicy, Reason, RecoverySchedule, Signal, Weighting,
+    WindowCounts,
 };
 
 use crate::config::{FleetBar, LatencyConfig, LatencyStatistic};
@@ -149,6 +150,12 @@ impl EndpointPolicy for LatencyEndpoint {
             measure: "latency ÷ fleet bar",
             value: self.ratio(),
             threshold: f64::from_bits(self.bar.load(Ordering::Relaxed)),
+            // Ejected at or above its bar; back on trial, strictly above the lower one.
+            comparison: if self.returning.load(Ordering::Relaxed) {
+                Comparison::Above
+            } else {
+                Comparison::AtOrAbove
+            },
             counts: WindowCounts {
                 calls: self.judged_calls.load(Ordering::Relaxed),
                 failures: 0,

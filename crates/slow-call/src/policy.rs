@@ -5,8 +5,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tower_outlier_core::{
-    Admit, Clock, Description, EndpointPolicy, Judgement, Nanos, Observation, OutlierPolicy,
-    OwnTiming, ProbeGate, Reason, RecoverySchedule, Signal,
+    Admit, Clock, Comparison, Description, EndpointPolicy, Judgement, Nanos, Observation,
+    OutlierPolicy, OwnTiming, ProbeGate, Reason, RecoverySchedule, Signal,
 };
 
 use crate::breaker::{Admission, Breaker, Observer, State, StateChange};
@@ -163,6 +163,8 @@ impl EndpointPolicy for SlowCallEndpoint {
             measure,
             value: self.breaker.last_trigger(),
             threshold,
+            // Sentinel's rules trip strictly above their threshold (`slowRatio > ratio`).
+            comparison: Comparison::Above,
             counts: self.breaker.counts(now),
         })
     }

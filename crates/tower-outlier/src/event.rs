@@ -200,6 +200,7 @@ pub const HEALTH_POLICY: &str = "health";
 ///     measure: "",
 ///     value: 0.0,
 ///     threshold: 0.0,
+///     comparison: tower_outlier::policy::Comparison::AtOrAbove,
 ///     counts: WindowCounts::default(),
 /// };
 /// assert!(is_outlier_judgement(&reason("error-rate")));

@@ -12,8 +12,8 @@
 pub use tower_outlier_core::text;
 pub use tower_outlier_core::{
     check_nonzero_duration, check_ratio, duration_to_nanos, Admit, BudgetFloor, CallsNeeded, Clock,
-    Description, DynOutlierPolicy, EjectionBudget, EndpointPolicy, EndpointRecord, FleetMember,
-    FleetPolicy, Judgement, Lock, LockGuard, Nanos, Notifier, Observation, OutlierPolicy,
-    OwnTiming, ProbeGate, ProbePermits, Reason, RecoverySchedule, SharedWindow, Signal, Weighting,
-    Window, WindowCounts, WindowShape, RTT_DECAY,
+    Comparison, Description, DynOutlierPolicy, EjectionBudget, EndpointPolicy, EndpointRecord,
+    FleetMember, FleetPolicy, Judgement, Lock, LockGuard, Nanos, Notifier, Observation,
+    OutlierPolicy, OwnTiming, ProbeGate, ProbePermits, Reason, RecoverySchedule, SharedWindow,
+    Signal, Weighting, Window, WindowCounts, WindowShape, RTT_DECAY,
 };

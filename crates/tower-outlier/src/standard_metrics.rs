@@ -134,7 +134,9 @@ pub fn detection_method(measure: &str) -> &'static str {
     match measure {
         "success rate" => "success_rate",
         "failure percentage" => "failure_percentage",
-        "consecutive 5xx" => "consecutive_5xx",
+        // linkerd's and the recommended configuration's streak (and Finagle's) count every
+        // failure, as A50's would-be consecutive detector would.
+        "consecutive 5xx" | "consecutive failures" => "consecutive_5xx",
         "consecutive gateway failures" => "consecutive_gateway_failure",
         "consecutive local-origin failures" => "consecutive_local_origin_failure",
         "local-origin success rate" => "local_origin_success_rate",
@@ -158,6 +160,7 @@ mod tests {
         assert_eq!(detection_method("success rate"), "success_rate");
         assert_eq!(detection_method("failure percentage"), "failure_percentage");
         assert_eq!(detection_method("consecutive 5xx"), "consecutive_5xx");
+        assert_eq!(detection_method("consecutive failures"), "consecutive_5xx");
         assert_eq!(detection_method("error rate"), "error_rate");
         assert_eq!(detection_method("slow-call ratio"), "slow_call_ratio");
         assert_eq!(detection_method("something of mine"), "other");

@@ -62,6 +62,7 @@ impl EndpointPolicy for SwitchState {
             measure: "switch",
             value: 1.0,
             threshold: 0.5,
+            comparison: crate::Comparison::AtOrAbove,
             counts: WindowCounts::default(),
         })
     }

@@ -51,6 +51,8 @@ pub struct DetectorBuilder {
     pub(crate) failure_percentage: Option<FailurePercentage>,
     pub(crate) recent_success_rate: Option<RecentSuccessRate>,
     pub(crate) when_all_out: WhenAllOut,
+    // The policy's name where it is not its semantics' (`recommended()`'s).
+    pub(crate) name: Option<&'static str>,
 }
 
 impl Default for DetectorBuilder {
@@ -82,6 +84,7 @@ impl Default for DetectorBuilder {
             recent_success_rate: None,
             // Envoy's cluster default (`common_lb_config.healthy_panic_threshold`).
             when_all_out: WhenAllOut::PanicBelow(0.5),
+            name: None,
         }
     }
 }
@@ -392,6 +395,7 @@ impl DetectorBuilder {
             failure_percentage: self.failure_percentage,
             recent_success_rate: self.recent_success_rate,
             when_all_out: self.when_all_out,
+            name: self.name,
         })
     }
 }

@@ -3,8 +3,8 @@
 use std::sync::atomic::Ordering;
 
 use tower_outlier_core::{
-    CallsNeeded, Description, EndpointPolicy, FailureKind, Judgement, Nanos, Observation, Outcome,
-    OwnTiming, ProbeGate, Reason, Signal, WindowCounts,
+    CallsNeeded, Comparison, Description, EndpointPolicy, FailureKind, Judgement, Nanos,
+    Observation, Outcome, OwnTiming, ProbeGate, Reason, Signal, WindowCounts,
 };
 
 use crate::config::DetectorSemantics;
@@ -74,6 +74,7 @@ impl EndpointPolicy for DetectorEndpoint {
                 measure: "failed probe",
                 value: 1.0,
                 threshold: 1.0,
+                comparison: Comparison::Said,
                 counts,
             });
         }
@@ -82,9 +83,17 @@ impl EndpointPolicy for DetectorEndpoint {
             let threshold = f64::from(self.thresholds[index]);
             return Judgement::Outlier(Reason {
                 policy,
-                measure: Detector::CONSECUTIVE[index].measure(),
+                // linkerd's streak counts every failure the classifier names, gRPC statuses
+                // included: Envoy's "5xx" would say otherwise.
+                measure: match (self.shared.config.semantics, Detector::CONSECUTIVE[index]) {
+                    (DetectorSemantics::Linkerd, Detector::Consecutive5xx) => {
+                        "consecutive failures"
+                    }
+                    (_, detector) => detector.measure(),
+                },
                 value: threshold,
                 threshold,
+                comparison: Comparison::AtOrAbove,
                 counts,
             });
         }
@@ -94,6 +103,7 @@ impl EndpointPolicy for DetectorEndpoint {
             measure: detector.measure(),
             value: f64::from_bits(self.verdict_value.load(Ordering::Relaxed)),
             threshold: f64::from_bits(self.verdict_threshold.load(Ordering::Relaxed)),
+            comparison: detector.comparison(),
             counts,
         })
     }

@@ -2,7 +2,7 @@
 //! endpoints, back-off resets. Applied when published, on the adaptor's task like new rules.
 
 use tokio::time::Instant;
-use tower_outlier_core::{Reason, WindowCounts};
+use tower_outlier_core::{Comparison, Reason, WindowCounts};
 
 use super::{DiscoverKey, Ejector, Engine, Standing};
 use crate::controls::{OperatorAction, Override};
@@ -20,6 +20,7 @@ pub(super) fn pushback_reason(wait: std::time::Duration) -> Reason {
         measure: "server asked to wait (seconds)",
         value: wait.as_secs_f64(),
         threshold: 0.0,
+        comparison: Comparison::Said,
         counts: WindowCounts::default(),
     }
 }
@@ -31,6 +32,7 @@ pub(super) fn health_reason() -> Reason {
         measure: "health service says not serving",
         value: 1.0,
         threshold: 0.0,
+        comparison: Comparison::Said,
         counts: WindowCounts::default(),
     }
 }
@@ -42,6 +44,7 @@ pub(super) fn operator_reason() -> Reason {
         measure: "forced out by an operator",
         value: 1.0,
         threshold: 1.0,
+        comparison: Comparison::Said,
         counts: WindowCounts::default(),
     }
 }

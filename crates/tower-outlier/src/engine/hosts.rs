@@ -2,7 +2,7 @@
 //! what another adaptor sharing them ejects, this one ejects too, within its own rules.
 
 use tokio::time::Instant;
-use tower_outlier_core::{Reason, WindowCounts};
+use tower_outlier_core::{Comparison, Reason, WindowCounts};
 
 use super::{later, DiscoverKey, Ejector, Engine};
 use crate::event::Readmission;
@@ -77,6 +77,7 @@ pub(super) fn host_reason() -> Reason {
         measure: "host ejected in another service",
         value: 1.0,
         threshold: 1.0,
+        comparison: Comparison::Said,
         counts: WindowCounts::default(),
     }
 }

@@ -80,6 +80,7 @@ impl EndpointPolicy for SwitchState {
                 measure: "switch",
                 value: 1.0,
                 threshold: 0.0,
+                comparison: tower_outlier_core::Comparison::AtOrAbove,
                 counts: WindowCounts::default(),
             })
         } else {
