@@ -468,6 +468,10 @@ async fn left_alone_as_asked(
     asked_for: Duration,
 ) {
     use std::sync::Mutex;
+    // Timed: it counts requests per second against a scheduling slice, so it runs apart from the
+    // other timed tests (the 503 and 429 cases ran beside each other and a timed test, and
+    // starved both).
+    let _turn = super::timed_turn().await;
     use tower_outlier::ServerErrors;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -134,6 +134,37 @@ async fn ten_thousand_churned_endpoints_leave_the_label_sets_bounded() {
     );
 }
 
+/// The recommended configuration's detector counters carry its own name and its streak's
+/// (the measure its ejections' reasons give): `policy="recommended"`,
+/// `detector="consecutive failures"`.
+#[tokio::test(start_paused = true)]
+async fn the_recommended_configurations_counters_say_what_its_reasons_say() {
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    let policy = DetectorPolicy::seeded(DetectorConfig::recommended().build().unwrap(), 1);
+    let layer = OutlierDetectionLayer::new(policy.clone());
+    let mut registry = Registry::default();
+    let metrics = tower_outlier::metrics::register(&mut registry, &layer.monitor());
+    metrics.watch_detectors("default", &policy);
+    let mut h = Harness::new(&layer, 5);
+    h.calls(0, 3, 0).await;
+    let reason = layer
+        .monitor()
+        .snapshot()
+        .get_key(&0)
+        .unwrap()
+        .last_reason
+        .clone()
+        .unwrap();
+    let text = scrape(&registry);
+    let series = format!(
+        r#"outlier_detector_ejections_total{{upstream="default",policy="recommended",detector="{}",result="enforced"}}"#,
+        reason.measure
+    );
+    assert_eq!(reason.measure, "consecutive failures");
+    assert_eq!(sample(&text, &series), Some(1.0), "{text}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn detector_counters_and_breaker_states_are_exported() {
     use tower_outlier::detectors::Detector;

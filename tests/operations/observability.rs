@@ -26,6 +26,18 @@ impl io::Write for Captured {
 }
 
 impl Captured {
+    /// Captures this thread's INFO logs and above until the guard is dropped.
+    fn install() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        (captured, tracing::subscriber::set_default(subscriber))
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
@@ -33,14 +45,7 @@ impl Captured {
 
 #[tokio::test(start_paused = true)]
 async fn events_and_snapshots_tell_what_happened() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = Captured::install();
 
     let healthy = Arc::new(Mutex::new(false));
     let answer = healthy.clone();
@@ -142,14 +147,7 @@ async fn a_monitor_taken_before_with_policy_still_shows_every_endpoint() {
 async fn the_recommended_configuration_says_what_it_judged() {
     use tower_outlier::{DetectorConfig, DetectorPolicy};
 
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = Captured::install();
     let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
         DetectorConfig::recommended().build().unwrap(),
     ));

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::detector::Detector;
 use tower_outlier_core::{BudgetFloor, EjectionBudget, WhenAllOut};
 
 /// Whose rules decide the details on which Envoy, gRPC and linkerd differ.
@@ -172,6 +173,27 @@ impl DetectorConfig {
     /// ```
     pub fn policy_name(&self) -> &'static str {
         self.name.unwrap_or(self.semantics.policy_name())
+    }
+
+    /// What `detector` measures, in these semantics' words (the `measure` of its ejections'
+    /// reasons, the `detector` label of its metrics): linkerd's streak counts every failure the
+    /// classifier names, gRPC statuses included, so it is `"consecutive failures"` where Envoy's
+    /// is `"consecutive 5xx"`.
+    ///
+    /// ```
+    /// use tower_outlier_detectors::{Detector, DetectorConfig};
+    ///
+    /// let recommended = DetectorConfig::recommended().build()?;
+    /// assert_eq!(recommended.measure(Detector::Consecutive5xx), "consecutive failures");
+    /// let envoy = DetectorConfig::envoy().build()?;
+    /// assert_eq!(envoy.measure(Detector::Consecutive5xx), "consecutive 5xx");
+    /// # Ok::<(), tower_outlier_core::ConfigError>(())
+    /// ```
+    pub fn measure(&self, detector: Detector) -> &'static str {
+        match (self.semantics, detector) {
+            (DetectorSemantics::Linkerd, Detector::Consecutive5xx) => "consecutive failures",
+            _ => detector.measure(),
+        }
     }
 
     /// Envoy's defaults (`DetectorConfig` in `outlier_detection_impl.h`):

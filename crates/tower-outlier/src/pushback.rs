@@ -38,8 +38,12 @@ pub fn retry_after<B>(response: &http::Response<B>) -> Option<Duration> {
         // Absurd values saturate; the layer's cap applies anyway.
         return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
     }
-    let at = httpdate::parse_http_date(value).ok()?;
-    // The date is the server's wall clock; only the difference from ours is used, once.
+    until(httpdate::parse_http_date(value).ok()?)
+}
+
+/// The wait until `at`, a time on the server's wall clock: only its difference from ours is
+/// used, once. A time already past asks for nothing.
+fn until(at: SystemTime) -> Option<Duration> {
     #[allow(clippy::disallowed_methods)]
     let now = SystemTime::now();
     at.duration_since(now).ok().filter(|wait| !wait.is_zero())
@@ -139,11 +143,7 @@ fn reset_time(value: &str) -> Option<Duration> {
     } else {
         return seconds(value);
     };
-    let at = SystemTime::UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(epoch_secs).ok()?)?;
-    // The time is the server's wall clock; only the difference from ours is used, once.
-    #[allow(clippy::disallowed_methods)]
-    let now = SystemTime::now();
-    at.duration_since(now).ok().filter(|wait| !wait.is_zero())
+    until(SystemTime::UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(epoch_secs).ok()?)?)
 }
 
 /// A duration as Go formats one (`time.Duration.String`): numbers with units `h`, `m`, `s`,

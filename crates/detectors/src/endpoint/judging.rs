@@ -83,14 +83,7 @@ impl EndpointPolicy for DetectorEndpoint {
             let threshold = f64::from(self.thresholds[index]);
             return Judgement::Outlier(Reason {
                 policy,
-                // linkerd's streak counts every failure the classifier names, gRPC statuses
-                // included: Envoy's "5xx" would say otherwise.
-                measure: match (self.shared.config.semantics, Detector::CONSECUTIVE[index]) {
-                    (DetectorSemantics::Linkerd, Detector::Consecutive5xx) => {
-                        "consecutive failures"
-                    }
-                    (_, detector) => detector.measure(),
-                },
+                measure: self.shared.config.measure(Detector::CONSECUTIVE[index]),
                 value: threshold,
                 threshold,
                 comparison: Comparison::AtOrAbove,
@@ -100,7 +93,7 @@ impl EndpointPolicy for DetectorEndpoint {
         let detector = Detector::from_bit(bits & STATISTICAL);
         Judgement::Outlier(Reason {
             policy,
-            measure: detector.measure(),
+            measure: self.shared.config.measure(detector),
             value: f64::from_bits(self.verdict_value.load(Ordering::Relaxed)),
             threshold: f64::from_bits(self.verdict_threshold.load(Ordering::Relaxed)),
             comparison: detector.comparison(),

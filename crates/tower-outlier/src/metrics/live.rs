@@ -192,7 +192,7 @@ fn encode_detectors(
                 let labels = [
                     ("upstream", service.as_str()),
                     ("policy", policy.name()),
-                    ("detector", detector.measure()),
+                    ("detector", policy.config().measure(detector)),
                     ("result", result),
                 ];
                 ConstCounter::new(value).encode(metric.encode_family(&labels)?)?;
