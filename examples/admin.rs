@@ -7,8 +7,8 @@
 //! ```
 //!
 //! Four upstream HTTP servers on loopback, one of which answers 503 to every request, behind a
-//! hyper-util client, a per-endpoint timeout, the layer (HSF's preset, `ServerErrors`), p2c and a
-//! buffer. The example sends traffic until the failing upstream is ejected, then serves the
+//! hyper-util client, a per-endpoint timeout, the layer (the recommended configuration with a probe
+//! of `/healthz`, `ServerErrors`), p2c and a buffer. The example sends traffic until the failing upstream is ejected, then serves the
 //! component under `/outliers` on another loopback port:
 //!
 //! | path | what |
@@ -55,10 +55,15 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_outlier::admin::Admin;
 use tower_outlier::hyper_client::PinnedClient;
+use tower_outlier::probe::request_probe;
 use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::{
-    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, Monitor, OutlierDetectionLayer, ServerErrors,
+    DetectorConfig, DetectorPolicy, DiscoverErrors, EndpointStatus, Monitor, OutlierDetectionLayer,
+    ServerErrors,
 };
+
+/// The path the layer's probe checks; the upstreams count the clients' requests only.
+const HEALTH: &str = "/healthz";
 
 /// One upstream, as discovery hands it to the balancer.
 type Endpoint = PinnedClient<Empty<Bytes>>;
@@ -255,11 +260,12 @@ impl Demo {
             .position(|u| u.name == FAILING)
             .ok_or("no failing upstream")?;
 
-        // HSF's preset: more than 50 % errors over at least 10 calls in a 10 s window ejects; at
-        // most 20 % of the endpoints are out, and at least one; the first check comes 60 s after
-        // the ejection (so here: never, while the example runs).
+        // The recommended configuration: three failures in a row (or under 80 % success over
+        // 10 s) eject, at most half the fleet is out; an ejected upstream's `/healthz` is checked
+        // after a back-off of 1 s growing to 5 s, and it stays out while that answers 503 (here:
+        // for as long as the example runs).
         // Beside it, a Sentinel breaker whose state the page shows: it needs 1 000 calls a second
-        // to judge, so here it stays CLOSED and the error-rate policy does the ejecting.
+        // to judge, so here it stays CLOSED and the recommended policy does the ejecting.
         let breaker = SlowCallPolicy::new(
             BreakerConfig::error_ratio(0.5)
                 .min_calls(1_000)
@@ -267,9 +273,14 @@ impl Demo {
                 .build()?,
         );
         let outliers =
-            OutlierDetectionLayer::new(ErrorRatePolicy::new(ErrorRateConfig::hsf().build()?))
+            OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::recommended().build()?))
                 .with_policy(breaker)
-                .classifier(ServerErrors);
+                .classifier(ServerErrors)
+                .discover_errors(DiscoverErrors::KeepServing)
+                .probe(request_probe(
+                    || Request::get(HEALTH).body(Empty::new()).unwrap(),
+                    ServerErrors,
+                ));
         let monitor = outliers.monitor();
         // Registered before any traffic: the counters count events from now on.
         let mut registry = Registry::default();
@@ -449,8 +460,9 @@ fn done(problems: Vec<String>) -> Result<(), Vec<String>> {
     }
 }
 
-/// `/outliers/snapshot`: the snapshot as JSON; the failing upstream ejected by the error rate,
-/// with its reason and next check; the others available.
+/// `/outliers/snapshot`: the snapshot as JSON; the failing upstream ejected by its streak of
+/// failures, with its reason, its gate OPEN (calls held) and its next check; the others
+/// available, their gates CLOSED.
 fn check_snapshot(page: &Page, demo: &Demo) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
     expect_ok(page, "application/json", &mut problems);
@@ -477,7 +489,10 @@ fn check_snapshot(page: &Page, demo: &Demo) -> Result<(), Vec<String>> {
             continue;
         };
         if i != demo.failing {
-            if e["status"] != "Available" || e["last_reason"] != Value::Null {
+            if e["status"] != "Available"
+                || e["last_reason"] != Value::Null
+                || e["windows"][0]["state"] != "CLOSED"
+            {
                 problems.push(format!(
                     "{} should be Available, never ejected: {e}",
                     upstream.name
@@ -496,21 +511,20 @@ fn check_snapshot(page: &Page, demo: &Demo) -> Result<(), Vec<String>> {
         let calls = e["windows"][0]["counts"]["calls"].as_u64().unwrap_or(0);
         let failures = e["windows"][0]["counts"]["failures"].as_u64().unwrap_or(0);
         let ok = e["status"] == "Ejected"
-            && reason["policy"] == "error-rate"
-            && reason["measure"] == "error rate"
-            && reason["value"].as_f64() > reason["threshold"].as_f64()
-            && reason["threshold"] == 0.5
-            && reason["counts"]["calls"].as_u64() >= Some(10)
-            && next_in <= 60
+            && reason["policy"] == "recommended"
+            && reason["measure"] == "consecutive failures"
+            && reason["comparison"] == "at_or_above"
+            && reason["value"] == 3.0
+            && reason["threshold"] == 3.0
+            && next_in <= 5
             && e["next_check_at"]["secs_since_epoch"].as_u64().is_some()
-            && e["windows"][0]["policy"] == "error-rate"
-            // The window is 10 s: on a machine slow enough, the ejection's calls have left it.
+            && e["windows"][0]["policy"] == "recommended"
+            && e["windows"][0]["state"] == "OPEN"
             && failures == calls
-            && e["error_rate"] == if calls > 0 { 1.0 } else { 0.0 }
             && e["weight"] == 1.0;
         if !ok {
             problems.push(format!(
-                "{} should be Ejected by the error rate with a check within 60 s: {e}",
+                "{} should be Ejected by 3 consecutive failures with a check within 5 s: {e}",
                 upstream.name
             ));
         }
@@ -553,7 +567,7 @@ fn check_page(page: &Page, demo: &Demo) -> Result<(), Vec<String>> {
     done(problems)
 }
 
-/// `/metrics`: OpenMetrics text with one ejection by the error rate, one endpoint out.
+/// `/metrics`: OpenMetrics text with one ejection by a streak of failures, one endpoint out.
 fn check_metrics(page: &Page, _: &Demo) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
     expect_ok(page, OPENMETRICS, &mut problems);
@@ -567,7 +581,7 @@ fn check_metrics(page: &Page, _: &Demo) -> Result<(), Vec<String>> {
     };
     for (series, expected) in [
         (
-            r#"outlier_ejections_total{upstream="orders",policy="error-rate",measure="error rate"}"#,
+            r#"outlier_ejections_total{upstream="orders",policy="recommended",measure="consecutive failures"}"#,
             1.0,
         ),
         (r#"outlier_ejections_active{upstream="orders"}"#, 1.0),
@@ -610,15 +624,18 @@ fn check_events(page: &Page, demo: &Demo) -> Result<(), Vec<String>> {
 // The upstreams and the client's backend for each.
 
 impl Upstream {
-    /// Binds 127.0.0.1 on a port the OS picks and serves every path: 200 with the upstream's
-    /// name, or 503 if `failing`.
+    /// Binds 127.0.0.1 on a port the OS picks and serves every path (`/healthz` too): 200 with
+    /// the upstream's name, or 503 if `failing`.
     async fn start(name: &'static str, failing: bool) -> Result<Self, DynError> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let received = Arc::new(AtomicUsize::new(0));
         let counter = received.clone();
-        let app = Router::new().fallback(move || {
-            counter.fetch_add(1, Ordering::SeqCst);
+        let app = Router::new().fallback(move |uri: Uri| {
+            // The clients' requests only: the layer's checks of /healthz are not theirs.
+            if uri.path() != HEALTH {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
             async move {
                 if failing {
                     (StatusCode::SERVICE_UNAVAILABLE, "unavailable")

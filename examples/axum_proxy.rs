@@ -1,7 +1,8 @@
 //! An axum reverse proxy that balances every request over four upstream servers, with outlier
 //! detection: one upstream accepts connections but resets each one as its request arrives (an
-//! instance that crashes on every request); the layer ejects it, the proxy stops sending it
-//! traffic, and once it heals a passive trial brings it back. (An upstream that refuses or resets
+//! instance that crashes on every request); the layer, on the README's recommended configuration,
+//! ejects it at its third failed request in a row, the proxy stops sending it traffic, the
+//! layer's probe checks its `/healthz` while it is out, and brings it back once that answers. (An upstream that refuses or resets
 //! connections outright is held out sooner, as unready, by `PinnedClient`'s connection watch:
 //! its rules need no failed request to see it.)
 //!
@@ -55,8 +56,10 @@ use tower::timeout::Timeout;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 use tower_outlier::hyper_client::PinnedClient;
+use tower_outlier::probe::request_probe;
 use tower_outlier::{
-    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, ServerErrors,
+    DetectorConfig, DetectorPolicy, DiscoverErrors, EndpointStatus, OutlierDetectionLayer,
+    ServerErrors,
 };
 
 type DynError = Box<dyn Error + Send + Sync>;
@@ -64,6 +67,9 @@ type DynError = Box<dyn Error + Send + Sync>;
 /// The upstreams; `FLAKY` resets every request's connection while the shared `broken` flag is set.
 const NAMES: [&str; 4] = ["alpha", "bravo", "charlie", "delta"];
 const FLAKY: &str = "charlie";
+
+/// The path the layer's probe checks; the tables count the clients' requests only.
+const HEALTH: &str = "/healthz";
 
 /// How long one upstream may take to answer before the call counts as a failure (a timeout).
 /// Without it, a hung upstream would never produce a failure the layer could count.
@@ -112,19 +118,20 @@ async fn main() -> Result<(), DynError> {
     // The monitor names endpoints by their discover key, as `Debug` prints it.
     let flaky_key = format!("{:?}", upstreams[flaky].addr);
 
-    // 2. The balancer. Short timings so the demo runs in seconds (the EDAS defaults are a 10 s
-    //    window and a 30 s recovery unit): more than 50 % errors over at least 5 calls in a 2 s
-    //    window ejects, the first recovery check comes 1 s after the ejection, and at most half
-    //    of the upstreams may be out at once.
-    let config = ErrorRateConfig::edas_spring_cloud()
-        .window(Duration::from_secs(2))
-        .min_calls(5)
-        .recovery_unit(Duration::from_secs(1))
-        .max_ejection_ratio(0.5)
-        .build()?;
-    // `ServerErrors` counts transport errors, timeouts and 5xx responses as failures.
+    // 2. The balancer, on the recommended configuration: three failures in a row (or under 80 %
+    //    success over 10 s) eject, at most half the upstreams are out, and an ejected one is
+    //    checked after a back-off of 1 s growing to 5 s. `ServerErrors` counts transport errors,
+    //    timeouts and 5xx responses as failures. The probe sends `GET /healthz` through a clone
+    //    of the ejected upstream's service (its timeout included): it is back once that answers,
+    //    and no client's request is spent finding out.
     let outliers =
-        OutlierDetectionLayer::new(ErrorRatePolicy::new(config)).classifier(ServerErrors);
+        OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::recommended().build()?))
+            .classifier(ServerErrors)
+            .discover_errors(DiscoverErrors::KeepServing)
+            .probe(request_probe(
+                || Request::get(HEALTH).body(Body::empty()).unwrap(),
+                ServerErrors,
+            ));
     // Taken before the layer is consumed; it shows what the layer decided.
     let monitor = outliers.monitor();
 
@@ -167,8 +174,8 @@ async fn main() -> Result<(), DynError> {
     let client = ProxyClient::new(proxy_addr);
 
     // 4a. Warm-up, with the flaky upstream broken from the start. Its resets reach the client as
-    //     502s until the layer ejects it, once its window holds 5 calls; the monitor is read after
-    //     each batch to catch that.
+    //     502s until the layer ejects it, at the third in a row; the monitor is read after each
+    //     batch to catch that.
     println!("\n== (a) warm-up: {FLAKY} resets every request from the start ==");
     let before = received(&upstreams);
     let mut warm_up_statuses = Statuses::default();
@@ -213,9 +220,8 @@ async fn main() -> Result<(), DynError> {
     print_table(&upstreams, &while_ejected, &monitor, "upstream", "requests");
     println!("the client got: {ejected_statuses}");
 
-    // 4c. The upstream heals. With the default passive trial there is no health-check request:
-    //     once the recovery check is due, the layer re-admits the upstream and judges it on real
-    //     traffic for one window. The layer acts when the balancer polls it, at the next request.
+    // 4c. The upstream heals. At its next check the probe's `/healthz` answers 200 and the layer
+    //     puts it back in the balancer's set.
     broken.store(false, Ordering::SeqCst);
     let due_in = monitor
         .snapshot()
@@ -310,9 +316,12 @@ impl Upstream {
         let addr = listener.local_addr()?;
         let received = Arc::new(AtomicUsize::new(0));
         let counter = received.clone();
-        let handler = hyper::service::service_fn(move |_request: http::Request<Incoming>| {
-            // Counted here, on the upstream, so the tables show what the upstreams actually saw.
-            counter.fetch_add(1, Ordering::SeqCst);
+        let handler = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+            // Counted here, on the upstream, so the tables show what the upstreams actually saw
+            // of the clients' requests (the layer's checks of /healthz are not theirs).
+            if request.uri().path() != HEALTH {
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
             let response = http::Response::new(Full::new(Bytes::from(name)));
             async move { Ok::<_, Infallible>(response) }
         });
@@ -337,9 +346,12 @@ impl Upstream {
                     let counter = counter.clone();
                     tokio::spawn(async move {
                         let mut stream = stream;
-                        let mut first = [0u8; 1];
-                        if matches!(stream.read(&mut first).await, Ok(n) if n > 0) {
-                            counter.fetch_add(1, Ordering::SeqCst);
+                        let mut head = [0u8; 64];
+                        if let Ok(n @ 1..) = stream.read(&mut head).await {
+                            let check = format!("GET {HEALTH} ");
+                            if !head[..n].starts_with(check.as_bytes()) {
+                                counter.fetch_add(1, Ordering::SeqCst);
+                            }
                             reset(stream);
                         }
                     });

@@ -17,6 +17,12 @@
 //! 3. an invalid update (`errorRateThreshold: 7`) is refused: the rules in force stay, the
 //!    monitor shows the error, and the server stays out.
 //!
+//! Why HSF's preset and not `DetectorConfig::recommended()`, which the other examples run: this
+//! example shows a layer following a document in a production system's own dialect, and a
+//! document replaces a policy of its own kind only (HSF's error-rate policy here). A layer on the
+//! recommended configuration is changed with `RulesHandle::replace` and a new `DetectorConfig`;
+//! it refuses HSF, Envoy and gRPC documents, and says what it runs.
+//!
 //! Everything runs on loopback and in a temporary directory (removed at the end), and ends by
 //! itself in a few seconds. The example checks its own claims and exits non-zero if one does not
 //! hold, so it doubles as a smoke test. It needs symlinks, so it runs on unix only.

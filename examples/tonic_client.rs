@@ -1,6 +1,7 @@
 //! A generated tonic client balanced over three tonic servers, one of which answers UNAVAILABLE.
-//! The outlier-detection layer, classifying with the gRPC status, ejects it; the balancer stops
-//! sending it calls; once it heals, a passive trial brings it back.
+//! The outlier-detection layer, on the README's recommended configuration and classifying with
+//! the gRPC status, ejects it at its third failure in a row; the balancer stops sending it calls;
+//! the layer's gRPC health probe checks it while it is out, and brings it back once it heals.
 //!
 //! ```text
 //! cargo run --example tonic_client
@@ -42,13 +43,19 @@ use tower::discover::Change;
 use tower::util::BoxCloneService;
 use tower::{BoxError, ServiceBuilder};
 use tower_outlier::grpc::{GrpcBody, GrpcErrors};
-use tower_outlier::{EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+use tower_outlier::grpc_health::GrpcHealth;
+use tower_outlier::{
+    DetectorConfig, DetectorPolicy, DiscoverErrors, EndpointStatus, OutlierDetectionLayer,
+};
 
 type DynError = Box<dyn Error + Send + Sync>;
 
 /// The servers of the demo; `FLAKY` answers UNAVAILABLE while the shared `broken` flag is set.
 const NAMES: [&str; 3] = ["alpha", "bravo", "charlie"];
 const FLAKY: &str = "charlie";
+
+/// The service the layer's health probe asks about; the client's own calls ask about `""`.
+const PROBED: &str = "demo";
 
 /// Calls per phase: enough that p2c, which picks at random, sends every server its share many
 /// times over, so the checks at the end cannot pass or fail by luck.
@@ -91,21 +98,24 @@ async fn main() -> Result<(), DynError> {
     // The monitor names endpoints by their discover key, as `Debug` prints it.
     let flaky_key = format!("{:?}", servers[flaky].addr);
 
-    // 2. Short timings so the demo runs in seconds (the EDAS defaults are a 10 s window and a
-    //    30 s recovery unit): more than 50 % errors over at least 5 calls in a 2 s window ejects,
-    //    the first recovery check comes 1 s after the ejection, at most half the set may be out.
-    let config = ErrorRateConfig::edas_spring_cloud()
-        .window(Duration::from_secs(2))
-        .min_calls(5)
-        .recovery_unit(Duration::from_secs(1))
-        .max_ejection_ratio(0.5)
-        .build()?;
+    // 2. The recommended configuration: three failures in a row (or under 80 % success over
+    //    10 s) eject, at most half the fleet is out, and an ejected server is checked after a
+    //    back-off of 1 s growing to 5 s.
+    let config = DetectorConfig::recommended().build()?;
     // `GrpcErrors` reads the gRPC status (from the headers of a trailers-only response, else from
     // the trailers) and counts UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, UNKNOWN,
     // RESOURCE_EXHAUSTED and DATA_LOSS as failures. The default classifier, `NetworkErrors`,
     // counts only transport errors: to it every gRPC error is a good HTTP/2 response.
-    let outliers =
-        OutlierDetectionLayer::new(ErrorRatePolicy::new(config)).classifier(GrpcErrors::default());
+    //
+    // The probe is gRPC health checking (gRFC A17): `Health/Check` for the service named, each
+    // time an ejected server's check is due, and `Health/Watch` on every server (these servers
+    // do not implement Watch, which counts as serving). It asks about the `demo` service so the
+    // servers can tell its checks from the client's calls (service `""`), which are the only
+    // ones the tables count.
+    let outliers = OutlierDetectionLayer::new(DetectorPolicy::new(config))
+        .classifier(GrpcErrors::default())
+        .discover_errors(DiscoverErrors::KeepServing)
+        .probe(GrpcHealth::new(PROBED));
     // Taken before the layer is consumed; it shows what the layer decided.
     let monitor = outliers.monitor();
 
@@ -129,8 +139,8 @@ async fn main() -> Result<(), DynError> {
         .service(changes);
     let client: HealthClient<Balanced> = HealthClient::new(BoxCloneService::new(stack));
 
-    // 3a. Warm-up, with the flaky server broken from the start. The layer ejects it once its
-    //     window holds 5 calls, all failed; we read the monitor after each batch to catch that.
+    // 3a. Warm-up, with the flaky server broken from the start. The layer ejects it at its third
+    //     failure in a row; we read the monitor after each batch to catch that.
     println!("\n== (a) warm-up: {FLAKY} answers UNAVAILABLE from the start ==");
     let before = received(&servers);
     let mut errors_seen = 0;
@@ -176,10 +186,8 @@ async fn main() -> Result<(), DynError> {
     let while_ejected = since(&servers, &before);
     print_table(&servers, &while_ejected, &monitor, "server", "calls");
 
-    // 3c. The server heals. With the default passive trial there is no health-check call from
-    //     the layer: once the recovery check is due, the layer re-admits the server and judges
-    //     it on real calls for one window. The layer acts when the balancer polls it, at the
-    //     next call.
+    // 3c. The server heals. At its next check the probe's `Health/Check` answers SERVING and
+    //     the layer re-admits it; no client call is spent finding out.
     broken.store(false, Ordering::SeqCst);
     let due_in = monitor
         .snapshot()
@@ -288,10 +296,13 @@ struct DemoHealth {
 impl Health for DemoHealth {
     async fn check(
         &self,
-        _: Request<HealthCheckRequest>,
+        request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
-        // Counted here, on the server, so the tables show what the servers actually saw.
-        self.received.fetch_add(1, Ordering::SeqCst);
+        // Counted here, on the server, so the tables show what the servers actually saw: the
+        // client's calls, not the layer's health checks.
+        if request.get_ref().service != PROBED {
+            self.received.fetch_add(1, Ordering::SeqCst);
+        }
         if self
             .broken
             .as_ref()

@@ -505,3 +505,79 @@ async fn the_history_is_read_in_pages_that_follow_each_other() {
     let (status, _, _) = get(addr, "/outliers/history?cache=123").await;
     assert_eq!(status, 200);
 }
+
+/// The words an operator reads for the recommended configuration, the same on the page, in the
+/// snapshot and in Prometheus: a healthy endpoint's gate is `CLOSED` (a circuit breaker's word
+/// for "calls pass"; linkerd's "OPEN" made an alert on `state="OPEN"` fire for every healthy
+/// endpoint), an ejected one's `OPEN`; and an endpoint two failures into its streak shows the
+/// streak the rule judges, not the interval's failure rate (it read "1.0 %" after 200 successes).
+#[tokio::test(start_paused = true)]
+async fn the_page_the_snapshot_and_the_metrics_say_what_the_rule_judges() {
+    use prometheus_client::registry::Registry;
+
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ));
+    let admin = Admin::builder(&layer.monitor()).build();
+    let mut registry = Registry::default();
+    let _metrics = tower_outlier::metrics::register(&mut registry, &layer.monitor());
+    let mut h = support::Harness::new(&layer, 3);
+    h.calls(0, 0, 200).await;
+    h.calls(0, 2, 0).await;
+    h.calls(1, 3, 0).await;
+    assert!(!h.is_live(1), "three in a row eject");
+
+    let fetch = |path: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let response = admin
+                .oneshot(http::Request::get(path).body(()).unwrap())
+                .await
+                .unwrap();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            String::from_utf8(body.to_vec()).unwrap()
+        }
+    };
+    let page = fetch("/").await;
+    let row = |key: &str| {
+        page.split("<tr class=")
+            .find(|row| row.contains(&format!("data-endpoint=\"{key}\"")))
+            .unwrap_or_else(|| panic!("no row for {key}: {page}"))
+            .to_owned()
+    };
+    assert!(page.contains("<th>judged on</th>"), "{page}");
+    assert!(
+        row("0").contains("consecutive failures 2 (ejects at 3)"),
+        "{}",
+        row("0")
+    );
+    assert!(!row("0").contains("1.0 %"), "{}", row("0"));
+
+    let json: Value = serde_json::from_str(&fetch("/snapshot").await).unwrap();
+    let endpoint = |key: &str| {
+        json["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["key"] == key)
+            .unwrap_or_else(|| panic!("no {key}: {json}"))["windows"][0]
+            .clone()
+    };
+    assert_eq!(endpoint("0")["policy"], "recommended");
+    assert_eq!(endpoint("0")["state"], "CLOSED");
+    assert_eq!(endpoint("0")["judged"]["measure"], "consecutive failures");
+    assert_eq!(endpoint("0")["judged"]["value"], 2.0);
+    assert_eq!(endpoint("0")["judged"]["threshold"], 3.0);
+    assert_eq!(endpoint("2")["state"], "CLOSED");
+    assert_eq!(endpoint("1")["state"], "OPEN");
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for (key, state) in [("0", "CLOSED"), ("1", "OPEN"), ("2", "CLOSED")] {
+        let series = format!(
+            "outlier_endpoint_policy_state{{upstream=\"default\",upstream_endpoint=\"{key}\",policy=\"recommended\",state=\"{state}\"}} 1"
+        );
+        assert!(text.contains(&series), "{series} in {text}");
+    }
+    assert!(!text.contains("SHUT"), "{text}");
+}

@@ -178,3 +178,88 @@ async fn the_recommended_configuration_says_what_it_judged() {
         tower_outlier::policy::Comparison::AtOrAbove
     );
 }
+
+/// The recommended configuration with an active probe: the probe passes and the endpoint is
+/// re-admitted, then the one request linkerd's gate lets through first fails and it goes out
+/// again. The two must not read as a contradiction ("probe succeeded", then "failed probe"):
+/// the second is the gate's probation request, and says so.
+#[tokio::test(start_paused = true)]
+async fn a_passed_probe_and_a_failed_probation_request_say_which_is_which() {
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    let (captured, _guard) = Captured::install();
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ))
+    .probe(probe_fn(|_: &usize, _: support::Backend| -> ProbeFuture {
+        Box::pin(async { true })
+    }));
+    let mut h = Harness::new(&layer, 5);
+    h.calls(1, 3, 0).await;
+    assert!(!h.is_live(1));
+    for _ in 0..60 {
+        if h.is_live(1) {
+            break;
+        }
+        h.advance(Duration::from_millis(500)).await;
+    }
+    assert!(h.is_live(1), "the passing probe re-admits it");
+    h.calls_while_live(1, 1, 0).await;
+    assert!(!h.is_live(1), "its probation request failed");
+    let log = captured.text();
+    let readmitted = log.find("cause=probe succeeded").expect(&log);
+    let again = log[readmitted..]
+        .find("endpoint ejected")
+        .map(|at| &log[readmitted + at..])
+        .expect(&log);
+    assert!(again.contains("failed probation request"), "{log}");
+    assert!(!log.contains("failed probe"), "{log}");
+}
+
+/// An Envoy operator's partial update: `{"consecutive5xx": 2}` replaces the whole
+/// `outlier_detection`, as Envoy does, so the budget raised to 50 % goes back to Envoy's 10 %
+/// (nothing ejects among three endpoints). Accepted, but a WARN names the field and both values;
+/// a document that keeps every running value says nothing more.
+#[tokio::test(start_paused = true)]
+async fn a_partial_envoy_document_warns_of_each_field_it_resets() {
+    use tower_outlier::dialect::Envoy;
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    let (captured, _guard) = Captured::install();
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::envoy()
+            .max_ejection_percent(50)
+            .build()
+            .unwrap(),
+    ));
+    let rules = layer.rules();
+    rules
+        .apply(&Envoy, r#"{"consecutive5xx": 2, "maxEjectionPercent": 50}"#)
+        .unwrap();
+    assert!(!captured.text().contains("WARN"), "{}", captured.text());
+    rules.apply(&Envoy, r#"{"consecutive5xx": 2}"#).unwrap();
+    let log = captured.text();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("WARN"))
+        .unwrap_or_else(|| panic!("no warning: {log}"));
+    assert!(
+        warning.contains("`max_ejection_percent` is not in the document: Envoy's default 10 replaces the running 50"),
+        "{warning}"
+    );
+    assert_eq!(log.matches("WARN").count(), 1, "{log}");
+
+    // A layer on the recommended configuration refuses Envoy documents and says what it runs.
+    let recommended = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::recommended().build().unwrap(),
+    ));
+    let error = recommended
+        .rules()
+        .apply(&Envoy, r#"{"consecutive5xx": 2}"#)
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "the layer has no envoy policy (it runs: recommended); a document replaces a policy of \
+         its own kind only"
+    );
+}

@@ -65,8 +65,8 @@ pub use lock::{Lock, LockGuard};
 pub use outcome::{FailureKind, Observation, Outcome};
 pub use policy::{
     Admit, BudgetFloor, CallsNeeded, Comparison, Description, DynOutlierPolicy, EjectionBudget,
-    EndpointPolicy, FleetMember, FleetPolicy, Judgement, OutlierPolicy, OwnTiming, ProbeGate,
-    Reason, RecoverySchedule, Signal, Weighting, WhenAllOut,
+    EndpointPolicy, FleetMember, FleetPolicy, Judged, Judgement, OutlierPolicy, OwnTiming,
+    ProbeGate, Reason, RecoverySchedule, Signal, Weighting, WhenAllOut,
 };
 pub use record::{
     store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,

@@ -237,6 +237,42 @@ pub struct Description {
     pub state: Option<&'static str>,
     /// The endpoint's weight, for a policy that weights endpoints.
     pub weight: Option<Weighting>,
+    /// What the policy judges the endpoint on now, when that is not the counts' failure rate (a
+    /// streak of failures): so a page shows the value the rule compares, not a rate the rule
+    /// never reads.
+    pub judged: Option<Judged>,
+}
+
+/// The value a policy compares with its threshold for one endpoint, now: a streak's length
+/// against the streak that ejects.
+///
+/// ```
+/// use tower_outlier_core::Judged;
+///
+/// let streak = Judged { measure: "consecutive failures", value: 2.0, threshold: 3.0 };
+/// assert_eq!(streak.to_string(), "consecutive failures 2 (ejects at 3)");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Judged {
+    /// What is measured, in the words of the policy's reasons (`Reason::measure`).
+    pub measure: &'static str,
+    /// Its value now.
+    pub value: f64,
+    /// The value at which the rule acts.
+    pub threshold: f64,
+}
+
+impl fmt::Display for Judged {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} (ejects at {})",
+            self.measure,
+            Shown(self.value),
+            Shown(self.threshold)
+        )
+    }
 }
 
 /// An endpoint's weight as a weighting policy holds it.

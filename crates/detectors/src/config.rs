@@ -121,9 +121,17 @@ pub struct FailurePercentage {
 /// The shortest interval the detector runs at (gRPC's zero interval runs at this).
 const MIN_RUNNING_INTERVAL: Duration = Duration::from_millis(1);
 
-/// A validated detector configuration. Start from a preset, [`DetectorConfig::envoy`],
-/// [`DetectorConfig::grpc`] or [`DetectorConfig::linkerd`], or read one (Envoy's or gRPC's
-/// JSON, behind the `envoy` and `grpc` features).
+/// A validated detector configuration. Start from [`DetectorConfig::recommended`] (what this
+/// library recommends: linkerd's semantics with a shorter streak and back-off, at most half the
+/// fleet out), from a system's preset, [`DetectorConfig::envoy`], [`DetectorConfig::grpc`],
+/// [`DetectorConfig::linkerd`] or [`DetectorConfig::linkerd_consecutive`], or read one (Envoy's
+/// or gRPC's JSON, behind the `envoy` and `grpc` features).
+///
+/// Which documents a running layer accepts follows the policy's name: a layer built from
+/// [`envoy`](DetectorConfig::envoy) takes Envoy `outlier_detection` documents, one from
+/// [`grpc`](DetectorConfig::grpc) gRPC's; one built from `recommended()` (policy
+/// `"recommended"`) or a linkerd preset takes neither (`NoPolicy`): change it with
+/// `RulesHandle::replace` and a new `DetectorConfig`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -290,6 +298,10 @@ impl DetectorConfig {
     ///   does, so a gray failure that rarely fails three calls in a row (every third call, say)
     ///   is ejected after a handful of failures instead of being left to the balancer. A fleet
     ///   whose every endpoint fails that often is still served: at most half of it is out.
+    ///
+    /// Its policy is named `"recommended"` in logs, snapshots and metrics. A running layer built
+    /// from it is changed with a new `DetectorConfig` (`RulesHandle::replace`); it refuses
+    /// Envoy and gRPC documents, which replace policies named `"envoy"` and `"grpc"`.
     ///
     /// ```
     /// use tower_outlier_detectors::{DetectorConfig, DetectorPolicy};

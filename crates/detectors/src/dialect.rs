@@ -44,10 +44,11 @@ impl Dialect for Envoy {
         &self,
         text: &str,
         current: &DetectorPolicy,
-        _notes: &mut Vec<String>,
+        notes: &mut Vec<String>,
     ) -> Result<DetectorPolicy, BoxError> {
-        let config = EnvoyOutlierDetection::from_json(text)?.into_config();
-        Ok(current.with_config(config))
+        let document = EnvoyOutlierDetection::from_json(text)?;
+        notes.extend(document.left_to_default(current.config()));
+        Ok(current.with_config(document.into_config()))
     }
 }
 

@@ -85,10 +85,11 @@ use self::fields::{Kind, Spec, BASE_EJECTION_TIME, FIELDS, MAX_EJECTION_TIME};
 ///
 /// # Fields without effect
 ///
-/// * `successful_active_health_check_uneject_host` is accepted, as a boolean, and has no effect:
-///   it decides whether a successful *active* health check re-admits an ejected host, and this
-///   crate has no active health checking (re-admission is by time, as in Envoy without health
-///   checks).
+/// * `successful_active_health_check_uneject_host` is accepted, as a boolean, and has no effect
+///   here: it decides whether a successful *active* health check re-admits an ejected host. The
+///   detectors time re-admission themselves, as Envoy does without health checks; a layer given
+///   an active probe (`OutlierDetectionLayer::probe` in `tower-outlier`) re-admits an endpoint
+///   when its probe succeeds, which is Envoy's default (`true`). `false` is not followed.
 /// * `monitors` is accepted, as an array of objects (or `null`), and has no effect: the proto
 ///   marks it not implemented and Envoy ignores it too. Its entries are not validated further.
 ///
@@ -99,6 +100,8 @@ use self::fields::{Kind, Spec, BASE_EJECTION_TIME, FIELDS, MAX_EJECTION_TIME};
 pub struct EnvoyOutlierDetection {
     builder: DetectorBuilder,
     config: DetectorConfig,
+    // The fields the document set, one bit each in `FIELDS` order.
+    given: u32,
 }
 
 impl EnvoyOutlierDetection {
@@ -201,6 +204,96 @@ impl EnvoyOutlierDetection {
     pub fn builder(&self) -> DetectorBuilder {
         self.builder.clone()
     }
+}
+
+impl EnvoyOutlierDetection {
+    /// The fields this document leaves out (or sets to `null`) whose Envoy default differs from
+    /// `running`'s value, each as a sentence naming the field and both values: Envoy replaces a
+    /// cluster's whole `outlier_detection` with each update, so a field left out goes back to
+    /// its default, not to what ran before. A layer logs these as warnings when it applies the
+    /// document (`{"consecutive5xx": 2}` over a running `max_ejection_percent` of 50 puts the
+    /// budget back to 10 %, which ejects nothing among fewer than ten endpoints).
+    ///
+    /// ```
+    /// use tower_outlier_detectors::{DetectorConfig, EnvoyOutlierDetection};
+    ///
+    /// let running = DetectorConfig::envoy().max_ejection_percent(50).build()?;
+    /// let next = EnvoyOutlierDetection::from_json(r#"{"consecutive5xx": 2}"#)?;
+    /// assert_eq!(
+    ///     next.left_to_default(&running),
+    ///     ["`max_ejection_percent` is not in the document: Envoy's default 10 replaces the \
+    ///       running 50 (a document replaces the whole outlier_detection, as in Envoy: give \
+    ///       every field to keep)"],
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn left_to_default(&self, running: &DetectorConfig) -> Vec<String> {
+        FIELDS
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| self.given & (1 << index) == 0)
+            .filter_map(|(_, spec)| {
+                let (now, next) = (
+                    shown(spec.proto, running)?,
+                    shown(spec.proto, &self.config)?,
+                );
+                (now != next).then(|| {
+                    format!(
+                        "`{}` is not in the document: Envoy's default {next} replaces the \
+                         running {now} (a document replaces the whole outlier_detection, as in \
+                         Envoy: give every field to keep)",
+                        spec.proto
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+/// A field's value in `config`, written as the document would write it; `None` for the fields
+/// without effect.
+fn shown(proto: &str, config: &DetectorConfig) -> Option<String> {
+    let seconds = |d: std::time::Duration| format!("{}s", d.as_secs_f64());
+    let success = config.success_rate();
+    let failure = config.failure_percentage();
+    Some(match proto {
+        "consecutive_5xx" => config.consecutive_5xx().threshold.to_string(),
+        "interval" => seconds(config.interval()),
+        "base_ejection_time" => seconds(config.base_ejection_time()),
+        "max_ejection_percent" => config.max_ejection_percent().to_string(),
+        "enforcing_consecutive_5xx" => config.consecutive_5xx().enforcement.to_string(),
+        "enforcing_success_rate" => success?.enforcement.to_string(),
+        "success_rate_minimum_hosts" => success?.minimum_hosts.to_string(),
+        "success_rate_request_volume" => success?.request_volume.to_string(),
+        "success_rate_stdev_factor" => success?.stdev_factor.to_string(),
+        "consecutive_gateway_failure" => config.consecutive_gateway_failure().threshold.to_string(),
+        "enforcing_consecutive_gateway_failure" => {
+            config.consecutive_gateway_failure().enforcement.to_string()
+        }
+        "split_external_local_origin_errors" => {
+            config.split_external_local_origin_errors().to_string()
+        }
+        "consecutive_local_origin_failure" => config
+            .consecutive_local_origin_failure()
+            .threshold
+            .to_string(),
+        "enforcing_consecutive_local_origin_failure" => config
+            .consecutive_local_origin_failure()
+            .enforcement
+            .to_string(),
+        "enforcing_local_origin_success_rate" => success?.local_origin_enforcement.to_string(),
+        "failure_percentage_threshold" => failure?.threshold.to_string(),
+        "enforcing_failure_percentage" => failure?.enforcement.to_string(),
+        "enforcing_failure_percentage_local_origin" => {
+            failure?.local_origin_enforcement.to_string()
+        }
+        "failure_percentage_minimum_hosts" => failure?.minimum_hosts.to_string(),
+        "failure_percentage_request_volume" => failure?.request_volume.to_string(),
+        "max_ejection_time" => seconds(config.max_ejection_time()),
+        "max_ejection_time_jitter" => seconds(config.max_ejection_time_jitter()),
+        "always_eject_one_host" => config.always_eject_one_host.to_string(),
+        _ => return None,
+    })
 }
 
 /// The document's name in error messages.

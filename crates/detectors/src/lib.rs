@@ -20,6 +20,7 @@
 //!
 //! | preset | detectors | ejection time | budget |
 //! |---|---|---|---|
+//! | [`DetectorConfig::recommended`] (this library's) | 3 consecutive failures of any kind, or a success rate below 0.8 over the last 10 s | back-off 1 s to 5 s, jitter 0.5, then the layer's probe or one real request | half the fleet, always one from two endpoints |
 //! | [`DetectorConfig::envoy`] | consecutive 5xx (5), gateway (5, not enforced), success rate; failure percentage not enforced | 30 s × multiplier, at most 300 s | 10 %, `(ejected + 1) / n` |
 //! | [`DetectorConfig::grpc`] | success rate | 30 s × multiplier, at most 300 s | 10 %, checked before each ejection |
 //! | [`DetectorConfig::linkerd`] | 7 consecutive failures, or a success rate below 0.8 over the last 10 s ([`RecentSuccessRate`]) | back-off 1 s to 60 s, jitter 0.5, then one real request as the probe | none |

@@ -258,7 +258,7 @@ fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
         endpoint.judge(11 * SECOND),
         Judgement::Outlier(tower_outlier_core::Reason {
             policy: "linkerd",
-            measure: "failed probe",
+            measure: "failed probation request",
             value: 1.0,
             threshold: 1.0,
             comparison: tower_outlier_core::Comparison::Said,

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tower_outlier_core::{
-    CallsNeeded, Comparison, ConfigError, Description, EndpointPolicy, Judgement, Nanos,
+    CallsNeeded, Comparison, ConfigError, Description, EndpointPolicy, Judged, Judgement, Nanos,
     Observation, Outcome, OutlierPolicy, OwnTiming, Reason, RecoverySchedule, Signal, WindowCounts,
 };
 
@@ -165,6 +165,11 @@ impl EndpointPolicy for ConsecutiveFailuresEndpoint {
                 failures: in_a_row,
                 slow: 0,
             },
+            judged: Some(Judged {
+                measure: "consecutive failures",
+                value: in_a_row as f64,
+                threshold: f64::from(self.needed),
+            }),
             ..Description::default()
         }
     }

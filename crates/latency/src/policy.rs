@@ -176,6 +176,7 @@ impl EndpointPolicy for LatencyEndpoint {
                 weight,
                 degraded: true,
             }),
+            judged: None,
         }
     }
 

@@ -142,6 +142,7 @@ impl EndpointPolicy for OrcaEndpoint {
                 weight: f64::from_bits(self.weight.load(Ordering::Relaxed)),
                 degraded: false,
             }),
+            judged: None,
         }
     }
 

@@ -178,6 +178,7 @@ impl EndpointPolicy for SlowCallEndpoint {
                 State::HalfOpen => "HALF_OPEN",
             }),
             weight: None,
+            judged: None,
         }
     }
 

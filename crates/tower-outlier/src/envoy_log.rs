@@ -241,7 +241,7 @@ fn ejection_type(measure: &str) -> &'static str {
         "local-origin success rate" => "SUCCESS_RATE_LOCAL_ORIGIN",
         "failure percentage" => "FAILURE_PERCENTAGE",
         "local-origin failure percentage" => "FAILURE_PERCENTAGE_LOCAL_ORIGIN",
-        m if m.starts_with("consecutive") || m == "failed probe" => "CONSECUTIVE_5XX",
+        m if m.starts_with("consecutive") || m == "failed probation request" => "CONSECUTIVE_5XX",
         _ => "FAILURE_PERCENTAGE",
     }
 }
@@ -364,7 +364,7 @@ mod tests {
     #[test]
     fn measures_map_to_envoy_types() {
         assert_eq!(ejection_type("consecutive 5xx"), "CONSECUTIVE_5XX");
-        assert_eq!(ejection_type("failed probe"), "CONSECUTIVE_5XX");
+        assert_eq!(ejection_type("failed probation request"), "CONSECUTIVE_5XX");
         assert_eq!(ejection_type("success rate"), "SUCCESS_RATE");
         assert_eq!(ejection_type("error rate"), "FAILURE_PERCENTAGE");
         assert_eq!(percent("error rate", 0.42), 42);

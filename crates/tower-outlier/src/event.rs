@@ -282,8 +282,8 @@ pub enum Event {
         /// Where it stood.
         status: crate::status::EndpointStatus,
     },
-    /// A policy's state for the endpoint changed (a slow-call breaker's CLOSED, OPEN,
-    /// HALF_OPEN; linkerd's OPEN, SHUT, PROBATION), as the layer saw it at its decisions: when a
+    /// A policy's state for the endpoint changed (a slow-call breaker's or linkerd's
+    /// probe gate's CLOSED, OPEN, HALF_OPEN), as the layer saw it at its decisions: when a
     /// call crossed a threshold, a probe answered, the endpoint was ejected or re-admitted. A
     /// state held only between two of those (a breaker half open while its probe runs) may not
     /// show; `SlowCallPolicy::on_state_change` reports every transition, on a thread of its own.

@@ -242,6 +242,7 @@ impl Monitor {
                         policy: name,
                         counts: shown.counts,
                         state: shown.state,
+                        judged: shown.judged,
                         members: policy
                             .members(at)
                             .into_iter()
@@ -249,6 +250,7 @@ impl Monitor {
                                 policy,
                                 counts: shown.counts,
                                 state: shown.state,
+                                judged: shown.judged,
                                 members: Vec::new(),
                             })
                             .collect(),

@@ -13,7 +13,7 @@ pub use tower_outlier_core::text;
 pub use tower_outlier_core::{
     check_nonzero_duration, check_ratio, duration_to_nanos, Admit, BudgetFloor, CallsNeeded, Clock,
     Comparison, Description, DynOutlierPolicy, EjectionBudget, EndpointPolicy, EndpointRecord,
-    FleetMember, FleetPolicy, Judgement, Lock, LockGuard, Nanos, Notifier, Observation,
+    FleetMember, FleetPolicy, Judged, Judgement, Lock, LockGuard, Nanos, Notifier, Observation,
     OutlierPolicy, OwnTiming, ProbeGate, ProbePermits, Reason, RecoverySchedule, SharedWindow,
     Signal, Weighting, Window, WindowCounts, WindowShape, RTT_DECAY,
 };

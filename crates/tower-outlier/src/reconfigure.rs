@@ -307,7 +307,10 @@ impl RulesHandle {
                     dialect: dialect.name(),
                 }))
             }
-            None => Err(ReconfigureError::new(Kind::NoPolicy { policy: kind })),
+            None => Err(ReconfigureError::new(Kind::NoPolicy {
+                policy: kind,
+                running: rules.policies.iter().map(|p| p.name()).collect(),
+            })),
             Some((slot, current)) => match dialect.parse(text, current, &mut notes) {
                 Ok(policy) => self
                     .cell

@@ -145,7 +145,8 @@ pub fn detection_method(measure: &str) -> &'static str {
         "slow-call ratio" => "slow_call_ratio",
         "error ratio" => "error_ratio",
         "error count" => "error_count",
-        "failed probe" => "failed_probe",
+        // linkerd's first request after its back-off failed.
+        "failed probation request" => "failed_probe",
         "host ejected in another service" => "host_ejected",
         _ => "other",
     }

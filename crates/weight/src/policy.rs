@@ -169,6 +169,7 @@ impl EndpointPolicy for WeightEndpoint {
                 weight: self.weight(),
                 degraded: self.is_degraded(),
             }),
+            judged: None,
         }
     }
 

@@ -107,6 +107,7 @@ impl EndpointPolicy for ComposedEndpoint {
                 .unwrap_or_default(),
             state: None,
             weight: shown.iter().find_map(|d| d.weight),
+            judged: shown.iter().find_map(|d| d.judged),
         }
     }
 

@@ -76,6 +76,7 @@ impl EndpointPolicy for SwitchState {
             },
             state: Some(self.name),
             weight: None,
+            judged: None,
         }
     }
 

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use tower_outlier_core::{
-    CallsNeeded, Comparison, Description, EndpointPolicy, FailureKind, Judgement, Nanos,
+    CallsNeeded, Comparison, Description, EndpointPolicy, FailureKind, Judged, Judgement, Nanos,
     Observation, Outcome, OwnTiming, ProbeGate, Reason, Signal, WindowCounts,
 };
 
@@ -69,9 +69,12 @@ impl EndpointPolicy for DetectorEndpoint {
         let counts = self.counts();
         let policy = self.shared.name;
         if bits & FAILED_PROBE != 0 {
+            // linkerd's probation: the one real request let through after the back-off. Not
+            // called a "probe": the layer's active probe (a health check) may have just passed,
+            // and "probe succeeded" then "failed probe" read as a contradiction.
             return Judgement::Outlier(Reason {
                 policy,
-                measure: "failed probe",
+                measure: "failed probation request",
                 value: 1.0,
                 threshold: 1.0,
                 comparison: Comparison::Said,
@@ -106,6 +109,7 @@ impl EndpointPolicy for DetectorEndpoint {
             counts: self.counts(),
             state: self.state_name(),
             weight: None,
+            judged: self.longest_streak(),
         }
     }
 
@@ -155,13 +159,36 @@ impl DetectorEndpoint {
         }
     }
 
+    /// The enforcing streak nearest its threshold, as the rule compares it: the page shows this,
+    /// not the interval's failure rate (mostly old successes when a healthy endpoint starts
+    /// failing: "1.0 %" for an endpoint that failed its last three calls).
+    fn longest_streak(&self) -> Option<Judged> {
+        (0..3)
+            .filter(|&index| self.thresholds[index] > 0 && self.enforcing[index])
+            .map(|index| {
+                let streak = self.streaks[index].load(Ordering::Relaxed);
+                (index, streak, self.thresholds[index])
+            })
+            .max_by(|a, b| {
+                (u64::from(a.1) * u64::from(b.2)).cmp(&(u64::from(b.1) * u64::from(a.2)))
+            })
+            .map(|(index, streak, threshold)| Judged {
+                measure: self.shared.config.measure(Detector::CONSECUTIVE[index]),
+                value: f64::from(streak),
+                threshold: f64::from(threshold),
+            })
+    }
+
     fn state_name(&self) -> Option<&'static str> {
-        // linkerd's breaker: open (counting), shut (ejected or waiting), probation (one probe).
+        // Named as a circuit breaker's states, as the slow-call breaker's are, so one alert reads
+        // both: CLOSED lets calls through, OPEN holds them (ejected or waiting), HALF_OPEN lets one
+        // probe through. (linkerd's own words run the other way: its gate is "open" when healthy
+        // and "shut" when ejected, which made `state="OPEN"` fire for every healthy endpoint.)
         let gate = self.gate.as_ref()?;
         Some(match gate.state.load(Ordering::Acquire) {
-            CLOSED => "OPEN",
-            HALF_OPEN | PROBING => "PROBATION",
-            _ => "SHUT",
+            CLOSED => "CLOSED",
+            HALF_OPEN | PROBING => "HALF_OPEN",
+            _ => "OPEN",
         })
     }
 }

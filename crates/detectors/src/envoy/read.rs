@@ -47,12 +47,16 @@ pub(super) fn read(text: &str) -> Result<EnvoyOutlierDetection, Problem> {
     let document = json_reader::parse(text)?;
     let top = json_reader::object(&document, &[], TOP_ALLOWED)?;
     let (message, prefix) = unwrap_cluster(top)?;
-    let builder = read_message(message, &prefix)?;
+    let (builder, given) = read_message(message, &prefix)?;
     let config = builder
         .clone()
         .build()
         .map_err(|error| renamed(error, &prefix))?;
-    Ok(EnvoyOutlierDetection { builder, config })
+    Ok(EnvoyOutlierDetection {
+        builder,
+        config,
+        given,
+    })
 }
 
 /// The message and its path: the top level, or the value of a Cluster's `outlier_detection`.
@@ -86,7 +90,7 @@ pub(super) struct Written {
 pub(super) fn read_message(
     message: &Map<String, Value>,
     prefix: &[PathSegment],
-) -> Result<DetectorBuilder, Problem> {
+) -> Result<(DetectorBuilder, u32), Problem> {
     // First every key is matched to its field, so that a misspelt or doubled field is reported
     // before any value.
     let mut given: Vec<Option<(&str, &Value)>> = vec![None; FIELDS.len()];
@@ -105,11 +109,14 @@ pub(super) fn read_message(
     let mut builder = DetectorConfig::envoy();
     let mut base = None;
     let mut max = None;
-    for (spec, entry) in FIELDS.iter().zip(given) {
+    // The fields set (not left out, not null), one bit each in field order.
+    let mut set = 0u32;
+    for (index, (spec, entry)) in FIELDS.iter().zip(given).enumerate() {
         let Some((key, value)) = entry else { continue };
         if value.is_null() {
             continue;
         }
+        set |= 1 << index;
         let path = child(prefix, key);
         builder = match spec.kind {
             Kind::Count(apply) => apply(builder, count(value, &path, COUNT_ALLOWED, u32::MAX)?),
@@ -144,7 +151,7 @@ pub(super) fn read_message(
         };
     }
     check_max_ejection_time(base.as_ref(), max.as_ref())?;
-    Ok(builder)
+    Ok((builder, set))
 }
 
 /// A `UInt32Value` at most `limit`: a JSON number without fraction, or a string of digits.

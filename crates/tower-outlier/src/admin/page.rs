@@ -86,7 +86,7 @@ pub(super) fn render(
     );
     html.push_str(concat!(
         "<table>\n<thead><tr><th>endpoint</th><th>status</th><th>since</th><th>next check</th>",
-        "<th>error rate</th><th>share</th><th>timeline</th><th>reason</th></tr></thead>\n<tbody>\n",
+        "<th>judged on</th><th>share</th><th>timeline</th><th>reason</th></tr></thead>\n<tbody>\n",
     ));
     let total_calls: u64 = snapshot
         .endpoints
@@ -122,6 +122,13 @@ pub(super) fn render(
             |d| format!("in {:.1} s", d.as_secs_f64()),
         );
         let calls = endpoint.windows.first().map_or(0, |w| w.counts.calls);
+        // What the first policy compares with its threshold: a streak where it judges one (the
+        // window's failure rate read "1.0 %" for an endpoint that had failed its last three
+        // calls), else the failure rate.
+        let judged = endpoint.windows.first().and_then(|w| w.judged).map_or_else(
+            || format!("{:.1} %", endpoint.error_rate * 100.0),
+            |judged| escape(&judged.to_string()),
+        );
         let share = if total_calls == 0 {
             0.0
         } else {
@@ -143,11 +150,10 @@ pub(super) fn render(
             html,
             "<tr class=\"{class}\" data-endpoint=\"{}\"><td><code>{}</code></td>\
              <td class=\"status\">{}</td><td class=\"num\">{since}</td><td class=\"num\">{next}</td>\
-             <td class=\"num\">{:.1} %</td><td class=\"num\">{:.1} %</td><td>",
+             <td class=\"num\">{judged}</td><td class=\"num\">{:.1} %</td><td>",
             escape(key),
             escape(key),
             status,
-            endpoint.error_rate * 100.0,
             share * 100.0,
         );
         timeline(&mut html, &grid, key, now, span);

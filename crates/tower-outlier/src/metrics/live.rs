@@ -135,7 +135,7 @@ impl Collector for Live {
         let mut states = encoder.encode_descriptor(
             "outlier_endpoint_policy_state",
             "The state a policy holds each endpoint in (1 for the current one): a slow-call \
-             breaker's CLOSED, OPEN or HALF_OPEN, linkerd's OPEN, SHUT or PROBATION",
+             breaker's (slow-call, or linkerd's probe gate) CLOSED (calls pass), OPEN (calls held) or HALF_OPEN (a probe passes)",
             None,
             MetricType::Gauge,
         )?;

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use tower_outlier_core::{Reason, WindowCounts};
+use tower_outlier_core::{Judged, Reason, WindowCounts};
 
 use crate::controls::Override;
 use crate::event::EndpointKey;
@@ -19,8 +19,13 @@ pub struct PolicyWindow {
     /// The counts in its window now.
     pub counts: WindowCounts,
     /// The state the policy holds the endpoint in, if it has one (a slow-call breaker's
-    /// `"CLOSED"`, `"OPEN"`, `"HALF_OPEN"`; linkerd's `"OPEN"`, `"SHUT"`, `"PROBATION"`).
+    /// or linkerd's probe gate's `"CLOSED"` when calls pass, `"OPEN"` when they are held,
+    /// `"HALF_OPEN"` while a probe passes: a circuit breaker's words, the same for every policy).
     pub state: Option<&'static str>,
+    /// What the policy compares with its threshold now, where that is not the counts' failure
+    /// rate: a streak of failures and the streak that ejects.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub judged: Option<Judged>,
     /// For a composition of policies ([`ComposedPolicy`](crate::ComposedPolicy)), each member's
     /// window and state, in order; empty for any other policy.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Vec::is_empty"))]

@@ -17,6 +17,7 @@ fn snapshots_serialize_with_typed_keys_as_text() {
                     slow: 0,
                 },
                 state: None,
+                judged: None,
                 members: Vec::new(),
             }],
             error_rate: 0.6,

@@ -24,6 +24,7 @@ pub(super) enum Kind {
     },
     NoPolicy {
         policy: &'static str,
+        running: Vec<&'static str>,
     },
     OtherType {
         policy: &'static str,
@@ -61,7 +62,18 @@ impl fmt::Display for ReconfigureError {
                 f,
                 "policy {slot} is a {expected} policy; a {given} policy cannot replace it"
             ),
-            Kind::NoPolicy { policy } => write!(f, "the layer has no {policy} policy"),
+            Kind::NoPolicy { policy, running } => {
+                // Say what it runs: a layer built from `DetectorConfig::recommended()` runs a
+                // "recommended" policy, which no Envoy or gRPC document configures.
+                write!(f, "the layer has no {policy} policy (it runs: ")?;
+                if running.is_empty() {
+                    f.write_str("none")?;
+                }
+                for (i, name) in running.iter().enumerate() {
+                    write!(f, "{}{name}", if i == 0 { "" } else { ", " })?;
+                }
+                f.write_str("); a document replaces a policy of its own kind only")
+            }
             Kind::OtherType { policy, dialect } => write!(
                 f,
                 "the layer's {policy} policy is not of the type {dialect} documents configure"
