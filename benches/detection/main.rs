@@ -25,7 +25,7 @@ use tower_layer::Layer;
 use tower_outlier::detectors::DetectorBuilder;
 use tower_outlier::finagle::finagle_seeded;
 use tower_outlier::latency::{LatencyConfig, LatencyPolicy};
-use tower_outlier::probe::{request_probe, Probe};
+use tower_outlier::probe::{request_probe, Probe, ProbeCadence};
 use tower_outlier::slow_call::{BreakerConfig, SlowCallPolicy};
 use tower_outlier::weight::{WeightConfig, WeightPolicy};
 use tower_outlier::{
@@ -399,7 +399,10 @@ fn run(scenario: &Scenario, config: Config, watch: bool) -> Log {
             {
                 // The check is one request of the caller's kind, sent through a clone of the
                 // ejected endpoint's service; no caller's request is risked on it.
-                let layer = layer.probe(request_probe(Request::probe, NetworkErrors));
+                // The checks' jitter drawn from the run's seed, as every other draw.
+                let layer = layer
+                    .probe(request_probe(Request::probe, NetworkErrors))
+                    .probe_cadence(ProbeCadence::new().seed(SEED));
                 detect(&world, layer, discover, watch).await;
             }
             Some(layer) => detect(&world, layer, discover, watch).await,

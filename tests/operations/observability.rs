@@ -60,7 +60,9 @@ async fn events_and_snapshots_tell_what_happened() {
             let healthy = *answer.lock().unwrap();
             Box::pin(async move { healthy })
         },
-    ));
+    ))
+    // EDAS's times exactly, as the log reads them (no jitter on the checks).
+    .probe_cadence(tower_outlier::probe::ProbeCadence::new().interval_jitter_percent(0));
     let monitor = layer.monitor();
     let mut h = Harness::new(&layer, 5);
 

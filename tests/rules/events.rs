@@ -177,7 +177,9 @@ async fn probes_weights_and_removals_are_events_too() {
             let healthy = answer.load(Ordering::SeqCst);
             Box::pin(async move { healthy })
         },
-    ));
+    ))
+    // HSF's times exactly, as the events read them (no jitter on the checks).
+    .probe_cadence(tower_outlier::probe::ProbeCadence::new().interval_jitter_percent(0));
     let mut events = layer.monitor().subscribe();
     let mut h = Harness::new(&layer, 4);
     h.calls(0, 10, 0).await;

@@ -8,6 +8,7 @@ mod support;
 mod all_out;
 mod balance;
 mod blame;
+mod cadence;
 mod compose;
 mod compose_members;
 mod connection;

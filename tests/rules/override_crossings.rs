@@ -207,17 +207,20 @@ async fn force_in_does_not_abort_the_probe_in_flight() {
     let finished = Arc::new(AtomicUsize::new(0));
     let started = Arc::new(AtomicUsize::new(0));
     let (f, s) = (finished.clone(), started.clone());
-    let layer = hsf_layer(0.4).probe(probe_fn(
-        move |_: &usize, _: support::Backend| -> ProbeFuture {
-            s.fetch_add(1, Ordering::SeqCst);
-            let f = f.clone();
-            Box::pin(async move {
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                f.fetch_add(1, Ordering::SeqCst);
-                false
-            })
-        },
-    ));
+    let layer = hsf_layer(0.4)
+        .probe(probe_fn(
+            move |_: &usize, _: support::Backend| -> ProbeFuture {
+                s.fetch_add(1, Ordering::SeqCst);
+                let f = f.clone();
+                Box::pin(async move {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    f.fetch_add(1, Ordering::SeqCst);
+                    false
+                })
+            },
+        ))
+        // The probe starts at HSF's 5 s exactly (no jitter on the checks).
+        .probe_cadence(tower_outlier::probe::ProbeCadence::new().interval_jitter_percent(0));
     let rules = layer.rules();
     let mut h = Harness::new(&layer, 5);
     h.calls_while_live(1, 10, 0).await;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tower::discover::Change;
 use tower::Service;
 use tower_outlier::error_rate::ErrorRateBuilder;
-use tower_outlier::probe::{probe_fn, PassiveTrial, ProbeFuture};
+use tower_outlier::probe::{probe_fn, PassiveTrial, ProbeCadence, ProbeFuture};
 use tower_outlier::{
     EndpointStatus, ErrorRateConfig, ErrorRatePolicy, NetworkErrors, OutlierDetectionLayer,
 };
@@ -20,7 +20,10 @@ use tower_outlier::{
 const SECOND: Duration = Duration::from_secs(1);
 
 fn layer(config: ErrorRateBuilder) -> OutlierDetectionLayer {
+    // EDAS's and HSF's recovery times exactly: an active check unjittered (by default the layer
+    // lengthens one by up to 20 %, so that a fleet does not probe in step; `cadence.rs`).
     OutlierDetectionLayer::new(ErrorRatePolicy::new(config.build().unwrap()))
+        .probe_cadence(ProbeCadence::new().interval_jitter_percent(0))
 }
 
 #[tokio::test(start_paused = true)]

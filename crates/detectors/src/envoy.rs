@@ -7,8 +7,11 @@
 //! grammar, paths, the error detail) is in `json_reader`.
 
 mod fields;
+mod health_check;
 
 use tower_outlier_core::DocumentError;
+
+pub use self::health_check::EnvoyHealthCheck;
 
 use crate::config::{DetectorBuilder, DetectorConfig};
 

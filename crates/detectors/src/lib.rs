@@ -84,7 +84,7 @@ pub use dialect::Grpc;
 pub use endpoint::DetectorEndpoint;
 #[cfg(feature = "envoy")]
 #[cfg_attr(docsrs, doc(cfg(feature = "envoy")))]
-pub use envoy::EnvoyOutlierDetection;
+pub use envoy::{EnvoyHealthCheck, EnvoyOutlierDetection};
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use grpc::GrpcOutlierDetection;

@@ -169,6 +169,9 @@ where
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let mut this = self.project();
+        // Read on every poll (a bool): the engine times checks by the cadence only if they are
+        // sent, and nothing is ejected before the first poll.
+        this.engine.set_checks_sent(this.probe.sends_checks());
         loop {
             if let Some(change) = this.engine.pop_change() {
                 let change = match change {

@@ -115,6 +115,8 @@ pub(crate) struct Engine<K, S> {
     fleet_served: bool,
     // Endpoints avoided after a timeout, checked by the active probe (`avoided.rs`).
     avoided: AvoidedChecks<K>,
+    // The layer's probe sends checks (the cadence times them); a passive trial sends none.
+    checks_sent: bool,
 }
 
 /// This adaptor's membership of a host registry (HSF's ipDimension).
@@ -180,6 +182,23 @@ fn later(at: Instant, delay: Duration) -> Instant {
 
 impl<K, S> Engine<K, S> {
     /// Makes endpoints that return after connection failures fresh services with `rebuild`.
+    /// Whether the layer's probe sends checks: the probe cadence times them; a passive trial
+    /// keeps its policy's ejection times.
+    pub(crate) fn set_checks_sent(&mut self, sent: bool) {
+        self.checks_sent = sent;
+    }
+
+    /// `base` as the probe cadence jitters it, when the layer sends checks: `own_jitter` says
+    /// the policy's timing is jittered already, `first` that this is the first check after the
+    /// endpoint was taken out.
+    fn cadenced(&self, base: Duration, own_jitter: bool, first: bool) -> Duration {
+        if self.checks_sent {
+            self.settings.cadence.jittered(base, own_jitter, first)
+        } else {
+            base
+        }
+    }
+
     pub(crate) fn set_rebuild(
         &mut self,
         rebuild: Box<dyn crate::rebuild::Rebuild<K, S> + Send + Sync>,
@@ -248,6 +267,7 @@ impl<K, S> Engine<K, S> {
             rebuilt: Vec::new(),
             fleet_served: false,
             avoided: AvoidedChecks::default(),
+            checks_sent: false,
         }
     }
 

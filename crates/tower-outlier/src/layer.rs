@@ -15,7 +15,7 @@ use crate::endpoint::OutlierEndpoint;
 use crate::engine::{Settings, DEFAULT_MAX_PUSHBACK};
 use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Monitor;
-use crate::probe::PassiveTrial;
+use crate::probe::{PassiveTrial, ProbeCadence};
 use crate::rebuild::KeepService;
 use crate::reconfigure::{RulesCell, RulesHandle};
 use crate::shared::Shared;
@@ -63,6 +63,7 @@ pub struct OutlierDetectionLayer<C = NetworkErrors, P = PassiveTrial, R = KeepSe
     max_pushback: Duration,
     slow_start: Option<SlowStart>,
     degraded_hold: Duration,
+    cadence: ProbeCadence,
     clock: Clock,
     classifier: C,
     probe: P,
@@ -89,6 +90,7 @@ impl OutlierDetectionLayer {
             max_pushback: DEFAULT_MAX_PUSHBACK,
             slow_start: None,
             degraded_hold: Duration::ZERO,
+            cadence: ProbeCadence::new(),
             clock: Clock::auto(),
             classifier: NetworkErrors,
             probe: PassiveTrial,
@@ -222,6 +224,29 @@ impl<C, P, R> OutlierDetectionLayer<C, P, R> {
         self
     }
 
+    /// Sets when the active probe's checks run ([`ProbeCadence`]): the first check after an
+    /// endpoint is taken out, the interval while it fails them, their jitter and timeout, and
+    /// how many passes in a row bring back an endpoint that has failed one — Envoy's
+    /// health-check fields. Without it, the ejecting policy's own timing, with 20 % jitter where
+    /// that has none, so that a fleet of clients does not probe in step. A passive trial sends
+    /// no check and is not timed by it.
+    ///
+    #[cfg_attr(feature = "detectors", doc = "```")]
+    #[cfg_attr(not(feature = "detectors"), doc = "```ignore")]
+    /// use std::time::Duration;
+    /// use tower_outlier::probe::ProbeCadence;
+    /// use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
+    ///
+    /// let layer = OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::recommended().build()?))
+    ///     .probe_cadence(ProbeCadence::new().interval(Duration::from_secs(2)).healthy_threshold(2));
+    /// # let _ = layer;
+    /// # Ok::<(), tower_outlier::ConfigError>(())
+    /// ```
+    pub fn probe_cadence(mut self, cadence: ProbeCadence) -> Self {
+        self.cadence = cadence;
+        self
+    }
+
     /// Makes an endpoint a fresh service when it returns after calls of it timed out or failed in
     /// transport, instead of a clone of the one it had ([`rebuild`](crate::rebuild)): before its
     /// recovery probe, which then runs on the new service, or its re-admission, once per
@@ -282,6 +307,7 @@ impl<C, P, R> OutlierDetectionLayer<C, P, R> {
             max_pushback,
             slow_start,
             degraded_hold,
+            cadence,
             clock,
             classifier,
             probe,
@@ -297,6 +323,7 @@ impl<C, P, R> OutlierDetectionLayer<C, P, R> {
             max_pushback,
             slow_start,
             degraded_hold,
+            cadence,
             clock,
             classifier: (),
             probe: (),
@@ -385,6 +412,7 @@ impl<C, P, R> OutlierDetectionLayer<C, P, R> {
         );
         settings.slow_start = self.slow_start;
         settings.degraded_hold = self.degraded_hold;
+        settings.cadence = self.cadence.clone();
         settings
     }
 
@@ -429,6 +457,7 @@ impl OutlierDetectionLayer<(), (), ()> {
             max_pushback: self.max_pushback,
             slow_start: self.slow_start,
             degraded_hold: self.degraded_hold,
+            cadence: self.cadence,
             clock: self.clock,
             classifier,
             probe,
@@ -471,6 +500,7 @@ impl<C: Clone, P: Clone, R: Clone> Clone for OutlierDetectionLayer<C, P, R> {
             max_pushback: self.max_pushback,
             slow_start: self.slow_start,
             degraded_hold: self.degraded_hold,
+            cadence: self.cadence.clone(),
             clock: self.clock.clone(),
             classifier: self.classifier.clone(),
             probe: self.probe.clone(),
@@ -489,6 +519,7 @@ impl<C: fmt::Debug, P: fmt::Debug, R: fmt::Debug> fmt::Debug for OutlierDetectio
             .field("max_pushback", &self.max_pushback)
             .field("slow_start", &self.slow_start)
             .field("degraded_hold", &self.degraded_hold)
+            .field("probe_cadence", &self.cadence)
             .field("clock", &self.clock)
             .field("classifier", &self.classifier)
             .field("probe", &self.probe)

@@ -8,6 +8,9 @@ use tower::ServiceExt;
 use tower_outlier_core::{Classify, Outcome};
 use tower_service::Service;
 
+mod cadence;
+pub use cadence::ProbeCadence;
+
 /// A probe in flight: resolves to whether the endpoint answered healthily.
 pub type ProbeFuture = Pin<Box<dyn Future<Output = bool> + Send + 'static>>;
 
@@ -48,6 +51,12 @@ pub trait Probe<K, S> {
         let _ = (key, service);
         None
     }
+
+    /// Whether [`probe`](Self::probe) sends checks (the default) rather than trying endpoints
+    /// on real traffic: a [`ProbeCadence`] times only checks that are sent.
+    fn sends_checks(&self) -> bool {
+        true
+    }
 }
 
 /// Recovery by passive trial: re-admit and judge on real traffic.
@@ -57,6 +66,10 @@ pub struct PassiveTrial;
 impl<K, S> Probe<K, S> for PassiveTrial {
     fn probe(&mut self, _: &K, _: S) -> Option<ProbeFuture> {
         None
+    }
+
+    fn sends_checks(&self) -> bool {
+        false
     }
 }
 

@@ -204,16 +204,20 @@ where
                 // check; otherwise the policy's recovery schedule.
                 let record = entry.record();
                 let recorded_now = record.clock().now();
-                let delay = match record
-                    .policies()
-                    .get(index)
-                    .and_then(|p| p.own_timing()?.check_at_after(failed_checks, recorded_now))
-                {
-                    Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
-                    None => self.settings.policies[index]
-                        .recovery()
-                        .delay(failed_checks),
-                };
+                let timing = record.policies().get(index).and_then(|p| p.own_timing());
+                // A policy that times its own ejections (the detectors, Finagle's) has its own
+                // jitter settings: the cadence adds none by default.
+                let policy_delay =
+                    match timing.and_then(|t| t.check_at_after(failed_checks, recorded_now)) {
+                        Some(at) => (Duration::from_nanos(at.saturating_sub(recorded_now)), true),
+                        None => (
+                            self.settings.policies[index]
+                                .recovery()
+                                .delay(failed_checks),
+                            timing.is_some(),
+                        ),
+                    };
+                let delay = self.first_check_after(policy_delay, failed_checks);
                 if shadow {
                     // Kept in the set: a state of another policy holding calls back until the
                     // layer acts (linkerd's breaker after a failed probe) must serve them.

@@ -11,7 +11,9 @@
 //! that passes restarts its estimate at the fleet's, so p2c gives it its share at once. The
 //! endpoint stays in the balancer's set throughout: this is no membership rule, and it writes no
 //! standing. Without an active probe nothing is checked (the estimate decays as p2c alone lets
-//! it).
+//! it). A [`ProbeCadence`](crate::probe::ProbeCadence) given to the layer sets these times (its
+//! first check, interval, timeout, jitter and healthy threshold) as it does for ejected
+//! endpoints; they are jittered only when it says so.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -61,6 +63,10 @@ struct Watch {
     next: Option<Instant>,
     // When the check in flight (or the last one) started.
     started: Instant,
+    // A check of it failed, and how many passed in a row since (toward the cadence's healthy
+    // threshold).
+    failed: bool,
+    passes: u32,
 }
 
 impl<K> Default for AvoidedChecks<K> {
@@ -74,13 +80,14 @@ impl<K> Default for AvoidedChecks<K> {
 }
 
 impl<K: DiscoverKey> AvoidedChecks<K> {
-    /// Watches entry `id` under `key`, avoided after a timeout at `now`, unless it is already.
-    fn watch(&mut self, key: &K, id: u64, now: Instant) {
+    /// Watches entry `id` under `key`, avoided after a timeout at `now`, unless it is already;
+    /// its first check `first` later.
+    fn watch(&mut self, key: &K, id: u64, now: Instant, first: Duration) {
         if self.watched.get(key).is_some_and(|w| w.id == id) {
             return;
         }
         self.forget(key);
-        let next = later(now, FIRST_CHECK);
+        let next = later(now, first);
         self.due.insert((next, id), key.clone());
         self.watched.insert(
             key.clone(),
@@ -88,6 +95,8 @@ impl<K: DiscoverKey> AvoidedChecks<K> {
                 id,
                 next: Some(next),
                 started: now,
+                failed: false,
+                passes: 0,
             },
         );
     }
@@ -136,6 +145,14 @@ impl<K: DiscoverKey> AvoidedChecks<K> {
         due
     }
 
+    /// Whether a pass of `key` now brings it back: it has failed no check, or this pass makes
+    /// `threshold` in a row.
+    fn enough(&self, key: &K, threshold: u32) -> bool {
+        self.watched
+            .get(key)
+            .is_none_or(|w| !w.failed || w.passes.saturating_add(1) >= threshold)
+    }
+
     /// Whether entry `id` under `key` has a check in flight.
     fn checking(&self, key: &K, id: u64) -> bool {
         self.watched
@@ -143,14 +160,26 @@ impl<K: DiscoverKey> AvoidedChecks<K> {
             .is_some_and(|w| w.id == id && w.next.is_none())
     }
 
-    /// A check of `key` failed at `now`: the next one starts [`CHECK_INTERVAL`] after this one
-    /// started.
-    fn failed(&mut self, key: &K, now: Instant) -> Option<Duration> {
+    /// A check of `key` ended at `now` without bringing it back (it failed, or `passed` short of
+    /// the healthy threshold): the next one starts `interval` after this one started.
+    fn again(
+        &mut self,
+        key: &K,
+        now: Instant,
+        interval: Duration,
+        passed: bool,
+    ) -> Option<Duration> {
         let watch = self.watched.get_mut(key)?;
         if watch.next.is_none() {
             self.checking = self.checking.saturating_sub(1);
         }
-        let wait = CHECK_INTERVAL.saturating_sub(now.saturating_duration_since(watch.started));
+        if passed {
+            watch.passes = watch.passes.saturating_add(1);
+        } else {
+            watch.failed = true;
+            watch.passes = 0;
+        }
+        let wait = interval.saturating_sub(now.saturating_duration_since(watch.started));
         let next = later(now, wait);
         watch.next = Some(next);
         self.due.insert((next, watch.id), key.clone());
@@ -169,9 +198,32 @@ where
         let Some(entry) = self.entries.get(key) else {
             return;
         };
-        if entry.standing().is_available() && entry.record().last_timed_out() {
-            self.avoided.watch(key, entry.id, now);
+        if entry.standing().is_available()
+            && entry.record().last_timed_out()
+            && self
+                .avoided
+                .watched
+                .get(key)
+                .is_none_or(|w| w.id != entry.id)
+        {
+            let first = self.avoided_first_check();
+            self.avoided.watch(key, entry.id, now, first);
         }
+    }
+
+    /// The first check of an endpoint avoided after a timeout: the cadence's, or 1 s, jittered
+    /// as the cadence sets (no default jitter: each client's check follows a timeout of its own
+    /// call, at a time of its own, not an ejection the fleet may share).
+    fn avoided_first_check(&self) -> Duration {
+        let base = self.settings.cadence.first_check.unwrap_or(FIRST_CHECK);
+        self.cadenced(base, true, true)
+    }
+
+    /// From one check's start to the next while it does not bring the endpoint back: the
+    /// cadence's interval, or 2 s, jittered as the cadence sets.
+    fn avoided_interval(&self) -> Duration {
+        let base = self.settings.cadence.interval.unwrap_or(CHECK_INTERVAL);
+        self.cadenced(base, true, false)
     }
 
     /// Starts the checks that are due (an endpoint that answered a call since, or was taken out
@@ -206,7 +258,7 @@ where
                         key: key.clone(),
                         id: id | CHECK_TAG,
                         probe,
-                        timeout: CHECK_TIMEOUT,
+                        timeout: self.settings.cadence.timeout.unwrap_or(CHECK_TIMEOUT),
                     });
                 }
                 // No active probe: nothing checks it at no caller's expense.
@@ -232,13 +284,22 @@ where
             self.avoided.forget(key);
             return;
         }
-        if healthy {
+        let threshold = self.settings.cadence.healthy_threshold;
+        if healthy && !self.avoided.enough(key, threshold) {
+            let interval = self.avoided_interval();
+            if let Some(wait) = self.avoided.again(key, now, interval, true) {
+                tracing::debug!(target: "tower_outlier", endpoint = ?key, next_check_in = ?wait, "an endpoint avoided after a timeout passed a check, short of its healthy threshold");
+            }
+        } else if healthy {
             let shared = entry.shared.clone();
             self.avoided.forget(key);
             self.seed_rtt(&shared.record);
             shared.record.end_timeout_avoidance();
             tracing::info!(target: "tower_outlier", endpoint = ?key, "an endpoint avoided after a timeout answered its check: back to its share");
-        } else if let Some(wait) = self.avoided.failed(key, now) {
+        } else if let Some(wait) = {
+            let interval = self.avoided_interval();
+            self.avoided.again(key, now, interval, false)
+        } {
             tracing::debug!(target: "tower_outlier", endpoint = ?key, next_check_in = ?wait, "an endpoint avoided after a timeout did not answer its check");
         }
     }

@@ -37,6 +37,7 @@ where
         );
         settings.slow_start = self.settings.slow_start;
         settings.degraded_hold = self.settings.degraded_hold;
+        settings.cadence = self.settings.cadence.clone();
         let settings = Arc::new(settings);
         let policies = settings.policies.clone();
         // The handle replaces policies slot by slot, and a layer's cell is never shared by a

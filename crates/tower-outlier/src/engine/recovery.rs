@@ -224,10 +224,13 @@ where
         };
         match probe(&key, &entry.service) {
             Some(probe) => {
-                // A probe that hangs longer than one recovery unit is a failed check.
-                let timeout = episode
-                    .schedule
-                    .map_or(Duration::from_secs(10), |s| s.unit());
+                // A probe that hangs longer than the cadence's timeout, or one recovery unit,
+                // is a failed check.
+                let timeout = self.settings.cadence.timeout.unwrap_or_else(|| {
+                    episode
+                        .schedule
+                        .map_or(Duration::from_secs(10), |s| s.unit())
+                });
                 let (id, shadow, failed_checks) = (entry.id, episode.shadow, episode.failed_checks);
                 self.restand(&key, |s| s.set_stage(Standing::Probing));
                 self.probes.push_back(ProbeStart {
@@ -244,6 +247,36 @@ where
                 let until = later(now, self.trial);
                 self.readmit(&key, Some(until), Readmission::PassiveTrial, now);
             }
+        }
+    }
+
+    /// When an endpoint just taken out is first checked: the cadence's first check, or its
+    /// interval after failed checks, when the layer sends checks and the cadence sets them;
+    /// otherwise `policy_delay` (the delay, and whether the policy jittered it already); then
+    /// jittered as the cadence says.
+    pub(super) fn first_check_after(
+        &self,
+        (delay, own_jitter): (Duration, bool),
+        failed_checks: u32,
+    ) -> Duration {
+        let cadence = &self.settings.cadence;
+        let set = if failed_checks == 0 {
+            cadence.first_check
+        } else {
+            cadence.interval
+        };
+        match set.filter(|_| self.checks_sent) {
+            Some(base) => self.cadenced(base, false, failed_checks == 0),
+            None => self.cadenced(delay, own_jitter, failed_checks == 0),
+        }
+    }
+
+    /// When an endpoint that failed a check (or passed one short of the healthy threshold) is
+    /// checked next: the cadence's interval, or `policy_delay`, jittered.
+    fn next_check_after(&self, (delay, own_jitter): (Duration, bool)) -> Duration {
+        match self.settings.cadence.interval.filter(|_| self.checks_sent) {
+            Some(base) => self.cadenced(base, false, false),
+            None => self.cadenced(delay, own_jitter, false),
         }
     }
 
@@ -264,7 +297,40 @@ where
         if !matches!(episode.stage(), Standing::Probing) {
             return;
         }
-        if healthy {
+        // An endpoint that has failed a check comes back after the cadence's healthy threshold
+        // of passes in a row (Envoy's `healthy_threshold`); one that has failed none, at its
+        // first pass.
+        let passes = episode.passed_checks.saturating_add(1);
+        let needed = if episode.failed_checks > 0 && self.checks_sent {
+            self.settings.cadence.healthy_threshold
+        } else {
+            1
+        };
+        if healthy && passes < needed {
+            let unit = episode
+                .schedule
+                .map_or(Duration::from_secs(1), |s| s.unit());
+            let delay = match self.settings.cadence.interval {
+                Some(every) => self.cadenced(every, false, false),
+                None => self.cadenced(unit, false, false),
+            };
+            let next_check = later(now, delay);
+            self.restand(&key, |s| {
+                if let Some(episode) = s.episode() {
+                    episode.passed_checks = passes;
+                }
+                s.set_stage(Standing::Ejected { next_check });
+            });
+            tracing::info!(
+                target: "tower_outlier",
+                endpoint = ?key,
+                passes,
+                needed,
+                next_check_in = ?delay,
+                "probe passed: endpoint stays out until it passes enough in a row"
+            );
+            self.publish(&key, Some(next_check), None);
+        } else if healthy {
             // Available without condition: the episode ends, and its failed checks with it.
             self.readmit(&key, None, Readmission::ProbeSucceeded, now);
         } else {
@@ -273,24 +339,31 @@ where
             // equal-jitter back-off); otherwise the policy's recovery schedule.
             let record = &entry.shared.record;
             let recorded_now = record.clock().now();
-            let own = match episode.ejected_by {
-                super::Ejector::Policy(index) => record.policies().get(index).and_then(|p| {
-                    p.own_timing()?
-                        .check_after_failed_probe(failed_checks, recorded_now)
-                }),
+            let timing = match episode.ejected_by {
+                super::Ejector::Policy(index) => {
+                    record.policies().get(index).and_then(|p| p.own_timing())
+                }
                 _ => None,
             };
-            let delay = match own {
-                Some(at) => Duration::from_nanos(at.saturating_sub(recorded_now)),
-                None => episode
-                    .schedule
-                    .map_or(Duration::from_secs(10), |s| s.delay(failed_checks)),
+            let own = timing.and_then(|t| t.check_after_failed_probe(failed_checks, recorded_now));
+            // A policy that times its own ejections (the detectors, Finagle's) has its own
+            // jitter settings: the cadence adds none by default to its schedule either.
+            let policy_delay = match own {
+                Some(at) => (Duration::from_nanos(at.saturating_sub(recorded_now)), true),
+                None => (
+                    episode
+                        .schedule
+                        .map_or(Duration::from_secs(10), |s| s.delay(failed_checks)),
+                    timing.is_some(),
+                ),
             };
+            let delay = self.next_check_after(policy_delay);
             let shadow = episode.shadow;
             let next_check = later(now, delay);
             self.restand(&key, |s| {
                 if let Some(episode) = s.episode() {
                     episode.failed_checks = failed_checks;
+                    episode.passed_checks = 0;
                 }
                 s.set_stage(Standing::Ejected { next_check });
             });

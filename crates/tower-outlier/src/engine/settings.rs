@@ -11,6 +11,7 @@ use tower_outlier_core::{
 
 use super::later;
 use crate::hosts::{HostOf, HostRegistry};
+use crate::probe::ProbeCadence;
 use crate::reconfigure::RulesCell;
 
 /// The longest a server's pushback keeps its endpoint out by default: linkerd's cap.
@@ -39,6 +40,8 @@ pub(crate) struct Settings {
     // How long a server's word that its endpoint is degraded holds (zero: not read; set by the
     // layer).
     pub(crate) degraded_hold: Duration,
+    // When the active probe's checks run (set by the layer).
+    pub(crate) cadence: ProbeCadence,
     pub(crate) clock: Clock,
     pub(crate) rules: Arc<RulesCell>,
     // The version of the rules these settings hold.
@@ -81,6 +84,7 @@ impl Settings {
             max_pushback,
             slow_start: None,
             degraded_hold: Duration::ZERO,
+            cadence: ProbeCadence::new(),
             clock,
             rules: cell.clone(),
             version: rules.version,

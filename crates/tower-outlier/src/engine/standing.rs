@@ -61,6 +61,9 @@ pub(super) struct Episode {
     stage: Standing,
     // Recovery checks failed in a row.
     pub(super) failed_checks: u32,
+    // Active checks passed in a row since the last that failed (toward the cadence's healthy
+    // threshold).
+    pub(super) passed_checks: u32,
     // The ejecting policy's, for the intervals between checks (none for a host's ejection).
     pub(super) schedule: Option<RecoverySchedule>,
     // The policy that ejected the endpoint: its window decides whether a trial saw enough calls.
@@ -261,6 +264,7 @@ impl<K: Clone, S> Restanding<'_, K, S> {
             Box::new(Episode {
                 stage,
                 failed_checks: 0,
+                passed_checks: 0,
                 schedule: None,
                 ejected_by,
                 trial_breached: false,
