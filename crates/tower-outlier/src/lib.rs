@@ -7,22 +7,14 @@
 //! `tower::balance::p2c::Balance`. [`OutlierEndpoint`](discover::OutlierEndpoint) implements `tower::load::Load`, so p2c prefers
 //! fast, idle endpoints.
 //!
-//! Policies (each its own crate, re-exported behind a feature):
-//! * `error-rate` (default): error-rate ejection with EDAS / HSF semantics —
-//!   `ErrorRatePolicy` and `ErrorRateConfig` at the root, `HsfQosConfig` (feature `hsf`) in
-//!   `error_rate`.
-//! * `slow-call` (default): the slow-call ratio breaker with Sentinel semantics, in `slow_call`:
-//!   `SlowCallPolicy` per endpoint (composes with error-rate ejection through
-//!   [`OutlierDetectionLayer::with_policy`], sharing one budget) and the standalone
-//!   `CircuitBreakerLayer`.
-//! * `weight` (default): weight degradation with SOFARPC semantics, in `weight`: `WeightPolicy`
-//!   evaluated once per window against the service average; the weight divides each endpoint's
-//!   load.
-//! * `detectors` (default): the detectors of Envoy, gRPC (A50) and linkerd2-proxy, in
-//!   `detectors`: consecutive 5xx, gateway and local-origin failures, success rate (Envoy's rule
-//!   and a robust one) and failure percentage, with each system's enforcement rules, as
-//!   `DetectorPolicy` with the presets `DetectorConfig::envoy`, `grpc` and `linkerd` (at the
-//!   root); Envoy's and gRPC's JSON are read behind the features `envoy` and `grpc-config`.
+//! Policies (each its own crate, re-exported behind a feature; see [Cargo features](#cargo-features)):
+//! the detectors of Envoy, gRPC (A50) and linkerd2-proxy with the recommended preset
+//! (`DetectorPolicy`, `DetectorConfig::recommended()`, on by default), error-rate ejection with
+//! EDAS / HSF semantics (`ErrorRatePolicy`), the slow-call ratio breaker with Sentinel semantics
+//! (`slow_call`, per endpoint or as the standalone `CircuitBreakerLayer`), weight degradation
+//! with SOFARPC semantics (`weight`), latency outliers (`latency`), ORCA weights (`orca`) and
+//! Finagle's failure accrual (`finagle`). Several compose through
+//! [`OutlierDetectionLayer::with_policy`], sharing one budget.
 //!
 //! What counts as a failure is the classifier's choice ([`NetworkErrors`], [`ServerErrors`],
 //! [`classify::predicate`], [`classify::classify_fn`]); how an ejected endpoint is checked is the
@@ -53,35 +45,35 @@
 //!
 //! # Cargo features
 //!
-//! On by default: `error-rate`, `slow-call`, `weight`, `detectors` (the policies) and `hsf`,
-//! `sentinel`, `sofa`, `envoy`, `grpc-config` (their configuration readers, which bring in
-//! serde_json). Off by default:
+//! On by default: only `detectors`, what a user of `DetectorConfig::recommended()` needs (as
+//! tower, tower-http and hyper-util, ask for the rest by name). Each feature once:
 //!
-//! * `file-source`: `dialect::watch_file`, a configuration file followed as Kubernetes mounts it.
-//! * `etcd`: `dialect::watch_etcd`, rules from a key in etcd (etcd-client; its build needs
-//!   `protoc`).
-//! * `prometheus`: `metrics`, the layer's decisions on prometheus-client.
-//! * `standard-metrics`: `standard_metrics`, gRPC's A91 outlier-detection metrics on the
-//!   `metrics` facade.
-//! * `admin`: `admin::Admin`, an admin page, JSON and server-sent events to mount in axum or
-//!   hyper.
-//! * `serde`: `serde::Serialize` for snapshots.
-//! * `tower-http`: a `tower_http` response classifier as the layer's classifier.
-//! * `hyper-client`: `hyper_client::PinnedClient`, a hyper-util client pinned to one address, the
-//!   discover item of an HTTP fleet (it turns on `hyper-io`).
-//! * `hyper-io`: the connections a `connection::ConnectionWatch` hands out are hyper's IO, for
-//!   hyper-util's client and tonic's `Endpoint::connect_with_connector`.
-//! * `tonic`: `From` conversions between `grpc::Code` and `tonic::Code` (it turns on `h2`).
-//! * `h2`: an HTTP/2 connection the client's own h2 closed with a GOAWAY `ENHANCE_YOUR_CALM`
-//!   (its count of locally reset streams ran out) is the caller's, not the endpoint's failure
-//!   (`classify::error_outcome`).
-//! * `latency`: `latency::LatencyPolicy`, latency outliers judged against their peers (LinkedIn
-//!   D2's relative rule).
-//! * `orca`: `orca::OrcaPolicy`, endpoint weights from servers' ORCA load reports (gRPC's
-//!   weighted round robin, gRFC A58), read by the gRPC classifier from each call's trailers.
-//! * `grpc-health`: `grpc_health::GrpcHealth`, gRPC health checking (`grpc.health.v1`) as the
-//!   probe: a `Watch` stream per endpoint takes it out when not serving, brings it back when
-//!   serving.
+//! | feature | what it brings |
+//! |---|---|
+//! | `detectors` (default) | `detectors`: Envoy's, gRPC's and linkerd's detectors, `DetectorPolicy` and `DetectorConfig` (with `recommended()`) at the root |
+//! | `error-rate` | error-rate ejection with EDAS / HSF semantics: `ErrorRatePolicy`, `ErrorRateConfig` |
+//! | `slow-call` | `slow_call`: the slow-call ratio breaker (Sentinel), per endpoint and standalone |
+//! | `weight` | `weight`: weight degradation (SOFARPC) |
+//! | `latency` | `latency::LatencyPolicy`: latency outliers judged against their peers (LinkedIn D2's relative rule) |
+//! | `finagle` | `finagle`: Finagle's failure accrual (consecutive failures, success rate) |
+//! | `orca` | `orca::OrcaPolicy`: endpoint weights from servers' ORCA load reports (gRFC A58), read from each call's trailers |
+//! | `envoy` | Envoy's `outlier_detection` and `HealthCheck` JSON (`detectors::EnvoyOutlierDetection`, `detectors::EnvoyHealthCheck`); turns on `detectors`, brings serde_json |
+//! | `grpc-config` | gRPC's `outlier_detection_experimental` JSON (`detectors::GrpcOutlierDetection`); turns on `detectors`, brings serde_json |
+//! | `hsf` | HSF's configuration-center JSON (`error_rate::HsfQosConfig`); turns on `error-rate`, brings serde_json |
+//! | `sentinel` | Sentinel's `DegradeRule` JSON (`slow_call::parse_degrade_rules`); turns on `slow-call`, brings serde_json |
+//! | `sofa` | SOFARPC's fault-tolerance properties (`weight::SofaProperties`); turns on `weight` |
+//! | `file-source` | `dialect::watch_file`: a configuration file followed as Kubernetes mounts a ConfigMap (notify) |
+//! | `etcd` | `dialect::watch_etcd`: rules from a key in etcd (etcd-client; its build needs `protoc`) |
+//! | `prometheus` | `metrics`: the layer's decisions on prometheus-client |
+//! | `standard-metrics` | `standard_metrics`: gRPC's A91 outlier-detection metrics on the `metrics` facade |
+//! | `admin` | `admin::Admin`: an admin page, JSON and server-sent events to mount in axum or hyper; turns on `serde` |
+//! | `serde` | `serde::Serialize` for snapshots |
+//! | `tower-http` | a `tower_http` response classifier as the layer's classifier |
+//! | `hyper-client` | `hyper_client::PinnedClient`: a hyper-util client pinned to one address, the discover item of an HTTP fleet; turns on `hyper-io` |
+//! | `hyper-io` | the connections a `connection::ConnectionWatch` hands out are hyper's IO, for hyper-util's client and tonic's `Endpoint::connect_with_connector` |
+//! | `h2` | an HTTP/2 connection the client's own h2 closed with a GOAWAY `ENHANCE_YOUR_CALM` is the caller's failure, not the endpoint's (`classify::error_outcome`) |
+//! | `tonic` | `From` between `grpc::Code` and `tonic::Code`; turns on `h2` |
+//! | `grpc-health` | `grpc_health::GrpcHealth`: gRPC health checking (`grpc.health.v1`) as the probe; turns on `tonic` |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
