@@ -209,3 +209,157 @@ async fn a_killed_server_is_picked_by_no_call_until_it_listens_again() {
         watched.served_after_restart
     );
 }
+
+/// gRFC A94's subchannel metrics from a real server killed and restarted on loopback: a watched
+/// `PinnedClient` counts its connection attempts (succeeded, failed while the server is down),
+/// the connection the kill ended by reason, and the connections open — in its own counters
+/// (`ConnectionWatch::stats`), through the `metrics` facade under A94's names (metrics-util's
+/// recorder, local to this test's thread: the runtime is single-threaded, so every connection
+/// event runs here) and as Prometheus series.
+#[tokio::test]
+async fn a_killed_and_restarted_server_shows_in_the_connection_metrics() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower::Service;
+    use tower_outlier::connection::DISCONNECT_REASONS;
+    use tower_outlier::metrics::OutlierMetrics;
+    use tower_outlier::standard_metrics::{
+        CONNECTION_ATTEMPTS_FAILED, CONNECTION_ATTEMPTS_SUCCEEDED, DISCONNECTIONS,
+        DISCONNECT_ERROR, OPEN_CONNECTIONS,
+    };
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    let mut server = serve(listener, served.clone());
+    let mut client = PinnedClient::<Body>::new(addr);
+    let watch = client.watch().unwrap().clone();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let prometheus = OutlierMetrics::register(&mut registry);
+    prometheus.watch_connections("orders", &watch);
+
+    // One call, one connection kept alive. `ready` is bounded: while the server is down, the
+    // client's gate stays pending as it reconnects.
+    async fn call(client: &mut PinnedClient<Body>) -> bool {
+        let ready = tokio::time::timeout(
+            Duration::from_millis(300),
+            futures::future::poll_fn(|cx| client.poll_ready(cx)),
+        )
+        .await;
+        if !matches!(ready, Ok(Ok(()))) {
+            return false;
+        }
+        let request = http::Request::get("/").body(Body::default()).unwrap();
+        match tokio::time::timeout(Duration::from_secs(1), client.call(request)).await {
+            Ok(Ok(response)) => response.into_body().collect().await.is_ok(),
+            _ => false,
+        }
+    }
+    for _ in 0..3 {
+        assert!(call(&mut client).await);
+    }
+    let up = watch.stats();
+    assert_eq!(up.attempts_succeeded, 1, "{up:?}");
+    assert_eq!(up.open_connections, 1, "{up:?}");
+
+    // Killed: its listener and its connection close; the calls meanwhile fail or wait.
+    server.abort();
+    let _ = (&mut server).await;
+    for _ in 0..4 {
+        let _ = call(&mut client).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let down = watch.stats();
+    assert!(down.attempts_failed >= 1, "{down:?}");
+    assert_eq!(down.open_connections, 0, "{down:?}");
+    // Its server closed it: an end of stream, or an error on the next write.
+    let ended = down.disconnections_for("unknown") + down.disconnections_for("connection reset");
+    assert!(ended >= 1, "{down:?}");
+
+    // Restarted on its port: a call gets through again within the gate's back-off.
+    let listener = TcpListener::bind(addr).await.unwrap();
+    let _server = serve(listener, served.clone());
+    let restarted = tokio::time::Instant::now();
+    while !call(&mut client).await {
+        assert!(
+            restarted.elapsed() < Duration::from_secs(5),
+            "never reconnected"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let back = watch.stats();
+    assert!(back.attempts_succeeded >= 2, "{back:?}");
+    assert_eq!(back.open_connections, 1, "{back:?}");
+
+    // The facade saw the same, under A94's names and the connect address as `grpc.target`.
+    let mut facade: std::collections::HashMap<(String, Option<String>), f64> = Default::default();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let mut target = None;
+        let mut reason = None;
+        for label in key.labels() {
+            match label.key() {
+                "grpc.target" => target = Some(label.value().to_owned()),
+                k if k == DISCONNECT_ERROR => reason = Some(label.value().to_owned()),
+                _ => {}
+            }
+        }
+        let target = target.expect("every A94 series has grpc.target");
+        assert!(target.starts_with(&format!("http://{addr}")), "{target}");
+        let value = match value {
+            DebugValue::Counter(n) => n as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(_) => continue,
+        };
+        *facade.entry((key.name().to_owned(), reason)).or_default() += value;
+    }
+    let get = |name: &str, reason: Option<&str>| {
+        facade
+            .get(&(name.to_owned(), reason.map(str::to_owned)))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(
+        get(CONNECTION_ATTEMPTS_SUCCEEDED, None),
+        back.attempts_succeeded as f64
+    );
+    assert_eq!(
+        get(CONNECTION_ATTEMPTS_FAILED, None),
+        back.attempts_failed as f64
+    );
+    assert_eq!(get(OPEN_CONNECTIONS, None), 1.0);
+    for (i, reason) in DISCONNECT_REASONS.iter().enumerate() {
+        assert_eq!(
+            get(DISCONNECTIONS, Some(reason)),
+            back.disconnections[i] as f64,
+            "{reason}: {facade:?}"
+        );
+    }
+
+    // And Prometheus, summed under the upstream's name.
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains(&format!(
+            "outlier_connection_attempts_total{{upstream=\"orders\",result=\"failed\"}} {}",
+            back.attempts_failed
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("outlier_connections_open{upstream=\"orders\"} 1"),
+        "{text}"
+    );
+    for (i, reason) in DISCONNECT_REASONS.iter().enumerate() {
+        assert!(
+            text.contains(&format!(
+                "outlier_disconnections_total{{upstream=\"orders\",reason=\"{reason}\"}} {}",
+                back.disconnections[i]
+            )),
+            "{text}"
+        );
+    }
+}

@@ -58,7 +58,7 @@ use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -101,6 +101,77 @@ struct State {
     bits: AtomicU8,
     // Seeds the jitter of the gates of this endpoint.
     dice: Dice,
+    // What its connections did, for the metrics (gRFC A94's).
+    attempts_succeeded: AtomicU64,
+    attempts_failed: AtomicU64,
+    open: AtomicU64,
+    ended: [AtomicU64; DISCONNECT_REASONS.len()],
+    // The `grpc.target` its metrics carry: the name given, or the first address it connects to.
+    target: OnceLock<Box<str>>,
+    // Registries counting its connections (`metrics::OutlierMetrics::watch_connections`): told
+    // on the connect path, never per call.
+    sinks: Lock<Vec<Arc<dyn ConnectionSink>>>,
+}
+
+/// What counts a watch's connections besides its own counters (a Prometheus registry).
+pub(crate) trait ConnectionSink: Send + Sync {
+    /// An attempt to connect ended.
+    fn attempted(&self, connected: bool);
+    /// A connection ended, for `reason` (`None`: no longer watched, no disconnection).
+    fn ended(&self, reason: Option<&'static str>);
+}
+
+/// Why a connection ended, in gRFC A94's words (its `grpc.disconnect_error` label), by what the
+/// socket said: the client let it go with no error seen (`subchannel shutdown`), a read or
+/// write failed (`connection reset`, `connection timed out`, `connection aborted`, or `socket
+/// error` for any other error), or its server closed it without an error (`unknown`: at the
+/// socket there is no HTTP/2 GOAWAY code to name).
+pub const DISCONNECT_REASONS: [&str; 6] = [
+    "subchannel shutdown",
+    "connection reset",
+    "connection timed out",
+    "connection aborted",
+    "socket error",
+    "unknown",
+];
+
+/// The index in [`DISCONNECT_REASONS`] of a read or write error.
+fn reason_of(error: &std::io::Error) -> u8 {
+    match error.kind() {
+        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe => 1,
+        std::io::ErrorKind::TimedOut => 2,
+        std::io::ErrorKind::ConnectionAborted => 3,
+        _ => 4,
+    }
+}
+
+/// A connection's end seen as an end of stream (its server closed it).
+const CLOSED_BY_PEER: u8 = 5;
+
+/// What the connections of one [`ConnectionWatch`] did since it was made: gRFC A94's subchannel
+/// metrics, from [`ConnectionWatch::stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectionStats {
+    /// Attempts to connect that succeeded (`grpc.subchannel.connection_attempts_succeeded`).
+    pub attempts_succeeded: u64,
+    /// Attempts to connect that failed or timed out (`grpc.subchannel.connection_attempts_failed`).
+    pub attempts_failed: u64,
+    /// Connections open now (`grpc.subchannel.open_connections`).
+    pub open_connections: u64,
+    /// Connections that ended, by reason (`grpc.subchannel.disconnections` by
+    /// `grpc.disconnect_error`), in the order of [`DISCONNECT_REASONS`].
+    pub disconnections: [u64; DISCONNECT_REASONS.len()],
+}
+
+impl ConnectionStats {
+    /// The connections that ended for `reason` (one of [`DISCONNECT_REASONS`]).
+    pub fn disconnections_for(&self, reason: &str) -> u64 {
+        DISCONNECT_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.disconnections[i])
+    }
 }
 
 /// The last attempt to connect failed.
@@ -131,6 +202,46 @@ impl State {
     fn closed(&self) {
         self.bits.fetch_or(CLOSED, Ordering::Relaxed);
     }
+
+    fn target(&self, attempted: &Uri) -> &str {
+        self.target.get_or_init(|| attempted.to_string().into())
+    }
+
+    /// An attempt to connect to `target` ended: `connected` or not.
+    fn attempted(&self, target: &Uri, connected: bool) {
+        if connected {
+            self.attempts_succeeded.fetch_add(1, Ordering::Relaxed);
+            self.open.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.attempts_failed.fetch_add(1, Ordering::Relaxed);
+        }
+        #[cfg(feature = "standard-metrics")]
+        crate::standard_metrics::connection_attempted(self.target(target), connected);
+        #[cfg(not(feature = "standard-metrics"))]
+        let _ = self.target(target);
+        for sink in self.sinks.lock().iter() {
+            sink.attempted(connected);
+        }
+    }
+
+    /// A connection it handed out ended, for the reason at `reason` in [`DISCONNECT_REASONS`];
+    /// `None`: it is no longer watched ([`WatchedIo::into_inner`]), and no disconnection.
+    fn ended(&self, reason: Option<u8>) {
+        let _ = self
+            .open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if let Some(reason) = reason {
+            self.ended[usize::from(reason)].fetch_add(1, Ordering::Relaxed);
+        }
+        let reason = reason.map(|r| DISCONNECT_REASONS[usize::from(r)]);
+        #[cfg(feature = "standard-metrics")]
+        if let Some(target) = self.target.get() {
+            crate::standard_metrics::connection_ended(target, reason);
+        }
+        for sink in self.sinks.lock().iter() {
+            sink.ended(reason);
+        }
+    }
 }
 
 impl<C> ConnectionWatch<C> {
@@ -148,7 +259,49 @@ impl<C> ConnectionWatch<C> {
             state: Arc::new(State {
                 bits: AtomicU8::new(0),
                 dice: Dice::new(seed),
+                attempts_succeeded: AtomicU64::new(0),
+                attempts_failed: AtomicU64::new(0),
+                open: AtomicU64::new(0),
+                ended: Default::default(),
+                target: OnceLock::new(),
+                sinks: Lock::new(Vec::new()),
             }),
+        }
+    }
+
+    /// Names the endpoint in its connection metrics (`grpc.target`; gRPC uses the channel's
+    /// target URI). Without a name, the first address it connects to.
+    ///
+    /// ```
+    /// use http::Uri;
+    /// use tower::service_fn;
+    /// use tower_outlier::connection::ConnectionWatch;
+    ///
+    /// let connector = service_fn(|_: Uri| async { Ok::<_, std::io::Error>(()) });
+    /// let watch = ConnectionWatch::new(connector).named("dns:///orders.internal:50051");
+    /// assert_eq!(watch.stats().attempts_succeeded, 0);
+    /// ```
+    pub fn named(self, target: impl Into<String>) -> Self {
+        let _ = self.state.target.set(target.into().into_boxed_str());
+        self
+    }
+
+    /// Has `sink` told of every connection attempt and end from now on.
+    pub(crate) fn add_sink(&self, sink: Arc<dyn ConnectionSink>) {
+        self.state.sinks.lock().push(sink);
+    }
+
+    /// What its connections did since it was made: attempts that connected and failed,
+    /// connections open, and those that ended by reason (gRFC A94's subchannel metrics, which
+    /// the `standard-metrics` feature also records through the `metrics` facade, and
+    /// `metrics::OutlierMetrics::watch_connections` exports to Prometheus).
+    pub fn stats(&self) -> ConnectionStats {
+        let state = &self.state;
+        ConnectionStats {
+            attempts_succeeded: state.attempts_succeeded.load(Ordering::Relaxed),
+            attempts_failed: state.attempts_failed.load(Ordering::Relaxed),
+            open_connections: state.open.load(Ordering::Relaxed),
+            disconnections: std::array::from_fn(|i| state.ended[i].load(Ordering::Relaxed)),
         }
     }
 
@@ -210,8 +363,9 @@ where
 
     fn call(&mut self, target: Uri) -> Self::Future {
         Connecting {
-            inner: self.connector.call(target),
+            inner: self.connector.call(target.clone()),
             state: self.state.clone(),
+            target,
         }
     }
 }
@@ -223,6 +377,7 @@ pin_project! {
         #[pin]
         inner: F,
         state: Arc<State>,
+        target: Uri,
     }
 }
 
@@ -238,13 +393,19 @@ where
         Poll::Ready(match outcome {
             Ok(io) => {
                 this.state.connected();
+                this.state.attempted(this.target, true);
                 Ok(WatchedIo {
                     inner: io,
-                    ended: Ended(Some(this.state.clone())),
+                    ended: Ended {
+                        state: Some(this.state.clone()),
+                        reason: None,
+                        blind: false,
+                    },
                 })
             }
             Err(error) => {
                 this.state.refused();
+                this.state.attempted(this.target, false);
                 Err(error)
             }
         })
@@ -266,21 +427,51 @@ pin_project! {
     }
 }
 
-/// Marks the endpoint's connection closed when dropped, unless disarmed.
-struct Ended(Option<Arc<State>>);
+/// Marks the endpoint's connection closed when dropped, unless disarmed, and counts why it
+/// ended.
+struct Ended {
+    state: Option<Arc<State>>,
+    // The first error or end of stream its reads and writes met, as an index in
+    // `DISCONNECT_REASONS`.
+    reason: Option<u8>,
+    // Its reads go through hyper's cursor, which does not show an end of stream.
+    blind: bool,
+}
+
+impl Ended {
+    /// What a read or write returned: the first error, or an end of stream, is why the
+    /// connection ends.
+    #[inline]
+    fn saw<T>(&mut self, result: &Poll<std::io::Result<T>>) {
+        if let Poll::Ready(Err(error)) = result {
+            self.reason.get_or_insert_with(|| reason_of(error));
+        }
+    }
+
+    #[inline]
+    fn saw_end(&mut self) {
+        self.reason.get_or_insert(CLOSED_BY_PEER);
+    }
+}
 
 impl Drop for Ended {
     fn drop(&mut self) {
-        if let Some(state) = self.0.take() {
+        if let Some(state) = self.state.take() {
             state.closed();
+            // No error and no end of stream: the client let it go (or, when its ends of stream
+            // cannot be seen, it is not known who closed it).
+            let unseen = if self.blind { CLOSED_BY_PEER } else { 0 };
+            state.ended(Some(self.reason.unwrap_or(unseen)));
         }
     }
 }
 
 impl<T> WatchedIo<T> {
-    /// The connection inside; its end is no longer watched.
+    /// The connection inside; its end is no longer watched (nor counted as a disconnection).
     pub fn into_inner(mut self) -> T {
-        self.ended.0 = None;
+        if let Some(state) = self.ended.state.take() {
+            state.ended(None);
+        }
         // `WatchedIo` has no `Drop` of its own (the guard has), so the field can move out.
         let WatchedIo { inner, .. } = self;
         inner
@@ -304,7 +495,14 @@ impl<T: tokio::io::AsyncRead> tokio::io::AsyncRead for WatchedIo<T> {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_read(cx, buf)
+        let this = self.project();
+        let (room, before) = (buf.remaining(), buf.filled().len());
+        let result = this.inner.poll_read(cx, buf);
+        this.ended.saw(&result);
+        if matches!(result, Poll::Ready(Ok(()))) && room > 0 && buf.filled().len() == before {
+            this.ended.saw_end();
+        }
+        result
     }
 }
 
@@ -314,7 +512,10 @@ impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for WatchedIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
+        let this = self.project();
+        let result = this.inner.poll_write(cx, buf);
+        this.ended.saw(&result);
+        result
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -330,7 +531,10 @@ impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for WatchedIo<T> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        self.project().inner.poll_write_vectored(cx, bufs)
+        let this = self.project();
+        let result = this.inner.poll_write_vectored(cx, bufs);
+        this.ended.saw(&result);
+        result
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -345,7 +549,13 @@ impl<T: hyper::rt::Read> hyper::rt::Read for WatchedIo<T> {
         cx: &mut Context<'_>,
         buf: hyper::rt::ReadBufCursor<'_>,
     ) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_read(cx, buf)
+        let this = self.project();
+        // hyper's cursor is handed on whole: what the read filled (an end of stream) is not seen
+        // here, so an end without an error is `unknown` rather than the client's shutdown.
+        this.ended.blind = true;
+        let result = this.inner.poll_read(cx, buf);
+        this.ended.saw(&result);
+        result
     }
 }
 
@@ -356,7 +566,10 @@ impl<T: hyper::rt::Write> hyper::rt::Write for WatchedIo<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
+        let this = self.project();
+        let result = this.inner.poll_write(cx, buf);
+        this.ended.saw(&result);
+        result
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -372,7 +585,10 @@ impl<T: hyper::rt::Write> hyper::rt::Write for WatchedIo<T> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        self.project().inner.poll_write_vectored(cx, bufs)
+        let this = self.project();
+        let result = this.inner.poll_write_vectored(cx, bufs);
+        this.ended.saw(&result);
+        result
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -449,7 +665,7 @@ impl Gate {
                     // The connection is dropped (unwatched: its end says nothing of the server):
                     // the client opens its own when a call needs one.
                     watch
-                        .call(target)
+                        .call(target.clone())
                         .await
                         .ok()
                         .map(|io| drop(io.into_inner()))
@@ -463,8 +679,10 @@ impl Gate {
                         false
                     }
                     Err(_) => {
-                        // No answer within the attempt's time: as refused as a reset says.
+                        // No answer within the attempt's time: as refused as a reset says, and
+                        // a failed attempt (its future was dropped before it could say so).
                         state.refused();
+                        state.attempted(&target, false);
                         false
                     }
                 }

@@ -65,6 +65,8 @@ pub struct PinnedClient<B, C = ConnectionWatch<HttpConnector>> {
     scheme: Scheme,
     authority: Authority,
     gate: Option<Gate>,
+    // The connector its connections go through, when it watches them.
+    watch: Option<C>,
 }
 
 impl<B> PinnedClient<B>
@@ -102,12 +104,13 @@ where
             .build()
             .unwrap_or_default();
         let gate = Gate::new(watch.clone(), target);
-        let client = Client::builder(TokioExecutor::new()).build(watch);
+        let client = Client::builder(TokioExecutor::new()).build(watch.clone());
         PinnedClient {
             client,
             scheme,
             authority,
             gate: Some(gate),
+            watch: Some(watch),
         }
     }
 }
@@ -122,7 +125,25 @@ impl<B, C> PinnedClient<B, C> {
             scheme,
             authority,
             gate: None,
+            watch: None,
         }
+    }
+
+    /// The [`ConnectionWatch`] its connections go through, when it watches them
+    /// ([`new`](PinnedClient::new), [`with_connector`](PinnedClient::with_connector)): its
+    /// connection metrics ([`ConnectionWatch::stats`], [`ConnectionWatch::named`]).
+    ///
+    /// ```
+    /// use tower_outlier::hyper_client::PinnedClient;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let client = PinnedClient::<String>::new("127.0.0.1:8080".parse().unwrap());
+    /// assert_eq!(client.watch().unwrap().stats().attempts_succeeded, 0);
+    /// # }
+    /// ```
+    pub fn watch(&self) -> Option<&C> {
+        self.watch.as_ref()
     }
 
     /// The authority every request is sent to.
@@ -189,6 +210,7 @@ impl<B, C: Clone> Clone for PinnedClient<B, C> {
             scheme: self.scheme.clone(),
             authority: self.authority.clone(),
             gate: self.gate.clone(),
+            watch: self.watch.clone(),
         }
     }
 }

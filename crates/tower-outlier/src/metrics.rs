@@ -19,7 +19,10 @@
 //! | `outlier_rules_total` | counter | `result` (`applied`, `rejected`) |
 //! | `outlier_policy_state_changes_total` | counter | `policy`, `to` |
 //! | `outlier_removals_total` | counter | `status` (where the endpoint stood) |
-//! | `outlier_endpoints` | gauge | `status` |
+//! | `outlier_connection_attempts_total` ([`OutlierMetrics::watch_connections`]) | counter | `result` (`succeeded`, `failed`) |
+//! | `outlier_disconnections_total` ([`OutlierMetrics::watch_connections`]) | counter | `reason` ([`DISCONNECT_REASONS`](crate::connection::DISCONNECT_REASONS)) |
+//! | `outlier_connections_open` ([`OutlierMetrics::watch_connections`]) | gauge | — |
+//! | `outlier_endpoints` | gauge | `status` (`unready` is linkerd's `pending`: in the set, its service not ready) |
 //! | `outlier_ejections_active` | gauge | — |
 //! | `outlier_endpoints_avoided` | gauge | — (in the set, failing, routed around: [`EndpointSnapshot::avoided_for`](crate::EndpointSnapshot::avoided_for)) |
 //! | `outlier_endpoint_weight`, `outlier_endpoint_error_rate` | gauge | `upstream_endpoint` |
@@ -182,9 +185,24 @@ impl OutlierMetrics {
                 "Endpoints the upstream removed, by where they stood",
                 &counters.removals,
             ),
+            (
+                "outlier_connection_attempts",
+                "Attempts to connect to the endpoints, by result (gRFC A94's grpc.subchannel.connection_attempts_*)",
+                &counters.connection_attempts,
+            ),
+            (
+                "outlier_disconnections",
+                "Connections to the endpoints that ended, by reason (gRFC A94's grpc.subchannel.disconnections)",
+                &counters.disconnections,
+            ),
         ] {
             registry.register(name, help, family.clone());
         }
+        registry.register(
+            "outlier_connections_open",
+            "Connections to the endpoints open now (gRFC A94's grpc.subchannel.open_connections)",
+            counters.connections_open.clone(),
+        );
         let watched = Arc::new(Lock::new(Watched::default()));
         registry.register_collector(Box::new(Live {
             watched: watched.clone(),
@@ -211,6 +229,63 @@ impl OutlierMetrics {
         self.counters.start_at_zero(service);
         let (counters, service) = (self.counters.clone(), String::from(service));
         let _ = monitor.on_event(move |event| counters.count(&service, event));
+    }
+
+    /// Counts the connections of an endpoint's [`ConnectionWatch`](crate::connection::ConnectionWatch)
+    /// under `upstream="<service>"` (gRFC A94's subchannel metrics, summed over the endpoints
+    /// watched under one service): `outlier_connection_attempts_total{result}` (`succeeded`,
+    /// `failed`), `outlier_disconnections_total{reason}` (one of
+    /// [`DISCONNECT_REASONS`](crate::connection::DISCONNECT_REASONS)) and
+    /// `outlier_connections_open`. Watch each endpoint's watch once; an endpoint dropped keeps
+    /// what it counted in the totals, and holds nothing here.
+    ///
+    /// ```
+    /// use http::Uri;
+    /// use prometheus_client::registry::Registry;
+    /// use tower::service_fn;
+    /// use tower_outlier::connection::ConnectionWatch;
+    /// use tower_outlier::metrics::OutlierMetrics;
+    ///
+    /// let mut registry = Registry::default();
+    /// let metrics = OutlierMetrics::register(&mut registry);
+    /// let watch = ConnectionWatch::new(service_fn(|_: Uri| async { Ok::<_, std::io::Error>(()) }));
+    /// metrics.watch_connections("orders", &watch);
+    /// let mut text = String::new();
+    /// prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    /// assert!(text.contains(r#"outlier_connection_attempts_total{upstream="orders",result="failed"} 0"#));
+    /// ```
+    pub fn watch_connections<C>(
+        &self,
+        service: &str,
+        watch: &crate::connection::ConnectionWatch<C>,
+    ) {
+        let labels = |pairs: &[(&'static str, &str)]| -> Labels {
+            let mut labels = vec![("upstream", service.to_owned())];
+            labels.extend(pairs.iter().map(|(k, v)| (*k, String::from(*v))));
+            labels
+        };
+        // One series at a time: `get_or_create` hands out a read guard on its family, which a
+        // second call in the same statement would wait on for good.
+        let c = &self.counters;
+        let counter = |family: &Family<Labels, Counter>, pairs: &[(&'static str, &str)]| {
+            let series = family.get_or_create(&labels(pairs)).clone();
+            series
+        };
+        let succeeded = counter(&c.connection_attempts, &[("result", "succeeded")]);
+        let failed = counter(&c.connection_attempts, &[("result", "failed")]);
+        let ended = crate::connection::DISCONNECT_REASONS
+            .map(|reason| counter(&c.disconnections, &[("reason", reason)]));
+        let open = {
+            let series = c.connections_open.get_or_create(&labels(&[])).clone();
+            series
+        };
+        let sink = ConnectionCounts {
+            succeeded,
+            failed,
+            ended,
+            open,
+        };
+        watch.add_sink(Arc::new(sink));
     }
 
     /// Exports the counters of a [`DetectorPolicy`](crate::DetectorPolicy) (Envoy's
@@ -250,6 +325,39 @@ struct Counters {
     removals: Family<Labels, Counter>,
     would_eject: Family<Labels, Counter>,
     operator: Family<Labels, Counter>,
+    connection_attempts: Family<Labels, Counter>,
+    disconnections: Family<Labels, Counter>,
+    connections_open: Family<Labels, prometheus_client::metrics::gauge::Gauge>,
+}
+
+/// One watched endpoint's series: its connection events counted there.
+struct ConnectionCounts {
+    succeeded: Counter,
+    failed: Counter,
+    ended: [Counter; crate::connection::DISCONNECT_REASONS.len()],
+    open: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl crate::connection::ConnectionSink for ConnectionCounts {
+    fn attempted(&self, connected: bool) {
+        if connected {
+            self.succeeded.inc();
+            self.open.inc();
+        } else {
+            self.failed.inc();
+        }
+    }
+
+    fn ended(&self, reason: Option<&'static str>) {
+        self.open.dec();
+        if let Some(index) = reason.and_then(|r| {
+            crate::connection::DISCONNECT_REASONS
+                .iter()
+                .position(|known| *known == r)
+        }) {
+            self.ended[index].inc();
+        }
+    }
 }
 
 impl Counters {

@@ -1,4 +1,5 @@
-//! The layer's ejections as gRPC's standard outlier-detection metrics (gRFC A91), through the
+//! The layer's ejections as gRPC's standard outlier-detection metrics (gRFC A91), and the
+//! endpoints' connections as its subchannel metrics (gRFC A94), through the
 //! [`metrics`] facade: whatever recorder the application installs (Prometheus, an
 //! OpenTelemetry bridge, StatsD) receives them under the names gRPC libraries export, so one
 //! dashboard covers tower clients and gRPC's own.
@@ -7,8 +8,18 @@
 //! |---|---|
 //! | `grpc.lb.outlier_detection.ejections_enforced` | `grpc.target`, `grpc.lb.outlier_detection.detection_method` |
 //! | `grpc.lb.outlier_detection.ejections_unenforced` | `grpc.target`, `grpc.lb.outlier_detection.detection_method`, `grpc.lb.outlier_detection.unenforced_reason` |
+//! | `grpc.subchannel.connection_attempts_succeeded`, `grpc.subchannel.connection_attempts_failed` | `grpc.target` |
+//! | `grpc.subchannel.disconnections` | `grpc.target`, `grpc.disconnect_error` |
+//! | `grpc.subchannel.open_connections` (a gauge) | `grpc.target` |
 //!
-//! * `grpc.target` is the name given to [`watch`] (gRPC uses the channel's target URI).
+//! * `grpc.target` is the name given to [`watch`] (gRPC uses the channel's target URI); for the
+//!   connection metrics (gRFC A94's, recorded by every
+//!   [`ConnectionWatch`](crate::connection::ConnectionWatch) as its connections open and end,
+//!   with no `watch` needed), the name given to
+//!   [`ConnectionWatch::named`](crate::connection::ConnectionWatch::named), or the first address
+//!   it connected to.
+//! * `grpc.disconnect_error` is one of
+//!   [`connection::DISCONNECT_REASONS`](crate::connection::DISCONNECT_REASONS).
 //! * `detection_method` is A91's `success_rate` and `failure_percentage` for those detectors, and,
 //!   for what gRPC does not have, the judging measure in the same spelling:
 //!   `consecutive_5xx`, `consecutive_gateway_failure`, `consecutive_local_origin_failure`,
@@ -127,6 +138,41 @@ pub fn watch(target: &str, monitor: &Monitor) -> EventCallback {
         }
         _ => {}
     })
+}
+
+/// A94's counter of connection attempts that succeeded.
+pub const CONNECTION_ATTEMPTS_SUCCEEDED: &str = "grpc.subchannel.connection_attempts_succeeded";
+/// A94's counter of connection attempts that failed.
+pub const CONNECTION_ATTEMPTS_FAILED: &str = "grpc.subchannel.connection_attempts_failed";
+/// A94's counter of connections that ended, by `grpc.disconnect_error`.
+pub const DISCONNECTIONS: &str = "grpc.subchannel.disconnections";
+/// A94's up-down counter of connections open (a gauge here).
+pub const OPEN_CONNECTIONS: &str = "grpc.subchannel.open_connections";
+/// A94's label naming why a connection ended (one of
+/// [`connection::DISCONNECT_REASONS`](crate::connection::DISCONNECT_REASONS)).
+pub const DISCONNECT_ERROR: &str = "grpc.disconnect_error";
+
+/// A connection attempt of a [`ConnectionWatch`](crate::connection::ConnectionWatch) ended:
+/// A94's attempt counters and open connections, under `grpc.target` = `target`. On the connect
+/// path, never per call.
+pub(crate) fn connection_attempted(target: &str, connected: bool) {
+    let target = target.to_owned();
+    if connected {
+        counter!(CONNECTION_ATTEMPTS_SUCCEEDED, TARGET => target.clone()).increment(1);
+        metrics::gauge!(OPEN_CONNECTIONS, TARGET => target).increment(1.0);
+    } else {
+        counter!(CONNECTION_ATTEMPTS_FAILED, TARGET => target).increment(1);
+    }
+}
+
+/// A watched connection ended, for `reason` (`None`: it is no longer watched, and no
+/// disconnection is counted).
+pub(crate) fn connection_ended(target: &str, reason: Option<&'static str>) {
+    let target = target.to_owned();
+    metrics::gauge!(OPEN_CONNECTIONS, TARGET => target.clone()).decrement(1.0);
+    if let Some(reason) = reason {
+        counter!(DISCONNECTIONS, TARGET => target, DISCONNECT_ERROR => reason).increment(1);
+    }
 }
 
 /// A91's `detection_method` for the measure that judged, in A91's spelling for what gRPC has.
