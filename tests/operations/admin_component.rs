@@ -581,3 +581,233 @@ async fn the_page_the_snapshot_and_the_metrics_say_what_the_rule_judges() {
     }
     assert!(!text.contains("SHUT"), "{text}");
 }
+
+/// A hyper server on loopback answering every request with `status`.
+async fn answering(status: u16) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |_: hyper::Request<hyper::body::Incoming>| async move {
+                        let response = hyper::Response::builder()
+                            .status(status)
+                            .body(Empty::<Bytes>::new())
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(response)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A hyper client pinned to one server: the discover item, keyed by the server's address.
+#[derive(Clone)]
+struct Pinned {
+    addr: SocketAddr,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
+}
+
+impl tower::Service<http::Request<Empty<Bytes>>> for Pinned {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: http::Request<Empty<Bytes>>) -> Self::Future {
+        *request.uri_mut() = format!("http://{}/", self.addr).parse().unwrap();
+        let client = self.client.clone();
+        Box::pin(async move { client.request(request).await.map_err(BoxError::from) })
+    }
+}
+
+/// Envoy's `/clusters`, from the admin component mounted in a hyper server on loopback: three
+/// hyper servers behind the layer with Envoy's detectors (five 5xx in a row eject, for 30 s), one
+/// answering 500 until it is ejected. `?format=json` reads as Envoy's `admin.v3.Clusters`: the
+/// ejected host alone has `failed_outlier_check`, each host's `rq_*` stats are its window's
+/// counts in the snapshot, its success rate a percentage; the text format has the ejected host's
+/// `health_flags::/failed_outlier_check` line. HEAD answers as GET without the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_clusters_show_the_ejected_host_as_envoy_does() {
+    use futures::channel::mpsc;
+    use tower::discover::Change;
+    use tower::Service;
+    use tower_outlier::ServerErrors;
+
+    let failing = answering(500).await;
+    let healthy = [answering(200).await, answering(200).await];
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let (tx, rx) =
+        mpsc::unbounded::<Result<Change<SocketAddr, Pinned>, std::convert::Infallible>>();
+    for addr in [failing, healthy[0], healthy[1]] {
+        tx.unbounded_send(Ok(Change::Insert(
+            addr,
+            Pinned {
+                addr,
+                client: client.clone(),
+            },
+        )))
+        .unwrap();
+    }
+    let layer = OutlierDetectionLayer::new(DetectorPolicy::new(
+        DetectorConfig::envoy()
+            .max_ejection_percent(50)
+            .build()
+            .unwrap(),
+    ))
+    .classifier(ServerErrors);
+    let monitor = layer.monitor();
+
+    // The admin component in a hyper server of its own.
+    let admin = Admin::builder(&monitor).cluster_name("orders").build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper_util::service::TowerToHyperService::new(admin.clone());
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+
+    // Serial traffic through p2c until the failing server is ejected and the healthy ones have
+    // answered some calls each; then none, so that nothing changes while the admin is read.
+    let mut balance = Balance::new(layer.layer(rx));
+    let settled = |snapshot: &tower_outlier::Snapshot| {
+        snapshot
+            .get_key(&failing)
+            .is_some_and(|e| e.status == tower_outlier::EndpointStatus::Ejected)
+            && healthy.iter().all(|addr| {
+                snapshot
+                    .get_key(addr)
+                    .is_some_and(|e| e.windows[0].counts.calls >= 5)
+            })
+    };
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while !settled(&monitor.snapshot()) {
+            let request = http::Request::get("http://placeholder/")
+                .body(Empty::new())
+                .unwrap();
+            let _ = balance.ready().await.unwrap().call(request).await;
+        }
+    })
+    .await
+    .expect("the failing server ejected within 20 s");
+
+    let (status, content_type, body) = get(addr, "/clusters?format=json").await;
+    let snapshot = monitor.snapshot();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(content_type, "application/json");
+    let json: Value = serde_json::from_str(&body).unwrap();
+    let clusters = json["cluster_statuses"].as_array().unwrap();
+    assert_eq!(clusters.len(), 1, "{json}");
+    assert_eq!(clusters[0]["name"], "orders");
+    // Not computed from what the snapshot has: left out, as Envoy leaves out one it lacks.
+    assert!(clusters[0].get("success_rate_ejection_threshold").is_none());
+    let hosts = clusters[0]["host_statuses"].as_array().unwrap();
+    assert_eq!(hosts.len(), 3, "{json}");
+    for host in hosts {
+        let socket = &host["address"]["socket_address"];
+        assert_eq!(socket["address"], "127.0.0.1", "{host}");
+        let port = socket["port_value"].as_u64().unwrap() as u16;
+        let key = SocketAddr::from(([127, 0, 0, 1], port));
+        let endpoint = snapshot
+            .get_key(&key)
+            .unwrap_or_else(|| panic!("{key} not in the snapshot"));
+        let health = &host["health_status"];
+        assert_eq!(health["eds_health_status"], "HEALTHY", "{host}");
+        if key == failing {
+            assert_eq!(health["failed_outlier_check"], true, "{host}");
+        } else {
+            assert!(
+                health.get("failed_outlier_check").is_none(),
+                "a healthy host leaves the flag out: {host}"
+            );
+        }
+        let stat = |name: &str| -> u64 {
+            let stat = host["stats"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == name)
+                .unwrap_or_else(|| panic!("no {name}: {host}"));
+            assert_eq!(stat["type"], "COUNTER", "{stat}");
+            // proto3 JSON's 64-bit integers are decimal strings.
+            stat["value"].as_str().unwrap().parse().unwrap()
+        };
+        let counts = endpoint.windows[0].counts;
+        assert_eq!(stat("rq_total"), counts.calls, "{host}");
+        assert_eq!(stat("rq_error"), counts.failures, "{host}");
+        assert_eq!(stat("rq_success"), counts.calls - counts.failures, "{host}");
+        assert!(counts.calls > 0, "{host}");
+        let rate = host["success_rate"]["value"].as_f64().unwrap();
+        assert!((0.0..=100.0).contains(&rate), "{host}");
+        let expected = (counts.calls - counts.failures) as f64 * 100.0 / counts.calls as f64;
+        assert!((rate - expected).abs() < 1e-9, "{host}");
+        assert_eq!(host["weight"], 100, "{host}");
+    }
+    let rate_of = |key: SocketAddr| {
+        hosts
+            .iter()
+            .find(|h| h["address"]["socket_address"]["port_value"] == key.port())
+            .unwrap()["success_rate"]["value"]
+            .as_f64()
+            .unwrap()
+    };
+    assert_eq!(rate_of(failing), 0.0);
+    assert_eq!(rate_of(healthy[0]), 100.0);
+
+    // Envoy's text format: the same values, a line each.
+    let (status, content_type, text) = get(addr, "/clusters").await;
+    assert_eq!(status, 200);
+    assert_eq!(content_type, "text/plain; charset=utf-8");
+    let failures = snapshot.get_key(&failing).unwrap().windows[0]
+        .counts
+        .failures;
+    for line in [
+        format!("orders::{failing}::health_flags::/failed_outlier_check"),
+        format!("orders::{failing}::rq_error::{failures}"),
+        format!("orders::{failing}::success_rate::0"),
+        format!("orders::{failing}::weight::100"),
+        format!("orders::{}::health_flags::healthy", healthy[0]),
+        format!("orders::{}::success_rate::100", healthy[1]),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.ends_with("::health_flags::/failed_outlier_check"))
+            .count(),
+        1,
+        "{text}"
+    );
+
+    // HEAD: the GET's status and content type, no body.
+    let head = client
+        .request(
+            http::Request::head(format!("http://{addr}/clusters?format=json"))
+                .body(Empty::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(head.status(), 200);
+    assert_eq!(head.headers()["content-type"], "application/json");
+    let body = head.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.is_empty());
+    drop(tx);
+}

@@ -15,15 +15,16 @@
 //! | `/events` | the latest events as JSON objects (`at`, `kind`, `key` and the event's fields), oldest first |
 //! | `/events/stream` | the events as they happen, as server-sent events (`text/event-stream`), one JSON object per `data:` line, with a comment every 15 s to keep the connection open |
 //! | `/metrics` | the Prometheus registry given to [`AdminBuilder::metrics`], in the text format (404 without one) |
+//! | `/clusters` | Envoy's `/clusters`, for Envoy-literate tooling: with `?format=json`, Envoy's `admin.v3.Clusters` JSON; otherwise Envoy's text format, a line `cluster::host::stat::value` per value (below) |
 //!
 //! Memory is bounded: a tick every second kept for five minutes (300 ticks) of at most 256
 //! endpoints (the others are counted, not drawn; the page shows the endpoints out of rotation
 //! first, up to that many rows), and the last 256 events (all configurable). A tick is one
 //! monitor snapshot, taken on tokio's blocking pool outside the history's lock; the next tick
 //! waits at least ten times as long as a snapshot took (at 100 000 endpoints a snapshot takes
-//! about a quarter of a second), so sampling takes at most a tenth of a core. The page and
-//! `/snapshot` take a snapshot per request. The component must be built inside a tokio runtime to
-//! start sampling at once; built outside one, it starts on its first request.
+//! about a quarter of a second), so sampling takes at most a tenth of a core. The page,
+//! `/snapshot` and `/clusters` take a snapshot per request. The component must be built inside a
+//! tokio runtime to start sampling at once; built outside one, it starts on its first request.
 //!
 //! ```
 //! use tower::ServiceExt;
@@ -41,8 +42,56 @@
 //! assert_eq!(response.headers()["content-type"], "application/json");
 //! # Ok(()) }
 //! ```
+//!
+//! ## Envoy's `/clusters`
+//!
+//! `/clusters` answers what Envoy's admin `/clusters` does (`clusters_handler.cc`,
+//! `admin.v3.Clusters` in `api/envoy/admin/v3/clusters.proto`), from the same snapshot, for the
+//! fields the layer has. It shows one cluster holding every endpoint of the layer, named by
+//! [`AdminBuilder::cluster_name`] (`default` unless named: the monitor has no name of its own).
+//! Per host:
+//!
+//! * `address.socket_address`: the endpoint's key, when it is a `SocketAddr` (or a string that
+//!   reads as one): `address` its IP, `port_value` its port. Any other key (an index, a name, a
+//!   URI) has its text in `address` and `port_value` 0; the text format prints the text alone.
+//! * `stats`: `rq_success`, `rq_error` and `rq_total` (`COUNTER`) are the counts of the
+//!   endpoint's first policy window (the snapshot's `windows[0]`, whose failure rate is its
+//!   `error_rate`): they fall as old calls leave the window or it starts again, where Envoy's
+//!   count from the host's start, so read them as a window's counts, not as counters to take a
+//!   rate of. `rq_active`
+//!   (`GAUGE`) is the calls in flight. Values are decimal strings, as proto3 JSON writes 64-bit
+//!   integers (Envoy's own output does); unlike Envoy, a stat's `type` and a 0 `value` are
+//!   written out (a proto3 reader reads both).
+//! * `health_status`: `failed_outlier_check` while the endpoint is out of the balancer's set
+//!   (ejected or probing), `failed_active_health_check` while its health service says it is not
+//!   serving, `failed_active_degraded_check` while its server says it is degraded
+//!   ([`OutlierDetectionLayer::detect_degraded`](crate::OutlierDetectionLayer::detect_degraded),
+//!   read from any response, not from health checks alone); each left out when false, as proto3
+//!   JSON leaves out a default. `eds_health_status` is always `HEALTHY`: a discover stream says
+//!   nothing of health. An endpoint out only in dry run has no flag, as Envoy flags no
+//!   unenforced ejection; an unready one (its `poll_ready` failed) has none either, Envoy having
+//!   no flag for it. The text format's `health_flags` is `healthy` or the flags set, each after a
+//!   slash (`/failed_outlier_check`), as Envoy prints them.
+//! * `success_rate`: the window's successes over its calls, in percent (0 to 100); left out
+//!   (the text format's -1) with no calls. Envoy reports it only for a host over its success-rate
+//!   detector's request volume in the last interval, which the snapshot does not carry.
+//! * `weight`: the endpoint's relative weight in hundredths (100 at its full weight, 50 when a
+//!   weight policy halved it): Envoy's weights are relative to each other, and a whole number.
+//!
+//! Left out: the cluster's `success_rate_ejection_threshold` and
+//! `local_origin_success_rate_ejection_threshold` (and the text format's `outlier::` lines),
+//! since the threshold Envoy reports is `mean - stdev_factor / 1000 × stdev` over the hosts that
+//! had the detector's request volume in its last interval, and the snapshot carries neither the
+//! detector's settings nor the interval it judged; a threshold made up from the live windows
+//! would not be the one the layer acts on. A host's `local_origin_success_rate`: the snapshot's
+//! window merges local-origin failures with the others (as Envoy does without
+//! `split_external_local_origin_errors`). `hostname`, `locality`, `priority`, the circuit
+//! breakers, `added_via_api`, and the connection stats (`cx_*`, `rq_timeout`): the layer has none
+//! of them. The text format has the host lines (stats in name order, then `health_flags`,
+//! `weight`, `success_rate`), not Envoy's cluster-wide ones.
 
 mod body;
+mod clusters;
 mod history;
 mod json;
 mod page;
@@ -85,6 +134,7 @@ struct Inner {
     sampling: AtomicBool,
     every: Duration,
     refresh: u64,
+    cluster_name: String,
     #[cfg(feature = "prometheus")]
     metrics: Option<Arc<prometheus_client::registry::Registry>>,
 }
@@ -106,6 +156,7 @@ pub struct AdminBuilder {
     endpoints: usize,
     events: usize,
     refresh: u64,
+    cluster_name: String,
     #[cfg(feature = "prometheus")]
     metrics: Option<Arc<prometheus_client::registry::Registry>>,
 }
@@ -127,6 +178,7 @@ impl Admin {
             endpoints: 256,
             events: 256,
             refresh: 2,
+            cluster_name: String::from("default"),
             #[cfg(feature = "prometheus")]
             metrics: None,
         }
@@ -162,6 +214,21 @@ impl Admin {
         } else {
             match path.strip_prefix('/').unwrap_or(path) {
                 "snapshot" => ("application/json", AdminBody::full(self.snapshot_json())),
+                "clusters" => {
+                    let snapshot = self.inner.monitor.snapshot();
+                    let name = &self.inner.cluster_name;
+                    if clusters::wants_json(query) {
+                        (
+                            "application/json",
+                            AdminBody::full(clusters::json(&snapshot, name).to_string()),
+                        )
+                    } else {
+                        (
+                            "text/plain; charset=utf-8",
+                            AdminBody::full(clusters::text(&snapshot, name)),
+                        )
+                    }
+                }
                 "history" => match TickPage::parse(query) {
                     Ok(page) => (
                         "application/json",
@@ -309,6 +376,37 @@ impl AdminBuilder {
         self
     }
 
+    /// The cluster's name in Envoy's `/clusters`: the upstream the layer balances, as Envoy's
+    /// `cluster_name` (default `default`, the service name the Prometheus metrics give a layer
+    /// registered alone). The monitor has no name of its own to take it from.
+    ///
+    /// ```
+    /// use tower::ServiceExt;
+    /// use tower_outlier::admin::Admin;
+    /// use tower_outlier::{DetectorConfig, DetectorPolicy, OutlierDetectionLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::envoy().build()?));
+    /// let admin = Admin::builder(&layer.monitor()).cluster_name("orders").build();
+    /// let request = http::Request::get("/clusters?format=json").body(())?;
+    /// let response = admin.oneshot(request).await?;
+    /// assert_eq!(response.headers()["content-type"], "application/json");
+    /// # use http_body_util::BodyExt;
+    /// let body = response.into_body().collect().await?.to_bytes();
+    /// let clusters: serde_json::Value = serde_json::from_slice(&body)?;
+    /// // No endpoint discovered yet: the cluster, with no host.
+    /// assert_eq!(
+    ///     clusters,
+    ///     serde_json::json!({ "cluster_statuses": [{ "name": "orders", "host_statuses": [] }] })
+    /// );
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster_name(mut self, name: impl Into<String>) -> Self {
+        self.cluster_name = name.into();
+        self
+    }
+
     /// Serves `registry` (for example the one [`OutlierMetrics`](crate::metrics::OutlierMetrics)
     /// registers in) at `metrics`.
     #[cfg(feature = "prometheus")]
@@ -344,6 +442,7 @@ impl AdminBuilder {
                 sampling: AtomicBool::new(false),
                 every: self.every,
                 refresh: self.refresh,
+                cluster_name: self.cluster_name,
                 #[cfg(feature = "prometheus")]
                 metrics: self.metrics,
             }),
