@@ -212,3 +212,166 @@ async fn a_service_refusing_a_held_out_host_says_so_again_at_the_hosts_next_outa
         "the second outage is reported too"
     );
 }
+
+/// The HSF document two services read: `ipDimension` on (or off), a minimum of 10 calls.
+fn hsf_layer(ip_dimension: bool, service: &str) -> OutlierDetectionLayer {
+    let document = format!(
+        r#"{{ "DEFAULT": {{ "qosEnabled": true, "requestThreshold": 10, "errorRateThreshold": 0.5,
+              "maxIsolationRate": 0.4, "isolationTime": 30000, "ipDimension": {ip_dimension} }} }}"#
+    );
+    let hsf = tower_outlier::error_rate::HsfQosConfig::from_json(&document).unwrap();
+    OutlierDetectionLayer::new(ErrorRatePolicy::new(hsf.service(service).unwrap()))
+}
+
+/// HSF's `ipDimension: true` in both services' document: a host failing 6 calls in one service
+/// and 4 in the other — fewer than the minimum of 10 in either, 10 on the host — is judged once,
+/// on the host's 10 calls, and held out of both; both services' snapshots show the host's one
+/// window. With `ipDimension: false`, the same calls eject nothing (each service saw fewer than
+/// 10).
+#[tokio::test(start_paused = true)]
+async fn with_ip_dimension_a_host_is_judged_on_every_services_calls() {
+    for by_host in [true, false] {
+        let hosts = HostRegistry::new();
+        let orders = hsf_layer(by_host, "orders:1.0.0").share_hosts(hosts.clone(), host_of());
+        let payments = hsf_layer(by_host, "payments:1.0.0").share_hosts(hosts.clone(), host_of());
+        let mut o = Harness::new(&orders, 5);
+        let mut p = Harness::new(&payments, 5);
+        o.calls(2, 6, 0).await;
+        p.calls(2, 4, 0).await;
+        o.sync();
+        p.sync();
+        if by_host {
+            assert!(!o.is_live(2) && !p.is_live(2), "held out of both");
+            assert_eq!(hosts.ejected_hosts(), vec!["10.0.0.2".to_string()]);
+            for layer in [&orders, &payments] {
+                let snapshot = layer.monitor().snapshot();
+                let window = &snapshot.get("2").unwrap().windows[0];
+                assert_eq!(
+                    (window.counts.calls, window.counts.failures),
+                    (10, 10),
+                    "the host's window, in both"
+                );
+            }
+            // Judged by the error-rate rule on the host's calls in the service that judged
+            // first; the other holds it out for its host or by the same window's verdict.
+            let reason = orders
+                .monitor()
+                .snapshot()
+                .get("2")
+                .unwrap()
+                .last_reason
+                .clone()
+                .unwrap();
+            assert_eq!(reason.policy, "error-rate", "{reason:?}");
+            // Other hosts are judged on their own calls, per host too.
+            assert!(o.is_live(1) && p.is_live(1));
+        } else {
+            assert!(
+                o.is_live(2) && p.is_live(2),
+                "each service saw fewer than its 10"
+            );
+            assert!(hosts.ejected_hosts().is_empty());
+        }
+    }
+}
+
+/// The same through two real p2c balancers, serial traffic in turn: host 2 fails every call in
+/// both services. With `ipDimension`, its window is the host's: the two services together reach
+/// the minimum, and it is out of both after fewer failed calls in each than the minimum alone
+/// would take (10 per service without it).
+#[tokio::test(start_paused = true)]
+async fn with_ip_dimension_two_balancers_eject_a_failing_host_together() {
+    use tower::{Service, ServiceExt};
+
+    async fn failed_before_out(by_host: bool) -> (usize, usize) {
+        let hosts = HostRegistry::new();
+        let orders = hsf_layer(by_host, "orders:1.0.0").share_hosts(hosts.clone(), host_of());
+        let payments = hsf_layer(by_host, "payments:1.0.0").share_hosts(hosts.clone(), host_of());
+        let o_backends: Vec<support::Backend> = (0..5).map(support::Backend::new).collect();
+        let p_backends: Vec<support::Backend> = (0..5).map(support::Backend::new).collect();
+        o_backends[2].set_failing(true);
+        p_backends[2].set_failing(true);
+        let announce = |backends: &[support::Backend]| {
+            support::announce(
+                &backends
+                    .iter()
+                    .map(|b| (b.id, b.clone()))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let mut o = tower::balance::p2c::Balance::from_rng(
+            tower::Layer::layer(&orders, announce(&o_backends)),
+            support::SeededRng(3),
+        );
+        let mut p = tower::balance::p2c::Balance::from_rng(
+            tower::Layer::layer(&payments, announce(&p_backends)),
+            support::SeededRng(5),
+        );
+        for _ in 0..2_000 {
+            let _ = o.ready().await.unwrap().call(()).await;
+            let _ = p.ready().await.unwrap().call(()).await;
+            tokio::time::advance(Duration::from_millis(5)).await;
+            if hosts.ejected_hosts() == vec!["10.0.0.2".to_string()]
+                && status(&orders, 2) == EndpointStatus::Ejected
+                && status(&payments, 2) == EndpointStatus::Ejected
+            {
+                break;
+            }
+        }
+        assert_eq!(
+            status(&orders, 2),
+            EndpointStatus::Ejected,
+            "by_host {by_host}"
+        );
+        assert_eq!(
+            status(&payments, 2),
+            EndpointStatus::Ejected,
+            "by_host {by_host}"
+        );
+        (o_backends[2].calls(), p_backends[2].calls())
+    }
+    let (o, p) = failed_before_out(true).await;
+    assert!(o + p <= 12 && o < 10 && p < 10, "by host: {o} + {p}");
+    let (o, p) = failed_before_out(false).await;
+    // Without it, each service needs its own minimum (or follows the other's host ejection).
+    assert!(o.max(p) >= 10, "per endpoint: {o} + {p}");
+}
+
+/// `ipDimension` turned on at runtime (a new HSF document in both services): the endpoints
+/// already there move to their hosts' windows, carrying their history (the first endpoint of a
+/// host to move brings its own), and a host failing in both services is then judged on both
+/// services' calls; turned off again, each endpoint is judged on its own calls.
+#[tokio::test(start_paused = true)]
+async fn ip_dimension_follows_new_rules() {
+    let hosts = HostRegistry::new();
+    let orders = hsf_layer(false, "orders:1.0.0").share_hosts(hosts.clone(), host_of());
+    let payments = hsf_layer(false, "payments:1.0.0").share_hosts(hosts.clone(), host_of());
+    let mut o = Harness::new(&orders, 5);
+    let mut p = Harness::new(&payments, 5);
+    // Orders saw 6 failures of host 2 before the change: they stay in its window.
+    o.calls(2, 6, 0).await;
+    let policy = |on: bool| {
+        let layer_rules = hsf_layer(on, "any:1.0.0");
+        layer_rules.rules().policies()[0].clone()
+    };
+    orders.rules().replace_arc(0, policy(true)).unwrap();
+    payments.rules().replace_arc(0, policy(true)).unwrap();
+    o.sync();
+    p.sync();
+    // The host's window is orders' 6 (carried over): 4 more from payments reach the minimum.
+    p.calls(2, 4, 0).await;
+    o.sync();
+    p.sync();
+    assert!(!o.is_live(2) && !p.is_live(2), "held out of both");
+
+    // Off again: each endpoint on its own calls (host 3: 6 failures in each, 10 needed).
+    orders.rules().replace_arc(0, policy(false)).unwrap();
+    payments.rules().replace_arc(0, policy(false)).unwrap();
+    o.sync();
+    p.sync();
+    o.calls(3, 6, 0).await;
+    p.calls(3, 6, 0).await;
+    o.sync();
+    p.sync();
+    assert!(o.is_live(3) && p.is_live(3), "judged per endpoint again");
+}

@@ -76,6 +76,14 @@ pub trait OutlierPolicy: fmt::Debug + Send + Sync + 'static {
     fn fleet(&self) -> Option<&dyn FleetPolicy<State = Self::Endpoint>> {
         None
     }
+
+    /// Whether an endpoint is judged on every call to its host, across the layers that share
+    /// hosts (HSF's `ipDimension`): a layer that shares hosts then keeps one state of this
+    /// policy per host, which its endpoints on that host and those of the other sharing layers
+    /// record into and are judged by. Default: each endpoint on its own calls.
+    fn judges_by_host(&self) -> bool {
+        false
+    }
 }
 
 /// A policy's state for one endpoint.

@@ -117,6 +117,13 @@ impl EndpointRecord {
                 None => policy.new_endpoint(),
             })
             .collect();
+        self.successor_with(states)
+    }
+
+    /// The record of the same endpoint with `states` (one per policy, made by the caller), the
+    /// latency estimate, the weight and the last outcome carried over, as
+    /// [`successor`](Self::successor) does. Cold path.
+    pub fn successor_with(&self, states: Box<[Box<dyn EndpointPolicy>]>) -> EndpointRecord {
         let next = EndpointRecord::new(self.clock.clone(), states, self.notifier.clone());
         if let Some(slot) = self.signal_slot.get() {
             next.set_signal_slot(slot.clone());

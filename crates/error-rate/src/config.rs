@@ -30,6 +30,7 @@ pub struct ErrorRateConfig {
     pub(crate) threshold: f64,
     pub(crate) budget: EjectionBudget,
     pub(crate) recovery: RecoverySchedule,
+    pub(crate) ip_dimension: bool,
 }
 
 impl ErrorRateConfig {
@@ -94,6 +95,12 @@ impl ErrorRateConfig {
         self.threshold
     }
 
+    /// HSF's `ipDimension`: whether endpoints are judged by host
+    /// ([`ErrorRateBuilder::ip_dimension`]).
+    pub fn ip_dimension(&self) -> bool {
+        self.ip_dimension
+    }
+
     /// The ejection budget.
     pub fn budget(&self) -> EjectionBudget {
         self.budget
@@ -117,6 +124,7 @@ pub struct ErrorRateBuilder {
     pub(crate) budget_floor: BudgetFloor,
     pub(crate) recovery_unit: Duration,
     pub(crate) max_recovery_multiple: u32,
+    pub(crate) ip_dimension: bool,
 }
 
 impl Default for ErrorRateBuilder {
@@ -131,6 +139,7 @@ impl Default for ErrorRateBuilder {
             budget_floor: BudgetFloor::One,
             recovery_unit: Duration::from_secs(60),
             max_recovery_multiple: 60,
+            ip_dimension: false,
         }
     }
 }
@@ -200,6 +209,14 @@ impl ErrorRateBuilder {
         self
     }
 
+    /// HSF's `ipDimension`: judge each endpoint on every call to its host, across the services
+    /// whose layers share hosts (`tower_outlier::OutlierDetectionLayer::share_hosts`), instead of
+    /// on its own calls. Without shared hosts it changes nothing. Default: off.
+    pub fn ip_dimension(mut self, by_host: bool) -> Self {
+        self.ip_dimension = by_host;
+        self
+    }
+
     /// The cap of the linear schedule, in units (`maxIsolationTimeMultiple`). At least 1.
     pub fn max_recovery_multiple(mut self, multiple: u32) -> Self {
         self.max_recovery_multiple = multiple;
@@ -219,6 +236,7 @@ impl ErrorRateBuilder {
             threshold: check_ratio("error_rate_threshold", self.threshold)?,
             budget: EjectionBudget::new(self.max_ejection_ratio, self.budget_floor)?,
             recovery: RecoverySchedule::new(self.recovery_unit, self.max_recovery_multiple)?,
+            ip_dimension: self.ip_dimension,
         })
     }
 }

@@ -49,7 +49,7 @@ const PROPERTY_PREFIX: &str = "hsf.qos.";
 /// | `isolationTime` | `hsf.qos.isolation.time` | [`recovery_unit`](crate::ErrorRateBuilder::recovery_unit) | integer ≥ 1 (ms) | 60 000 ms |
 /// | `maxIsolationTimeMultiple` | `hsf.qos.max.isolation.time.multiple` | [`max_recovery_multiple`](crate::ErrorRateBuilder::max_recovery_multiple) | integer 1 to 2³² − 1 | 60 |
 /// | `bizExceptionPredicateClassName` | `hsf.qos.biz.exception.class.name` | kept, no effect (see below) | non-empty string | — |
-/// | `ipDimension` | — | kept, no effect (see below) | `true` / `false` | — |
+/// | `ipDimension` | — | [`ip_dimension`](crate::ErrorRateBuilder::ip_dimension) (see below) | `true` / `false` | false |
 ///
 /// # Precedence
 ///
@@ -102,14 +102,19 @@ const PROPERTY_PREFIX: &str = "hsf.qos.";
 /// `service:version` format: any key other than `"DEFAULT"` is a service, looked up by exact
 /// string.
 ///
+/// # By host
+///
+/// `ipDimension: true` judges each endpoint on every call to its host (its IP), across the
+/// services whose layers share hosts (`tower_outlier::OutlierDetectionLayer::share_hosts`), as
+/// HSF counts by IP; a layer that shares no hosts judges each endpoint on its own calls as
+/// before.
+///
 /// # Kept but without effect
 ///
-/// * `ipDimension` is accepted and kept ([`HsfQosConfig::ip_dimension`]) but does nothing: this
-///   crate always judges each endpoint (each address) on its own outcomes.
-/// * `bizExceptionPredicateClassName` names a Java class, which Rust cannot load. The name is kept
-///   ([`HsfQosConfig::biz_exception_predicate_class_name`]) so an application can map it to its
-///   own classifier ([`tower_outlier_core::Classify`]); which results count as failures is decided
-///   by the classifier given to the layer, not by this configuration.
+/// `bizExceptionPredicateClassName` names a Java class, which Rust cannot load. The name is kept
+/// ([`HsfQosConfig::biz_exception_predicate_class_name`]) so an application can map it to its
+/// own classifier ([`tower_outlier_core::Classify`]); which results count as failures is decided
+/// by the classifier given to the layer, not by this configuration.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(docsrs, doc(cfg(feature = "hsf")))]
 pub struct HsfQosConfig {
@@ -231,10 +236,9 @@ impl HsfQosConfig {
     /// The `ipDimension` in effect for a service, resolved like the other keys; pass `"DEFAULT"`
     /// (or any service without a block) for the application level.
     ///
-    /// Read for you to act on: with `Some(true)`, build the service's layer with
-    /// `tower_outlier::OutlierDetectionLayer::share_hosts`, and a host ejected in one service is
-    /// ejected in all that share it. The flag does nothing by itself, and reloading a document
-    /// that changes it does not change a running layer's sharing.
+    /// It is in the service's configuration ([`ErrorRateConfig::ip_dimension`]): a layer that
+    /// shares hosts (`tower_outlier::OutlierDetectionLayer::share_hosts`) then judges each
+    /// endpoint on every call to its host, across the services sharing it.
     pub fn ip_dimension(&self, service_and_version: &str) -> Option<bool> {
         self.layers(self.services.get(service_and_version))
             .find_map(|block| block.ip_dimension)
@@ -269,6 +273,9 @@ impl HsfQosConfig {
         }
         if let Some(seconds) = layers().find_map(|b| b.time_window_in_seconds) {
             builder = builder.window(Duration::from_secs(seconds));
+        }
+        if let Some(by_host) = layers().find_map(|b| b.ip_dimension) {
+            builder = builder.ip_dimension(by_host);
         }
         builder.build()
     }

@@ -94,6 +94,10 @@ impl OutlierPolicy for ErrorRatePolicy {
     fn budget(&self) -> Option<EjectionBudget> {
         Some(self.config.budget)
     }
+
+    fn judges_by_host(&self) -> bool {
+        self.config.ip_dimension
+    }
 }
 
 /// One endpoint's error-rate window.

@@ -287,6 +287,7 @@ impl<C> ConnectionWatch<C> {
     }
 
     /// Has `sink` told of every connection attempt and end from now on.
+    #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
     pub(crate) fn add_sink(&self, sink: Arc<dyn ConnectionSink>) {
         self.state.sinks.lock().push(sink);
     }

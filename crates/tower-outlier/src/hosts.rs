@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use tower_outlier_core::{Lock, Notifier};
+use tower_outlier_core::{EndpointPolicy, Lock, Notifier};
 
 /// The hosts that layers sharing them have ejected. Give one registry to the layer of each
 /// service with [`OutlierDetectionLayer::share_hosts`](crate::OutlierDetectionLayer::share_hosts)
@@ -41,6 +41,20 @@ struct Inner {
     // Read by every sharing adaptor on every poll that woke it: changes only, without the lock.
     version: AtomicU64,
     state: Lock<State>,
+    // HSF's ipDimension: the state of a policy that judges by host, one per host, policy name and
+    // slot, shared by every endpoint on the host in every sharing layer (held by them; here
+    // weakly). Locked only when an endpoint joins or new rules come in.
+    by_host: Lock<ByHostStates>,
+}
+
+/// A host, the rules a state is of (the policy as it prints) and the policy's slot.
+type HostStateKey = (Box<str>, Box<str>, usize);
+
+#[derive(Default)]
+struct ByHostStates {
+    states: HashMap<HostStateKey, Weak<dyn EndpointPolicy>>,
+    // The map's size after its last pruning of states no endpoint holds any more.
+    pruned_at: usize,
 }
 
 #[derive(Default)]
@@ -67,6 +81,31 @@ impl HostRegistry {
         let mut hosts: Vec<String> = self.inner.state.lock().ejected.keys().cloned().collect();
         hosts.sort();
         hosts
+    }
+
+    /// The state of the policy `rules` (as it prints, configuration included; in slot `index`)
+    /// for `host`, shared by the endpoints on it in every layer sharing this registry under the
+    /// same rules: the one they hold, or `make()`'s, kept from now.
+    pub(crate) fn host_state(
+        &self,
+        host: &str,
+        rules: &str,
+        index: usize,
+        make: impl FnOnce() -> Box<dyn EndpointPolicy>,
+    ) -> Arc<dyn EndpointPolicy> {
+        let mut by_host = self.inner.by_host.lock();
+        let key = (Box::from(host), Box::from(rules), index);
+        if let Some(state) = by_host.states.get(&key).and_then(Weak::upgrade) {
+            return state;
+        }
+        let state: Arc<dyn EndpointPolicy> = Arc::from(make());
+        by_host.states.insert(key, Arc::downgrade(&state));
+        // Hosts come and go: forget those no endpoint holds, once the map has doubled.
+        if by_host.states.len() >= 2 * by_host.pruned_at.max(16) {
+            by_host.states.retain(|_, state| state.strong_count() > 0);
+            by_host.pruned_at = by_host.states.len();
+        }
+        state
     }
 
     pub(crate) fn version(&self) -> u64 {
@@ -221,5 +260,64 @@ impl Default for HostOf {
 impl fmt::Debug for HostOf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("HostOf")
+    }
+}
+
+/// An endpoint's state of a policy that judges by host: the host's, shared with every endpoint
+/// on it in every layer sharing hosts (HSF's `ipDimension`).
+#[derive(Debug)]
+pub(crate) struct ByHost(pub(crate) Arc<dyn EndpointPolicy>);
+
+impl EndpointPolicy for ByHost {
+    #[inline]
+    fn record(
+        &self,
+        observation: &tower_outlier_core::Observation,
+        now: tower_outlier_core::Nanos,
+    ) -> tower_outlier_core::Signal {
+        self.0.record(observation, now)
+    }
+
+    fn judge(&self, now: tower_outlier_core::Nanos) -> tower_outlier_core::Judgement {
+        self.0.judge(now)
+    }
+
+    fn describe(&self, now: tower_outlier_core::Nanos) -> tower_outlier_core::Description {
+        self.0.describe(now)
+    }
+
+    fn reset(&self) {
+        self.0.reset()
+    }
+
+    fn calls_needed(&self) -> Option<&dyn tower_outlier_core::CallsNeeded> {
+        self.0.calls_needed()
+    }
+
+    fn own_timing(&self) -> Option<&dyn tower_outlier_core::OwnTiming> {
+        self.0.own_timing()
+    }
+
+    fn shared_window(&self) -> Option<Arc<tower_outlier_core::SharedWindow>> {
+        self.0.shared_window()
+    }
+
+    fn gate(&self) -> Option<&dyn tower_outlier_core::ProbeGate> {
+        self.0.gate()
+    }
+
+    fn hears(&self) -> bool {
+        self.0.hears()
+    }
+
+    fn hear(&self, signal: &tower_outlier_core::ServerSignal<'_>, now: tower_outlier_core::Nanos) {
+        self.0.hear(signal, now)
+    }
+
+    fn members(
+        &self,
+        now: tower_outlier_core::Nanos,
+    ) -> Vec<(&'static str, tower_outlier_core::Description)> {
+        self.0.members(now)
     }
 }

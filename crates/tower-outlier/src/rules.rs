@@ -372,6 +372,15 @@
 //! endpoint has no recovery check of its own. A layer that does not share is unaffected, and an
 //! adaptor that is dropped releases what it held out.
 //!
+//! A policy that judges by host ([`OutlierPolicy::judges_by_host`](crate::policy::OutlierPolicy::judges_by_host):
+//! error-rate ejection with HSF's `ipDimension: true`) keeps, in layers that share hosts, one
+//! state per host instead of one per endpoint: every endpoint on the host, in every sharing
+//! layer running the same rules (the policy as it prints, configuration included), records into
+//! it and is judged by it, so a host is judged once, on all its calls. New rules move each
+//! endpoint to the host state of the new rules (the first endpoint of a host to move brings its
+//! history); layers under different rules keep different windows. A re-admission resets the
+//! host's window for every endpoint on it.
+//!
 //! # 14. Operators above the rules
 //!
 //! Through the [`RulesHandle`](crate::RulesHandle), applied by every adaptor on its next poll:

@@ -94,6 +94,9 @@ pub trait DynOutlierPolicy: fmt::Debug + Send + Sync + Any + sealed::Sealed {
     /// layer: each endpoint holds one state per policy). Whether it evaluated: `false`, doing
     /// nothing, for a policy without the capability now.
     fn evaluate_fleet(&self, fleet: &[FleetMember<'_, dyn EndpointPolicy>], now: Nanos) -> bool;
+
+    /// [`OutlierPolicy::judges_by_host`].
+    fn judges_by_host(&self) -> bool;
 }
 
 impl dyn DynOutlierPolicy {
@@ -170,6 +173,10 @@ impl<P: OutlierPolicy> DynOutlierPolicy for Held<P> {
 
     fn when_all_out(&self) -> Option<WhenAllOut> {
         self.0.when_all_out()
+    }
+
+    fn judges_by_host(&self) -> bool {
+        self.0.judges_by_host()
     }
 
     fn fleet_interval(&self) -> Option<Duration> {

@@ -2,16 +2,59 @@
 //! what another adaptor sharing them ejects, this one ejects too, within its own rules.
 
 use tokio::time::Instant;
-use tower_outlier_core::{Comparison, Reason, WindowCounts};
+use tower_outlier_core::{Comparison, EndpointPolicy, Reason, WindowCounts};
 
 use super::{later, DiscoverKey, Ejector, Engine};
 use crate::event::Readmission;
+use crate::hosts::ByHost;
 
 impl<K, S> Engine<K, S>
 where
     K: DiscoverKey,
     S: Clone,
 {
+    /// One state per policy for an endpoint on `host` (if this layer shares hosts and knows it),
+    /// carried over from `previous` (new rules) where the policy can: a policy that judges by
+    /// host (HSF's `ipDimension`) gets the host's state, shared with every endpoint on it in
+    /// every layer sharing hosts under the same rules (the policy as it prints, configuration
+    /// included); the others, the endpoint's own.
+    pub(super) fn endpoint_states(
+        &self,
+        host: Option<&str>,
+        previous: Option<&tower_outlier_core::EndpointRecord>,
+    ) -> Box<[Box<dyn EndpointPolicy>]> {
+        let now = self.settings.clock.now();
+        self.settings
+            .policies
+            .iter()
+            .enumerate()
+            .map(|(index, policy)| {
+                let before = previous.and_then(|r| r.policies().get(index));
+                let make = || -> Box<dyn EndpointPolicy> {
+                    match before {
+                        // A host's state is carried over from what it wraps.
+                        Some(state) => {
+                            match (&**state as &dyn std::any::Any).downcast_ref::<ByHost>() {
+                                Some(ByHost(inner)) => policy.new_endpoint_from(&**inner, now),
+                                None => policy.new_endpoint_from(&**state, now),
+                            }
+                        }
+                        None => policy.new_endpoint(),
+                    }
+                };
+                match (host, &self.sharing) {
+                    (Some(host), Some(sharing)) if policy.judges_by_host() => {
+                        let rules = format!("{policy:?}");
+                        Box::new(ByHost(
+                            sharing.registry.host_state(host, &rules, index, make),
+                        ))
+                    }
+                    _ => make(),
+                }
+            })
+            .collect()
+    }
+
     /// Whether another adaptor sharing the host of endpoint `id` holds it out.
     pub(super) fn host_out_elsewhere(&self, id: u64) -> bool {
         self.sharing.as_ref().is_some_and(|sharing| {

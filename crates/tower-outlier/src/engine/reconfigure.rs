@@ -55,10 +55,18 @@ where
         // would miss it.
         let mut replaced = Vec::with_capacity(self.entries.len());
         for key in self.keys_where(|_| true) {
+            let Some(entry) = self.entries.get(&key) else {
+                continue;
+            };
+            let host = self
+                .sharing
+                .as_ref()
+                .and_then(|s| s.hosts.get(&entry.id).cloned());
+            let states = self.endpoint_states(host.as_deref(), Some(entry.record()));
             let Some(entry) = self.entries.get_mut(&key) else {
                 continue;
             };
-            let record = entry.record().successor(&policies);
+            let record = entry.record().successor_with(states);
             let shared = Shared::new(record);
             let weak: std::sync::Weak<dyn HasRecord> =
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));

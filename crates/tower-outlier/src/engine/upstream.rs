@@ -26,12 +26,10 @@ where
             tracing::debug!(target: "tower_outlier", endpoint = ?key, "upstream replaced the service");
             return;
         }
+        let host = self.sharing.as_ref().and_then(|s| s.host_of.host(&key));
+        let states = self.endpoint_states(host.as_deref(), None);
         let settings = &self.settings;
-        let record = EndpointRecord::new(
-            settings.clock.clone(),
-            settings.policies.iter().map(|p| p.new_endpoint()).collect(),
-            self.notifier.clone(),
-        );
+        let record = EndpointRecord::new(settings.clock.clone(), states, self.notifier.clone());
         if !settings.degraded_hold.is_zero() {
             record.watch_degraded(settings.degraded_hold);
         }
@@ -43,10 +41,8 @@ where
         let id = self.registry.insert(self.roster, Tracked::new(typed, weak));
         let (slot, signal) = self.signals.assign(id, &key);
         shared.record.set_signal_slot(signal);
-        if let Some(sharing) = &mut self.sharing {
-            if let Some(host) = sharing.host_of.host(&key) {
-                sharing.hosts.insert(id, host.into_boxed_str());
-            }
+        if let (Some(sharing), Some(host)) = (&mut self.sharing, host) {
+            sharing.hosts.insert(id, host.into_boxed_str());
         }
         self.seed_rtt(&shared.record);
         // Joining a fleet that serves already: ramped up (the first endpoints do not ramp).
