@@ -265,3 +265,34 @@ async fn a_partial_envoy_document_warns_of_each_field_it_resets() {
          its own kind only"
     );
 }
+
+/// A gRPC `outlier_detection_experimental` config that leaves out a field, or an algorithm the
+/// running config has, warns of each: gRPC replaces the whole config, so `{"interval": "5s"}`
+/// over the gRPC preset turns its success-rate detector off.
+#[tokio::test]
+async fn a_partial_grpc_config_warns_of_each_field_it_resets() {
+    use tower_outlier::dialect::Grpc;
+    use tower_outlier::{DetectorConfig, DetectorPolicy};
+
+    let (captured, _guard) = Captured::install();
+    let layer =
+        OutlierDetectionLayer::new(DetectorPolicy::new(DetectorConfig::grpc().build().unwrap()));
+    let rules = layer.rules();
+    rules
+        .apply(&Grpc, r#"{"interval": "5s", "successRateEjection": {}}"#)
+        .unwrap();
+    assert!(!captured.text().contains("WARN"), "{}", captured.text());
+    rules.apply(&Grpc, r#"{"interval": "5s"}"#).unwrap();
+    let log = captured.text();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("WARN"))
+        .unwrap_or_else(|| panic!("no warning: {log}"));
+    assert!(
+        warning.contains(
+            "`successRateEjection` is not in the config: its detector is off, where it runs now"
+        ),
+        "{warning}"
+    );
+    assert_eq!(log.matches("WARN").count(), 1, "{log}");
+}

@@ -87,9 +87,10 @@ impl Dialect for Grpc {
         &self,
         text: &str,
         current: &DetectorPolicy,
-        _notes: &mut Vec<String>,
+        notes: &mut Vec<String>,
     ) -> Result<DetectorPolicy, BoxError> {
-        let config = GrpcOutlierDetection::from_json(text)?.into_config();
-        Ok(current.with_config(config))
+        let document = GrpcOutlierDetection::from_json(text)?;
+        notes.extend(document.left_to_default(current.config()));
+        Ok(current.with_config(document.into_config()))
     }
 }

@@ -95,9 +95,84 @@ pub struct GrpcOutlierDetection {
     builder: DetectorBuilder,
     config: DetectorConfig,
     ignored_fields: Vec<String>,
+    // The config's top-level fields given (not left out).
+    given: Vec<&'static str>,
 }
 
 impl GrpcOutlierDetection {
+    /// The fields this config leaves out whose value differs from `running`'s, each as a
+    /// sentence naming the field and both values: gRPC replaces the whole
+    /// `outlier_detection_experimental` config with each update, so a field left out takes its
+    /// default, and an algorithm left out (`successRateEjection`, `failurePercentageEjection`)
+    /// is off. A layer logs these as warnings when it applies the config.
+    ///
+    /// ```
+    /// use tower_outlier_detectors::{DetectorConfig, GrpcOutlierDetection};
+    ///
+    /// let running = DetectorConfig::grpc().max_ejection_percent(50).build()?;
+    /// let next = GrpcOutlierDetection::from_json(r#"{"interval": "5s"}"#)?;
+    /// assert_eq!(
+    ///     next.left_to_default(&running),
+    ///     [
+    ///         "`maxEjectionPercent` is not in the config: gRPC's default 10 replaces the running \
+    ///          50 (a config replaces the whole outlier_detection_experimental, as in gRPC: give \
+    ///          every field to keep)",
+    ///         "`successRateEjection` is not in the config: its detector is off, where it runs \
+    ///          now (a config replaces the whole outlier_detection_experimental, as in gRPC: give \
+    ///          every field to keep)",
+    ///     ],
+    /// );
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn left_to_default(&self, running: &DetectorConfig) -> Vec<String> {
+        let fields: [(&str, fn(&DetectorConfig) -> String); 6] = [
+            ("interval", |c| format!("{}s", c.interval().as_secs_f64())),
+            ("baseEjectionTime", |c| {
+                format!("{}s", c.base_ejection_time().as_secs_f64())
+            }),
+            ("maxEjectionTime", |c| {
+                format!("{}s", c.max_ejection_time().as_secs_f64())
+            }),
+            ("maxEjectionPercent", |c| {
+                c.max_ejection_percent().to_string()
+            }),
+            ("successRateEjection", |c| {
+                if c.success_rate().is_some() {
+                    "on"
+                } else {
+                    "off"
+                }
+                .to_owned()
+            }),
+            ("failurePercentageEjection", |c| {
+                if c.failure_percentage().is_some() {
+                    "on"
+                } else {
+                    "off"
+                }
+                .to_owned()
+            }),
+        ];
+        fields
+            .iter()
+            .filter(|(name, _)| !self.given.contains(name))
+            .filter_map(|(name, shown)| {
+                let (now, next) = (shown(running), shown(&self.config));
+                (now != next).then(|| {
+                    let what = if name.ends_with("Ejection") {
+                        "its detector is off, where it runs now".to_owned()
+                    } else {
+                        format!("gRPC's default {next} replaces the running {now}")
+                    };
+                    format!(
+                        "`{name}` is not in the config: {what} (a config replaces the whole \
+                         outlier_detection_experimental, as in gRPC: give every field to keep)"
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// Reads an `outlier_detection_experimental` config, a `loadBalancingConfig` entry holding
     /// one, or a service config, and validates it.
     ///

@@ -78,16 +78,24 @@ pub(super) fn read(text: &str) -> Result<GrpcOutlierDetection, Problem> {
     let top = json_reader::object(&document, &[], TOP_ALLOWED)?;
     let (value, prefix) = locate(&document, top)?;
     let config = json_reader::object(value, &prefix, CONFIG_ALLOWED)?;
+    let config_fields = config;
     let mut ignored_fields = Vec::new();
     let builder = read_config(config, &prefix, &mut ignored_fields)?;
     let config = builder
         .clone()
         .build()
         .map_err(|error| renamed(error, &prefix))?;
+    // The top-level fields given, for the notes on what a config leaves to its defaults.
+    let given = CONFIG_FIELDS
+        .iter()
+        .copied()
+        .filter(|field| config_fields.get(*field).is_some_and(|v| !v.is_null()))
+        .collect();
     Ok(GrpcOutlierDetection {
         builder,
         config,
         ignored_fields,
+        given,
     })
 }
 
