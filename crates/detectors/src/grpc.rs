@@ -125,7 +125,8 @@ impl GrpcOutlierDetection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn left_to_default(&self, running: &DetectorConfig) -> Vec<String> {
-        let fields: [(&str, fn(&DetectorConfig) -> String); 6] = [
+        type Shown = fn(&DetectorConfig) -> String;
+        let fields: [(&str, Shown); 6] = [
             ("interval", |c| format!("{}s", c.interval().as_secs_f64())),
             ("baseEjectionTime", |c| {
                 format!("{}s", c.base_ejection_time().as_secs_f64())
