@@ -114,18 +114,29 @@ struct State {
 }
 
 /// What counts a watch's connections besides its own counters (a Prometheus registry).
+// Only the Prometheus module joins sinks (and compares them).
+#[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
 pub(crate) trait ConnectionSink: Send + Sync {
     /// An attempt to connect ended.
     fn attempted(&self, connected: bool);
     /// A connection ended, for `reason` (`None`: no longer watched, no disconnection).
     fn ended(&self, reason: Option<&'static str>);
+    /// Joined with `open` connections open already (they will end through it).
+    fn joined(&self, open: u64);
+    /// Whether it counts in the same series as `other` (the same registry and name): a watch
+    /// counts in each series once.
+    fn same_as(&self, other: &dyn ConnectionSink) -> bool;
+    /// For [`same_as`](Self::same_as).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Why a connection ended, in gRFC A94's words (its `grpc.disconnect_error` label), by what the
 /// socket said: the client let it go with no error seen (`subchannel shutdown`), a read or
 /// write failed (`connection reset`, `connection timed out`, `connection aborted`, or `socket
 /// error` for any other error), or its server closed it without an error (`unknown`: at the
-/// socket there is no HTTP/2 GOAWAY code to name).
+/// socket there is no HTTP/2 GOAWAY code to name). Through hyper's IO (feature `hyper-io`: a
+/// hyper-util client's or tonic's connections) an end of stream cannot be seen, so every end
+/// without an error is `unknown`, the client's own shutdown included.
 pub const DISCONNECT_REASONS: [&str; 6] = [
     "subchannel shutdown",
     "connection reset",
@@ -209,24 +220,29 @@ impl State {
 
     /// An attempt to connect to `target` ended: `connected` or not.
     fn attempted(&self, target: &Uri, connected: bool) {
+        // Counted and told under the sinks' lock, so that a sink joining sees each connection
+        // either open already or opening through it, never both or neither.
+        let sinks = self.sinks.lock();
         if connected {
             self.attempts_succeeded.fetch_add(1, Ordering::Relaxed);
             self.open.fetch_add(1, Ordering::Relaxed);
         } else {
             self.attempts_failed.fetch_add(1, Ordering::Relaxed);
         }
+        for sink in sinks.iter() {
+            sink.attempted(connected);
+        }
+        drop(sinks);
         #[cfg(feature = "standard-metrics")]
         crate::standard_metrics::connection_attempted(self.target(target), connected);
         #[cfg(not(feature = "standard-metrics"))]
         let _ = self.target(target);
-        for sink in self.sinks.lock().iter() {
-            sink.attempted(connected);
-        }
     }
 
     /// A connection it handed out ended, for the reason at `reason` in [`DISCONNECT_REASONS`];
     /// `None`: it is no longer watched ([`WatchedIo::into_inner`]), and no disconnection.
     fn ended(&self, reason: Option<u8>) {
+        let sinks = self.sinks.lock();
         let _ = self
             .open
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
@@ -234,12 +250,13 @@ impl State {
             self.ended[usize::from(reason)].fetch_add(1, Ordering::Relaxed);
         }
         let reason = reason.map(|r| DISCONNECT_REASONS[usize::from(r)]);
+        for sink in sinks.iter() {
+            sink.ended(reason);
+        }
+        drop(sinks);
         #[cfg(feature = "standard-metrics")]
         if let Some(target) = self.target.get() {
             crate::standard_metrics::connection_ended(target, reason);
-        }
-        for sink in self.sinks.lock().iter() {
-            sink.ended(reason);
         }
     }
 }
@@ -289,7 +306,14 @@ impl<C> ConnectionWatch<C> {
     /// Has `sink` told of every connection attempt and end from now on.
     #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
     pub(crate) fn add_sink(&self, sink: Arc<dyn ConnectionSink>) {
-        self.state.sinks.lock().push(sink);
+        let mut sinks = self.state.sinks.lock();
+        // Watched twice into the same series, it would count every event twice.
+        if sinks.iter().any(|known| known.same_as(&*sink)) {
+            return;
+        }
+        // The connections open already end through it: counted open in it from now.
+        sink.joined(self.state.open.load(Ordering::Relaxed));
+        sinks.push(sink);
     }
 
     /// What its connections did since it was made: attempts that connected and failed,
@@ -367,6 +391,7 @@ where
             inner: self.connector.call(target.clone()),
             state: self.state.clone(),
             target,
+            done: false,
         }
     }
 }
@@ -379,6 +404,18 @@ pin_project! {
         inner: F,
         state: Arc<State>,
         target: Uri,
+        // Whether the attempt ended (and was counted); one dropped before is a failed attempt.
+        done: bool,
+    }
+
+    impl<F> PinnedDrop for Connecting<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if !*this.done {
+                // Abandoned (a caller's timeout, a check's): no connection came of it.
+                this.state.attempted(this.target, false);
+            }
+        }
     }
 }
 
@@ -391,6 +428,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let outcome = std::task::ready!(this.inner.poll(cx));
+        *this.done = true;
         Poll::Ready(match outcome {
             Ok(io) => {
                 this.state.connected();
@@ -680,10 +718,9 @@ impl Gate {
                         false
                     }
                     Err(_) => {
-                        // No answer within the attempt's time: as refused as a reset says, and
-                        // a failed attempt (its future was dropped before it could say so).
+                        // No answer within the attempt's time: as refused as a reset says (the
+                        // attempt dropped counts itself failed).
                         state.refused();
-                        state.attempted(&target, false);
                         false
                     }
                 }

@@ -119,6 +119,10 @@ where
     S::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     <S::ResponseBody as http_body::Body>::Error: Into<tower::BoxError> + Send,
 {
+    fn sends_checks(&self) -> bool {
+        true
+    }
+
     fn probe(&mut self, key: &K, service: S) -> Option<ProbeFuture> {
         let request = self.request();
         let check = self.clone();

@@ -280,6 +280,8 @@ impl OutlierMetrics {
             series
         };
         let sink = ConnectionCounts {
+            counters: Arc::as_ptr(&self.counters) as usize,
+            service: service.to_owned(),
             succeeded,
             failed,
             ended,
@@ -332,6 +334,9 @@ struct Counters {
 
 /// One watched endpoint's series: its connection events counted there.
 struct ConnectionCounts {
+    // Which registry's counters and which upstream: a watch counts in each once.
+    counters: usize,
+    service: String,
     succeeded: Counter,
     failed: Counter,
     ended: [Counter; crate::connection::DISCONNECT_REASONS.len()],
@@ -346,6 +351,21 @@ impl crate::connection::ConnectionSink for ConnectionCounts {
         } else {
             self.failed.inc();
         }
+    }
+
+    fn joined(&self, open: u64) {
+        self.open.inc_by(i64::try_from(open).unwrap_or(i64::MAX));
+    }
+
+    fn same_as(&self, other: &dyn crate::connection::ConnectionSink) -> bool {
+        other
+            .as_any()
+            .downcast_ref::<ConnectionCounts>()
+            .is_some_and(|other| other.counters == self.counters && other.service == self.service)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn ended(&self, reason: Option<&'static str>) {

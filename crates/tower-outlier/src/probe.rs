@@ -52,10 +52,12 @@ pub trait Probe<K, S> {
         None
     }
 
-    /// Whether [`probe`](Self::probe) sends checks (the default) rather than trying endpoints
-    /// on real traffic: a [`ProbeCadence`] times only checks that are sent.
+    /// Whether [`probe`](Self::probe) sends checks rather than trying endpoints on real traffic
+    /// (returning `None`): a [`ProbeCadence`] times only checks that are sent. The default says
+    /// no, so a probe of your own keeps its policy's timing unless it says yes, as
+    /// [`request_probe`], [`probe_fn`] and gRPC health checking do.
     fn sends_checks(&self) -> bool {
-        true
+        false
     }
 }
 
@@ -66,10 +68,6 @@ pub struct PassiveTrial;
 impl<K, S> Probe<K, S> for PassiveTrial {
     fn probe(&mut self, _: &K, _: S) -> Option<ProbeFuture> {
         None
-    }
-
-    fn sends_checks(&self) -> bool {
-        false
     }
 }
 
@@ -116,6 +114,10 @@ where
     Req: Send + 'static,
     C: Classify<S::Response, S::Error> + Clone + Send + 'static,
 {
+    fn sends_checks(&self) -> bool {
+        true
+    }
+
     fn probe(&mut self, _: &K, service: S) -> Option<ProbeFuture> {
         let request = (self.make_request)();
         let classifier = self.classifier.clone();
@@ -160,5 +162,9 @@ where
 {
     fn probe(&mut self, key: &K, service: S) -> Option<ProbeFuture> {
         Some((self.0)(key, service))
+    }
+
+    fn sends_checks(&self) -> bool {
+        true
     }
 }

@@ -20,6 +20,8 @@
 //!   it connected to.
 //! * `grpc.disconnect_error` is one of
 //!   [`connection::DISCONNECT_REASONS`](crate::connection::DISCONNECT_REASONS).
+//! * `grpc.subchannel.open_connections` moves by one as each connection opens and ends: install
+//!   the recorder before the first connection (a connection opened before ends as −1).
 //! * `detection_method` is A91's `success_rate` and `failure_percentage` for those detectors, and,
 //!   for what gRPC does not have, the judging measure in the same spelling:
 //!   `consecutive_5xx`, `consecutive_gateway_failure`, `consecutive_local_origin_failure`,

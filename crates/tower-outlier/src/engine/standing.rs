@@ -85,6 +85,7 @@ impl Episode {
             return None;
         }
         self.failed_checks = self.failed_checks.saturating_add(1);
+        self.passed_checks = 0;
         self.trial_breached = true;
         Some(self.failed_checks)
     }
@@ -287,6 +288,8 @@ impl<K: Clone, S> Restanding<'_, K, S> {
                 if let Some(episode) = self.entry.episode.as_deref_mut() {
                     episode.trial_breached = false;
                     episode.trial_calls = 0;
+                    // Passes toward the healthy threshold are in a row: a trial breaks them.
+                    episode.passed_checks = 0;
                     episode.set_stage(
                         Standing::Trial { until },
                         self.key,
