@@ -35,7 +35,8 @@ const DEFAULT_JITTER_PERCENT: u32 = 20;
 /// The jitter is drawn from the layer's own dice, seeded at random unless [`seed`](Self::seed)
 /// fixes it (for repeatable tests and benchmarks).
 ///
-/// ```
+#[cfg_attr(feature = "detectors", doc = "```")]
+#[cfg_attr(not(feature = "detectors"), doc = "```ignore")]
 /// use std::time::Duration;
 /// use tower_outlier::probe::{request_probe, ProbeCadence};
 /// use tower_outlier::{DetectorConfig, DetectorPolicy, NetworkErrors, OutlierDetectionLayer};
