@@ -9,7 +9,9 @@ use std::time::Duration;
 use support::Harness;
 use tower_outlier::hosts::{HostOf, HostRegistry};
 use tower_outlier::policy::{BudgetFloor, EjectionBudget};
-use tower_outlier::{EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer};
+use tower_outlier::{
+    EndpointStatus, ErrorRateConfig, ErrorRatePolicy, OutlierDetectionLayer, WhenAllOut,
+};
 
 /// Endpoint `n` of every service runs on host `n`.
 fn host_of() -> HostOf {
@@ -374,4 +376,115 @@ async fn ip_dimension_follows_new_rules() {
     o.sync();
     p.sync();
     assert!(o.is_live(3) && p.is_live(3), "judged per endpoint again");
+}
+
+/// The HSF document's error-rate rule, `ipDimension` as given.
+fn by_host_policy(ip: bool) -> ErrorRatePolicy {
+    let doc = format!(
+        r#"{{ "DEFAULT": {{ "qosEnabled": true, "requestThreshold": 10, "errorRateThreshold": 0.5,
+              "maxIsolationRate": 0.4, "isolationTime": 30000, "ipDimension": {ip} }} }}"#
+    );
+    let hsf = tower_outlier::error_rate::HsfQosConfig::from_json(&doc).unwrap();
+    ErrorRatePolicy::new(hsf.service("svc:1").unwrap())
+}
+
+fn by_host_snap(layer: &OutlierDetectionLayer, id: usize) -> (EndpointStatus, u64, u64) {
+    let s = layer.monitor().snapshot();
+    let e = s.get(&id.to_string()).unwrap();
+    (
+        e.status,
+        e.windows[0].counts.calls,
+        e.windows[0].counts.failures,
+    )
+}
+
+/// With ipDimension, a host judged on another service's calls alone never takes this service's
+/// last endpoint, even under fail-fast (as following another service's host ejection never
+/// does): a fail-fast service on one host is not emptied by another service's failures.
+#[tokio::test(start_paused = true)]
+async fn a_host_judged_by_another_service_never_empties_a_fail_fast_one() {
+    for by_host in [false, true] {
+        let hosts = HostRegistry::new();
+        let orders = OutlierDetectionLayer::new(by_host_policy(by_host))
+            .share_hosts(hosts.clone(), host_of());
+        let payments = OutlierDetectionLayer::new(by_host_policy(by_host))
+            .budget(EjectionBudget::new(1.0, BudgetFloor::One).unwrap())
+            .when_all_out(WhenAllOut::FailFast)
+            .share_hosts(hosts.clone(), host_of());
+        let mut o = Harness::new(&orders, 5);
+        let mut p = Harness::new(&payments, 0);
+        p.insert(2); // payments runs on host 2 alone and has made no call
+        p.sync();
+        o.calls(2, 10, 0).await;
+        p.sync();
+        eprintln!(
+            "ipDimension {by_host}: payments {:?}, live {:?}",
+            by_host_snap(&payments, 2),
+            p.live_ids()
+        );
+        assert!(
+            p.is_live(2),
+            "ipDimension {by_host}: payments emptied by orders' failures"
+        );
+    }
+}
+
+/// A dry-run layer's shadow re-admission leaves the host window an enforcing layer judges by
+/// as it was: dry run changes nothing for real.
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_readmission_keeps_the_hosts_evidence() {
+    let hosts = HostRegistry::new();
+    let orders =
+        OutlierDetectionLayer::new(by_host_policy(true)).share_hosts(hosts.clone(), host_of());
+    let payments =
+        OutlierDetectionLayer::new(by_host_policy(true)).share_hosts(hosts.clone(), host_of());
+    payments.rules().set_dry_run(true);
+    let mut o = Harness::new(&orders, 5);
+    let mut p = Harness::new(&payments, 5);
+    p.calls(2, 10, 0).await; // payments (dry run) shadow-ejects host 2 at t0
+    o.advance(Duration::from_secs(25)).await; // the 10 s window ages out
+    p.sync();
+    o.calls(2, 9, 0).await; // orders: 9 failures, one short of its minimum
+    o.advance(Duration::from_secs(5)).await; // t0 + 30: payments' shadow check
+    p.sync();
+    eprintln!(
+        "orders' window after payments' shadow re-admission: {:?}",
+        by_host_snap(&orders, 2)
+    );
+    o.calls_while_live(2, 1, 0).await;
+    eprintln!(
+        "after orders' 10th failure in a row: {:?}",
+        by_host_snap(&orders, 2)
+    );
+    assert!(
+        !o.is_live(2),
+        "10 failures of 10 in orders' own calls, still in"
+    );
+}
+
+/// An operator's force-out and release in one service keep the evidence another service's
+/// calls put in the host window.
+#[tokio::test(start_paused = true)]
+async fn an_operators_release_keeps_the_hosts_evidence() {
+    let hosts = HostRegistry::new();
+    let orders =
+        OutlierDetectionLayer::new(by_host_policy(true)).share_hosts(hosts.clone(), host_of());
+    let payments =
+        OutlierDetectionLayer::new(by_host_policy(true)).share_hosts(hosts.clone(), host_of());
+    let mut o = Harness::new(&orders, 5);
+    let mut p = Harness::new(&payments, 5);
+    o.calls(2, 9, 0).await;
+    payments.rules().force_out(&2usize);
+    p.sync();
+    payments.rules().release(&2usize);
+    p.sync();
+    o.calls_while_live(2, 1, 0).await;
+    eprintln!(
+        "orders after its 10th failure: {:?}",
+        by_host_snap(&orders, 2)
+    );
+    assert!(
+        !o.is_live(2),
+        "orders' 9 failures were wiped by payments' operator"
+    );
 }

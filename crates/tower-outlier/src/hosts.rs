@@ -286,9 +286,11 @@ impl EndpointPolicy for ByHost {
         self.0.describe(now)
     }
 
-    fn reset(&self) {
-        self.0.reset()
-    }
+    /// Not cleared: the window is the host's, fed by every service on it, and a re-admission in
+    /// one of them (a trial, an operator's release, dry run's) is no reason to forget what the
+    /// others saw. Its calls age out of the window instead (HSF's window is 10 s, its isolation
+    /// 60 s).
+    fn reset(&self) {}
 
     fn calls_needed(&self) -> Option<&dyn tower_outlier_core::CallsNeeded> {
         self.0.calls_needed()

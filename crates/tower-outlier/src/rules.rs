@@ -378,8 +378,16 @@
 //! layer running the same rules (the policy as it prints, configuration included), records into
 //! it and is judged by it, so a host is judged once, on all its calls. New rules move each
 //! endpoint to the host state of the new rules (the first endpoint of a host to move brings its
-//! history); layers under different rules keep different windows. A re-admission resets the
-//! host's window for every endpoint on it.
+//! history); layers under different rules, or the same rules in another slot, keep different
+//! windows. A re-admission does not clear the host's window (one service's trial, operator
+//! release or dry run is no reason to forget what the others saw): its calls age out of it. A
+//! host judged this way may have been judged on another service's calls alone, so, as when it
+//! follows another service's host ejection, it never takes the layer's last endpoint, whatever
+//! the layer does when all are out. An endpoint is judged when a call of its own is recorded or
+//! the layer reconsiders it: another endpoint on a host whose window crossed the threshold in a
+//! layer that could not eject (its budget, dry run) stays in until then. Inside a
+//! `ComposedPolicy` the member's `ipDimension` is not applied (the composition's state is the
+//! endpoint's).
 //!
 //! # 14. Operators above the rules
 //!

@@ -131,7 +131,15 @@ where
                     refusal: Refusal::ForcedIn,
                 };
             }
-            match self.room_for(self.is_dry(index)) {
+            // A host judged on every service's calls (HSF's ipDimension) may be judged on
+            // another service's alone: as when it follows another service's host ejection, it
+            // never takes this layer's last endpoint, whatever the layer does when all are out.
+            let room = if self.judged_by_host(entry, index) {
+                self.room_for_signal(self.is_dry(index))
+            } else {
+                self.room_for(self.is_dry(index))
+            };
+            match room {
                 Ok(()) => Act::Eject { cause, reason },
                 Err(refusal) => Act::Refuse {
                     cause,

@@ -55,6 +55,15 @@ where
             .collect()
     }
 
+    /// Whether `entry`'s state of the policy at `index` is its host's (HSF's ipDimension).
+    pub(super) fn judged_by_host(&self, entry: &super::Entry<S>, index: usize) -> bool {
+        entry
+            .record()
+            .policies()
+            .get(index)
+            .is_some_and(|state| (&**state as &dyn std::any::Any).is::<ByHost>())
+    }
+
     /// Whether another adaptor sharing the host of endpoint `id` holds it out.
     pub(super) fn host_out_elsewhere(&self, id: u64) -> bool {
         self.sharing.as_ref().is_some_and(|sharing| {
