@@ -68,6 +68,14 @@ use tower::BoxError;
 use tower_outlier_core::{Dice, Lock};
 use tower_service::Service;
 
+mod io;
+mod stats;
+
+use io::Ended;
+pub use io::WatchedIo;
+pub(crate) use stats::ConnectionSink;
+pub use stats::{ConnectionStats, DISCONNECT_REASONS};
+
 /// The first wait after a failed attempt to connect, grown by [`GROWTH`] after each one in a row
 /// up to [`MAX_WAIT`]: a server that restarts is reached again within about 2 s of listening,
 /// and a server that stays down costs one connection attempt (a SYN answered by a reset) every
@@ -113,78 +121,6 @@ struct State {
     sinks: Lock<Vec<Arc<dyn ConnectionSink>>>,
 }
 
-/// What counts a watch's connections besides its own counters (a Prometheus registry).
-// Only the Prometheus module joins sinks (and compares them).
-#[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
-pub(crate) trait ConnectionSink: Send + Sync {
-    /// An attempt to connect ended.
-    fn attempted(&self, connected: bool);
-    /// A connection ended, for `reason` (`None`: no longer watched, no disconnection).
-    fn ended(&self, reason: Option<&'static str>);
-    /// Joined with `open` connections open already (they will end through it).
-    fn joined(&self, open: u64);
-    /// Whether it counts in the same series as `other` (the same registry and name): a watch
-    /// counts in each series once.
-    fn same_as(&self, other: &dyn ConnectionSink) -> bool;
-    /// For [`same_as`](Self::same_as).
-    fn as_any(&self) -> &dyn std::any::Any;
-}
-
-/// Why a connection ended, in gRFC A94's words (its `grpc.disconnect_error` label), by what the
-/// socket said: the client let it go with no error seen (`subchannel shutdown`), a read or
-/// write failed (`connection reset`, `connection timed out`, `connection aborted`, or `socket
-/// error` for any other error), or its server closed it without an error (`unknown`: at the
-/// socket there is no HTTP/2 GOAWAY code to name). Through hyper's IO (feature `hyper-io`: a
-/// hyper-util client's or tonic's connections) an end of stream cannot be seen, so every end
-/// without an error is `unknown`, the client's own shutdown included.
-pub const DISCONNECT_REASONS: [&str; 6] = [
-    "subchannel shutdown",
-    "connection reset",
-    "connection timed out",
-    "connection aborted",
-    "socket error",
-    "unknown",
-];
-
-/// The index in [`DISCONNECT_REASONS`] of a read or write error.
-fn reason_of(error: &std::io::Error) -> u8 {
-    match error.kind() {
-        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe => 1,
-        std::io::ErrorKind::TimedOut => 2,
-        std::io::ErrorKind::ConnectionAborted => 3,
-        _ => 4,
-    }
-}
-
-/// A connection's end seen as an end of stream (its server closed it).
-const CLOSED_BY_PEER: u8 = 5;
-
-/// What the connections of one [`ConnectionWatch`] did since it was made: gRFC A94's subchannel
-/// metrics, from [`ConnectionWatch::stats`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConnectionStats {
-    /// Attempts to connect that succeeded (`grpc.subchannel.connection_attempts_succeeded`).
-    pub attempts_succeeded: u64,
-    /// Attempts to connect that failed or timed out (`grpc.subchannel.connection_attempts_failed`).
-    pub attempts_failed: u64,
-    /// Connections open now (`grpc.subchannel.open_connections`).
-    pub open_connections: u64,
-    /// Connections that ended, by reason (`grpc.subchannel.disconnections` by
-    /// `grpc.disconnect_error`), in the order of [`DISCONNECT_REASONS`].
-    pub disconnections: [u64; DISCONNECT_REASONS.len()],
-}
-
-impl ConnectionStats {
-    /// The connections that ended for `reason` (one of [`DISCONNECT_REASONS`]).
-    pub fn disconnections_for(&self, reason: &str) -> u64 {
-        DISCONNECT_REASONS
-            .iter()
-            .position(|r| *r == reason)
-            .map_or(0, |i| self.disconnections[i])
-    }
-}
-
 /// The last attempt to connect failed.
 const REFUSED: u8 = 1;
 /// A connection the watch handed out has ended (closed by its server, failed, or dropped by its
@@ -214,6 +150,7 @@ impl State {
         self.bits.fetch_or(CLOSED, Ordering::Relaxed);
     }
 
+    #[cfg(feature = "standard-metrics")]
     fn target(&self, attempted: &Uri) -> &str {
         self.target.get_or_init(|| attempted.to_string().into())
     }
@@ -236,7 +173,7 @@ impl State {
         #[cfg(feature = "standard-metrics")]
         crate::standard_metrics::connection_attempted(self.target(target), connected);
         #[cfg(not(feature = "standard-metrics"))]
-        let _ = self.target(target);
+        let _ = target;
     }
 
     /// A connection it handed out ended, for the reason at `reason` in [`DISCONNECT_REASONS`];
@@ -448,199 +385,6 @@ where
                 Err(error)
             }
         })
-    }
-}
-
-pin_project! {
-    /// A connection made through a [`ConnectionWatch`]: the connector's own, whose end (the
-    /// client drops it when its server closed it, when it failed, or when the client's pool let
-    /// it go) has the endpoint's gate check that its server still accepts connections before it
-    /// is picked again. With the `hyper-io` feature (on with `hyper-client`) it is hyper's IO
-    /// (and hyper-util's `Connection`) when the connector's is, as hyper-util's client and
-    /// tonic's `Endpoint::connect_with_connector` need; it is tokio's `AsyncRead` and `AsyncWrite` when the
-    /// connector's is.
-    pub struct WatchedIo<T> {
-        #[pin]
-        inner: T,
-        ended: Ended,
-    }
-}
-
-/// Marks the endpoint's connection closed when dropped, unless disarmed, and counts why it
-/// ended.
-struct Ended {
-    state: Option<Arc<State>>,
-    // The first error or end of stream its reads and writes met, as an index in
-    // `DISCONNECT_REASONS`.
-    reason: Option<u8>,
-    // Its reads go through hyper's cursor, which does not show an end of stream.
-    blind: bool,
-}
-
-impl Ended {
-    /// What a read or write returned: the first error, or an end of stream, is why the
-    /// connection ends.
-    #[inline]
-    fn saw<T>(&mut self, result: &Poll<std::io::Result<T>>) {
-        if let Poll::Ready(Err(error)) = result {
-            self.reason.get_or_insert_with(|| reason_of(error));
-        }
-    }
-
-    #[inline]
-    fn saw_end(&mut self) {
-        self.reason.get_or_insert(CLOSED_BY_PEER);
-    }
-}
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        if let Some(state) = self.state.take() {
-            state.closed();
-            // No error and no end of stream: the client let it go (or, when its ends of stream
-            // cannot be seen, it is not known who closed it).
-            let unseen = if self.blind { CLOSED_BY_PEER } else { 0 };
-            state.ended(Some(self.reason.unwrap_or(unseen)));
-        }
-    }
-}
-
-impl<T> WatchedIo<T> {
-    /// The connection inside; its end is no longer watched (nor counted as a disconnection).
-    pub fn into_inner(mut self) -> T {
-        if let Some(state) = self.ended.state.take() {
-            state.ended(None);
-        }
-        // `WatchedIo` has no `Drop` of its own (the guard has), so the field can move out.
-        let WatchedIo { inner, .. } = self;
-        inner
-    }
-
-    /// The connection inside.
-    pub fn get_ref(&self) -> &T {
-        &self.inner
-    }
-}
-
-impl<T> fmt::Debug for WatchedIo<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WatchedIo").finish_non_exhaustive()
-    }
-}
-
-impl<T: tokio::io::AsyncRead> tokio::io::AsyncRead for WatchedIo<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.project();
-        let (room, before) = (buf.remaining(), buf.filled().len());
-        let result = this.inner.poll_read(cx, buf);
-        this.ended.saw(&result);
-        if matches!(result, Poll::Ready(Ok(()))) && room > 0 && buf.filled().len() == before {
-            this.ended.saw_end();
-        }
-        result
-    }
-}
-
-impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for WatchedIo<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.project();
-        let result = this.inner.poll_write(cx, buf);
-        this.ended.saw(&result);
-        result
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.project();
-        let result = this.inner.poll_write_vectored(cx, bufs);
-        this.ended.saw(&result);
-        result
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-#[cfg(feature = "hyper-io")]
-impl<T: hyper::rt::Read> hyper::rt::Read for WatchedIo<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.project();
-        // hyper's cursor is handed on whole: what the read filled (an end of stream) is not seen
-        // here, so an end without an error is `unknown` rather than the client's shutdown.
-        this.ended.blind = true;
-        let result = this.inner.poll_read(cx, buf);
-        this.ended.saw(&result);
-        result
-    }
-}
-
-#[cfg(feature = "hyper-io")]
-impl<T: hyper::rt::Write> hyper::rt::Write for WatchedIo<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.project();
-        let result = this.inner.poll_write(cx, buf);
-        this.ended.saw(&result);
-        result
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.project();
-        let result = this.inner.poll_write_vectored(cx, bufs);
-        this.ended.saw(&result);
-        result
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-#[cfg(feature = "hyper-io")]
-impl<T: hyper_util::client::legacy::connect::Connection>
-    hyper_util::client::legacy::connect::Connection for WatchedIo<T>
-{
-    fn connected(&self) -> hyper_util::client::legacy::connect::Connected {
-        self.inner.connected()
     }
 }
 

@@ -310,10 +310,7 @@ where
             let unit = episode
                 .schedule
                 .map_or(Duration::from_secs(1), |s| s.unit());
-            let delay = match self.settings.cadence.interval {
-                Some(every) => self.cadenced(every, false, false),
-                None => self.cadenced(unit, false, false),
-            };
+            let delay = self.next_check_after((unit, false));
             let next_check = later(now, delay);
             self.restand(&key, |s| {
                 if let Some(episode) = s.episode() {
