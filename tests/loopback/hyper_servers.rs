@@ -546,8 +546,21 @@ async fn left_alone_as_asked(
         assert!(started.elapsed() < Duration::from_secs(10), "never picked");
     }
     let asked = arrivals.lock().unwrap()[0];
-    // Serial traffic, a request every 10 ms, until 2 s after the wait asked for.
-    while asked.elapsed() < asked_for + Duration::from_secs(2) {
+    // Serial traffic, a request every 10 ms, until 2 s after the wait asked for — longer (up to
+    // 10 s after) while the server has had fewer than 5 requests since: on a loaded machine its
+    // first call back can be slow and p2c's estimate of it takes a while to fall back (the point
+    // is that traffic returns, not p2c's pace).
+    let back = |arrivals: &Mutex<Vec<std::time::Instant>>| {
+        arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|at| at.duration_since(asked) > asked_for)
+            .count()
+    };
+    while asked.elapsed() < asked_for + Duration::from_secs(2)
+        || (back(&arrivals) < 5 && asked.elapsed() < asked_for + Duration::from_secs(10))
+    {
         let _ = balance.ready().await.unwrap().call(request()).await;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -568,10 +581,10 @@ async fn left_alone_as_asked(
         .count();
     // Back in the set with a fresh history, it earns its share again as p2c measures it (a new
     // connection's first call is slower than the kept ones'): some traffic at once, not all.
-    eprintln!("requests to the server in the 2 s after its {asked_for:?}: {after}");
+    eprintln!("requests to the server after its {asked_for:?}: {after}");
     assert!(
         after >= 5,
-        "{after} requests in the 2 s after: traffic is not back"
+        "{after} requests in the 10 s after: traffic is not back"
     );
     let snapshot = monitor.snapshot();
     let busy = snapshot.get(&format!("{busy_addr:?}")).unwrap();
