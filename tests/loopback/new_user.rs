@@ -31,14 +31,14 @@ use tower_outlier::{
 
 /// A server on 127.0.0.1 answering 200, or 503 while `unavailable` is set; it counts the
 /// requests (not the probes of `/healthz`) it answers.
-struct Server {
-    addr: SocketAddr,
-    unavailable: Arc<AtomicBool>,
+pub(super) struct Server {
+    pub(super) addr: SocketAddr,
+    pub(super) unavailable: Arc<AtomicBool>,
     requests: Arc<AtomicUsize>,
 }
 
 impl Server {
-    async fn start(unavailable: bool) -> Server {
+    pub(super) async fn start(unavailable: bool) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let unavailable = Arc::new(AtomicBool::new(unavailable));
@@ -81,16 +81,16 @@ impl Server {
         }
     }
 
-    fn requests(&self) -> usize {
+    pub(super) fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
     }
 }
 
 /// A hyper-util client pinned to one server, keeping the request's path.
 #[derive(Clone)]
-struct Upstream {
-    addr: SocketAddr,
-    client: Client<HttpConnector, Empty<Bytes>>,
+pub(super) struct Upstream {
+    pub(super) addr: SocketAddr,
+    pub(super) client: Client<HttpConnector, Empty<Bytes>>,
 }
 
 impl Service<http::Request<Empty<Bytes>>> for Upstream {
@@ -110,7 +110,7 @@ impl Service<http::Request<Empty<Bytes>>> for Upstream {
     }
 }
 
-fn get(path: &str) -> http::Request<Empty<Bytes>> {
+pub(super) fn get(path: &str) -> http::Request<Empty<Bytes>> {
     http::Request::get(path).body(Empty::new()).unwrap()
 }
 

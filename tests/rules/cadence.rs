@@ -386,7 +386,7 @@ async fn an_envoy_health_check_sets_the_cadence() {
             "http_health_check": {"path": "/healthz"}}"#,
     )
     .unwrap();
-    assert_eq!(check.notes().len(), 2, "{:?}", check.notes());
+    assert_eq!(check.notes().len(), 1, "{:?}", check.notes());
     let probe = Recording::new(Duration::ZERO);
     let layer = edas()
         .probe(probe.probe())

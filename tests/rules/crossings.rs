@@ -3,7 +3,8 @@
 //! does when every endpoint would be out (each preset's `WhenAllOut`) × dry run (layer-wide and
 //! per policy) × operators' overrides and resets × servers' pushback × health watches (flapping
 //! and panicking) × degraded servers × fresh services on return × new rules × upstream churn ×
-//! readiness errors, on tokio's paused clock, the adaptor driven as a balancer drives it. After
+//! readiness errors × checks of endpoints without traffic (`no_traffic_interval`, run in their own
+//! task, in half the histories), on tokio's paused clock, the adaptor driven as a balancer drives it. After
 //! every step:
 //!
 //! 1. No change removes an endpoint the balancer does not have, and the balancer's set is what
@@ -38,7 +39,7 @@ use tower::discover::Change;
 use tower::load::Load;
 use tower::Service;
 use tower_outlier::discover::{OutlierDetectionDiscover, OutlierEndpoint};
-use tower_outlier::probe::{Health, HealthStream, Probe, ProbeFuture};
+use tower_outlier::probe::{Health, HealthStream, IdleChecker, Probe, ProbeCadence, ProbeFuture};
 use tower_outlier::rebuild::Rebuild;
 use tower_outlier::{
     DetectorConfig, DetectorPolicy, EndpointStatus, ErrorRateConfig, ErrorRatePolicy,
@@ -125,6 +126,9 @@ impl Service<()> for Server {
 struct Watching {
     senders: Arc<Mutex<HashMap<usize, mpsc::UnboundedSender<Health>>>>,
     panicky: Arc<Mutex<HashSet<usize>>>,
+    // Its checks are sent (the cadence times them, and endpoints without traffic are checked
+    // from a task of their own).
+    checks: bool,
 }
 
 impl Watching {
@@ -139,6 +143,14 @@ impl Probe<usize, Server> for Watching {
     fn probe(&mut self, _: &usize, service: Server) -> Option<ProbeFuture> {
         let healthy = matches!(service.mode(), Mode::Healthy | Mode::Degraded);
         Some(Box::pin(std::future::ready(healthy)))
+    }
+
+    fn sends_checks(&self) -> bool {
+        self.checks
+    }
+
+    fn idle_checker(&self) -> Option<IdleChecker<usize, Server>> {
+        self.checks.then(|| IdleChecker::new(self.clone()))
     }
 
     fn watch(&mut self, key: &usize, _: &Server) -> Option<HealthStream> {
@@ -249,7 +261,10 @@ impl World {
                 1,
             ),
         };
-        let watching = Watching::default();
+        let watching = Watching {
+            checks: rng.below(2) == 0,
+            ..Watching::default()
+        };
         let modes: Modes = Arc::default();
         let dry_run = Arc::new(AtomicBool::new(false));
         let made_in_dry_run = Arc::new(AtomicUsize::new(0));
@@ -258,6 +273,11 @@ impl World {
             .probe(watching.clone())
             .detect_degraded(Duration::from_secs(2))
             .max_pushback(Duration::from_secs(1 + rng.below(40)))
+            .probe_cadence(
+                ProbeCadence::new()
+                    .no_traffic_interval(Duration::from_secs(1 + rng.below(30)))
+                    .unhealthy_threshold(1 + rng.below(3) as u32),
+            )
             .rebuild_on_return(Fresh {
                 modes: modes.clone(),
                 dry_run: dry_run.clone(),

@@ -28,6 +28,7 @@ mod grpc_conformance;
 mod health;
 mod health_crossings;
 mod hosts;
+mod idle_checks;
 mod invariants;
 mod latency;
 mod linkerd_conformance;

@@ -172,6 +172,16 @@ where
         // Read on every poll (a bool): the engine times checks by the cadence only if they are
         // sent, and nothing is ejected before the first poll.
         this.engine.set_checks_sent(this.probe.sends_checks());
+        if let Some(board) = this.engine.take_idle_keeper() {
+            match this.probe.idle_checker() {
+                Some(checker) => checker.start(board),
+                None => tracing::warn!(
+                    target: "tower_outlier",
+                    "no_traffic_interval is set but the layer's probe has no idle checker \
+                     (Probe::idle_checker): endpoints without traffic are not checked"
+                ),
+            }
+        }
         loop {
             if let Some(change) = this.engine.pop_change() {
                 let change = match change {
@@ -328,8 +338,29 @@ fn poll_events<K, S, P>(
     }
 }
 
+/// A check's outcome, `probe` guarded: one that takes longer than `timeout` failed, and one that
+/// panics failed too (logged). The probe is user code polled inside the balancer's `poll_ready`
+/// (behind `Buffer`, in its worker) or in the keeper's task: a panic is never the caller's
+/// service gone.
+pub(crate) async fn guarded(probe: crate::probe::ProbeFuture, timeout: Duration) -> bool {
+    let probe = std::panic::AssertUnwindSafe(probe).catch_unwind();
+    match tokio::time::timeout(timeout, probe).await {
+        Ok(Ok(healthy)) => healthy,
+        Ok(Err(panic)) => {
+            tracing::error!(
+                target: "tower_outlier",
+                panic = tower_outlier_core::panic_message(&*panic),
+                "a probe panicked: counted as a failed check"
+            );
+            tower_outlier_core::drop_panic(panic);
+            false
+        }
+        Err(_) => false,
+    }
+}
+
 /// The user's probe for `key`; a probe that panics while it starts is a check that failed.
-fn start_user_probe<K, S, P>(
+pub(crate) fn start_user_probe<K, S, P>(
     probe: &mut P,
     key: &K,
     service: &S,
@@ -390,25 +421,9 @@ fn start_probe<K: Send + 'static>(
         timeout,
     } = start;
     let (abort, registration) = AbortHandle::new_pair();
-    let task: Pin<Box<dyn Future<Output = (K, u64, bool)> + Send>> = Box::pin(async move {
-        // The probe is user code polled inside the balancer's `poll_ready` (behind `Buffer`, in
-        // its worker): a panic is a failed check, logged, never the caller's service gone.
-        let probe = std::panic::AssertUnwindSafe(probe).catch_unwind();
-        let healthy = match tokio::time::timeout(timeout, probe).await {
-            Ok(Ok(healthy)) => healthy,
-            Ok(Err(panic)) => {
-                tracing::error!(
-                    target: "tower_outlier",
-                    panic = tower_outlier_core::panic_message(&*panic),
-                    "a probe panicked: counted as a failed check"
-                );
-                tower_outlier_core::drop_panic(panic);
-                false
-            }
-            Err(_) => false,
-        };
-        (key, id, healthy)
-    });
+    let guarded = guarded(probe, timeout);
+    let task: Pin<Box<dyn Future<Output = (K, u64, bool)> + Send>> =
+        Box::pin(async move { (key, id, guarded.await) });
     probes.push(Abortable::new(task, registration));
     aborts.insert(id, abort);
 }

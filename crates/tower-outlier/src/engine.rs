@@ -30,6 +30,7 @@ use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Registry;
 use crate::probe::ProbeFuture;
 use avoided::AvoidedChecks;
+pub(crate) use idle::{keep as keep_idle, IdleBoard};
 use recovery::deadline_is_current;
 use settings::{fleet_schedules, trial_period, FleetSchedule};
 pub(crate) use settings::{Settings, DEFAULT_MAX_PUSHBACK};
@@ -115,6 +116,9 @@ pub(crate) struct Engine<K, S> {
     fleet_served: bool,
     // Endpoints avoided after a timeout, checked by the active probe (`avoided.rs`).
     avoided: AvoidedChecks<K>,
+    // Endpoints in service checked while they get no traffic, by the keeper task (`idle.rs`).
+    idle: Option<Arc<IdleBoard<K, S>>>,
+    idle_keeper_started: bool,
     // The layer's probe sends checks (the cadence times them); a passive trial sends none.
     checks_sent: bool,
 }
@@ -144,14 +148,29 @@ enum Ejector {
     Pushback,
     /// Its health service says it is not serving.
     Health,
+    /// It failed the cadence's unhealthy threshold of active checks while it got no traffic.
+    ActiveCheck,
 }
 
 impl Ejector {
     fn policy(self) -> Option<usize> {
         match self {
             Ejector::Policy(index) => Some(index),
-            Ejector::Host | Ejector::Operator | Ejector::Pushback | Ejector::Health => None,
+            Ejector::Host
+            | Ejector::Operator
+            | Ejector::Pushback
+            | Ejector::Health
+            | Ejector::ActiveCheck => None,
         }
+    }
+
+    /// Whether this is a signal's ejection, not the rules' judgement nor an operator's: what
+    /// the rules counted stands through it, and it never takes the balancer's last endpoint.
+    fn is_signal(self) -> bool {
+        matches!(
+            self,
+            Ejector::Pushback | Ejector::Health | Ejector::Host | Ejector::ActiveCheck
+        )
     }
 }
 
@@ -230,6 +249,15 @@ impl<K, S> Engine<K, S> {
         if settings.rules.controls_version() != 0 {
             notifier.notify();
         }
+        // Idle endpoints are checked only when the cadence asks (and the probe sends checks).
+        let idle = settings.cadence.no_traffic_interval.map(|every| {
+            Arc::new(IdleBoard::new(
+                &settings.cadence,
+                every,
+                notifier.clone(),
+                settings.clock.clone(),
+            ))
+        });
         Engine {
             roster: registry.join(names.clone()),
             names,
@@ -267,6 +295,8 @@ impl<K, S> Engine<K, S> {
             rebuilt: Vec::new(),
             fleet_served: false,
             avoided: AvoidedChecks::default(),
+            idle,
+            idle_keeper_started: false,
             checks_sent: false,
         }
     }
@@ -346,6 +376,7 @@ where
             self.reconfigure(now);
             self.apply_controls(now);
             self.signalled(now);
+            self.idle_flagged(now);
         }
         self.sync_hosts(now);
     }
@@ -452,6 +483,9 @@ impl<K, S> Drop for Engine<K, S> {
         if let Some(sharing) = &self.sharing {
             sharing.registry.leave(sharing.member);
         }
+        if let Some(board) = &self.idle {
+            board.close();
+        }
         // No user code in a destructor run by an unwind (a second panic there would abort).
         if std::thread::panicking() {
             return;
@@ -477,6 +511,7 @@ mod controls;
 mod decide;
 mod health;
 mod hosts;
+mod idle;
 mod readmit;
 mod reconfigure;
 mod recovery;

@@ -187,9 +187,14 @@ pub const PUSHBACK_POLICY: &str = "pushback";
 /// The policy name an ejection its health service asked for (NOT_SERVING) is reported under.
 pub const HEALTH_POLICY: &str = "health";
 
+/// The policy name an ejection for failed active checks of an endpoint in service is reported
+/// under ([`ProbeCadence::no_traffic_interval`](crate::probe::ProbeCadence::no_traffic_interval)).
+pub const ACTIVE_CHECK_POLICY: &str = "active_check";
+
 /// Whether `reason` is the rules' judgement of an outlier (a policy's, or the host another
-/// service's policy holds out), not an operator's decision nor what the endpoint's server or
-/// health service said of itself: what counts as an outlier ejection in gRFC A91's metrics.
+/// service's policy holds out), not an operator's decision, what the endpoint's server or
+/// health service said of itself, nor the layer's active checks: what counts as an outlier
+/// ejection in gRFC A91's metrics.
 ///
 /// ```
 /// use tower_outlier::events::{is_outlier_judgement, PUSHBACK_POLICY};
@@ -207,7 +212,13 @@ pub const HEALTH_POLICY: &str = "health";
 /// assert!(!is_outlier_judgement(&reason(PUSHBACK_POLICY)));
 /// ```
 pub fn is_outlier_judgement(reason: &Reason) -> bool {
-    ![OPERATOR_POLICY, PUSHBACK_POLICY, HEALTH_POLICY].contains(&reason.policy)
+    ![
+        OPERATOR_POLICY,
+        PUSHBACK_POLICY,
+        HEALTH_POLICY,
+        ACTIVE_CHECK_POLICY,
+    ]
+    .contains(&reason.policy)
 }
 
 /// One decision of the layer, in the order the adaptor took them.

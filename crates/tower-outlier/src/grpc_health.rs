@@ -112,7 +112,7 @@ enum Phase {
 
 impl<K, S> Probe<K, S> for GrpcHealth
 where
-    K: fmt::Debug,
+    K: std::hash::Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
     S: tonic::client::GrpcService<tonic::body::Body> + Clone + Send + 'static,
     S::Error: Into<tower::BoxError>,
     S::Future: Send,
@@ -121,6 +121,10 @@ where
 {
     fn sends_checks(&self) -> bool {
         true
+    }
+
+    fn idle_checker(&self) -> Option<crate::probe::IdleChecker<K, S>> {
+        Some(crate::probe::IdleChecker::new(self.clone()))
     }
 
     fn probe(&mut self, key: &K, service: S) -> Option<ProbeFuture> {

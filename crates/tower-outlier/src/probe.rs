@@ -59,6 +59,80 @@ pub trait Probe<K, S> {
     fn sends_checks(&self) -> bool {
         false
     }
+
+    /// A copy of this probe that checks endpoints from a task of its own, for
+    /// [`ProbeCadence::no_traffic_interval`]: endpoints without traffic are checked while nothing
+    /// polls the balancer (behind tower's `Buffer`, a quiet service's balancer is polled only
+    /// when a request comes). `None` (the default): such endpoints are not checked, and the
+    /// layer says so once. [`request_probe`], [`probe_fn`] and gRPC health checking return one;
+    /// a probe of your own that is `Clone + Send` can return
+    /// `Some(IdleChecker::new(self.clone()))`.
+    fn idle_checker(&self) -> Option<IdleChecker<K, S>> {
+        None
+    }
+}
+
+/// A probe that checks endpoints from a task of its own ([`Probe::idle_checker`]): the layer
+/// spawns the task on the tokio runtime that polls it, once, when
+/// [`ProbeCadence::no_traffic_interval`] is set; the task ends with the layer's adaptor.
+pub struct IdleChecker<K, S> {
+    start: Box<dyn FnOnce(Board<K, S>) + Send>,
+}
+
+/// What the engine and an idle checker's task share.
+type Board<K, S> = std::sync::Arc<crate::engine::IdleBoard<K, S>>;
+
+impl<K, S> IdleChecker<K, S> {
+    /// The checker that runs `probe`.
+    ///
+    /// ```
+    /// use tower_outlier::probe::{IdleChecker, Probe, ProbeFuture};
+    ///
+    /// #[derive(Clone)]
+    /// struct Ping;
+    ///
+    /// impl Probe<u32, u8> for Ping {
+    ///     fn probe(&mut self, _: &u32, _: u8) -> Option<ProbeFuture> {
+    ///         Some(Box::pin(async { true }))
+    ///     }
+    ///     fn sends_checks(&self) -> bool {
+    ///         true
+    ///     }
+    ///     fn idle_checker(&self) -> Option<IdleChecker<u32, u8>> {
+    ///         Some(IdleChecker::new(self.clone()))
+    ///     }
+    /// }
+    /// # let _ = Ping.idle_checker();
+    /// ```
+    pub fn new<P>(probe: P) -> Self
+    where
+        P: Probe<K, S> + Send + 'static,
+        K: std::hash::Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+        S: Clone + Send + 'static,
+    {
+        IdleChecker {
+            start: Box::new(move |board| match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(crate::engine::keep_idle(board, probe));
+                }
+                Err(_) => tracing::warn!(
+                    target: "tower_outlier",
+                    "no tokio runtime polls the adaptor: endpoints without traffic are not checked"
+                ),
+            }),
+        }
+    }
+
+    /// Starts the task on `board`.
+    pub(crate) fn start(self, board: Board<K, S>) {
+        (self.start)(board);
+    }
+}
+
+impl<K, S> fmt::Debug for IdleChecker<K, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdleChecker").finish_non_exhaustive()
+    }
 }
 
 /// Recovery by passive trial: re-admit and judge on real traffic.
@@ -106,8 +180,9 @@ impl<F, C> fmt::Debug for RequestProbe<F, C> {
 
 impl<K, S, F, C, Req> Probe<K, S> for RequestProbe<F, C>
 where
-    F: FnMut() -> Req,
-    S: Service<Req> + Send + 'static,
+    K: std::hash::Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    F: FnMut() -> Req + Clone + Send + 'static,
+    S: Service<Req> + Clone + Send + 'static,
     S::Future: Send,
     S::Response: Send,
     S::Error: Send,
@@ -116,6 +191,10 @@ where
 {
     fn sends_checks(&self) -> bool {
         true
+    }
+
+    fn idle_checker(&self) -> Option<IdleChecker<K, S>> {
+        Some(IdleChecker::new(self.clone()))
     }
 
     fn probe(&mut self, _: &K, service: S) -> Option<ProbeFuture> {
@@ -158,7 +237,9 @@ impl<F> fmt::Debug for ProbeFn<F> {
 
 impl<K, S, F> Probe<K, S> for ProbeFn<F>
 where
-    F: FnMut(&K, S) -> ProbeFuture,
+    K: std::hash::Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    S: Clone + Send + 'static,
+    F: FnMut(&K, S) -> ProbeFuture + Clone + Send + 'static,
 {
     fn probe(&mut self, key: &K, service: S) -> Option<ProbeFuture> {
         Some((self.0)(key, service))
@@ -166,5 +247,9 @@ where
 
     fn sends_checks(&self) -> bool {
         true
+    }
+
+    fn idle_checker(&self) -> Option<IdleChecker<K, S>> {
+        Some(IdleChecker::new(self.clone()))
     }
 }

@@ -74,9 +74,10 @@
 //!   budget of 10 % already keeps the last in every scenario the benchmark runs.
 //! * Only the rules' own judgement may take the last endpoint, and only under `FailFast` or
 //!   `PanicBelow`. What else takes an endpoint out — its server's pushback, its health service
-//!   saying it is not serving, its host held out by another adaptor, an operator — never takes
-//!   the last one the balancer can pick, whatever `WhenAllOut` says: a fleet whose servers all
-//!   asked for a pause, or all said they drain, keeps one to call.
+//!   saying it is not serving, the layer's checks of it while it gets no traffic, its host held
+//!   out by another adaptor, an operator — never takes the last one the balancer can pick,
+//!   whatever `WhenAllOut` says: a fleet whose servers all asked for a pause, or all said they
+//!   drain, keeps one to call.
 //! * A refusal is said in the log and in the monitor
 //!   ([`EndpointSnapshot::refused`](crate::EndpointSnapshot), with the budget's arithmetic:
 //!   "ejection budget of 1 for 5 endpoints at 20 % is spent"); a budget that allows no ejection at
@@ -109,6 +110,17 @@
 //! * **Active probe** ([`probe`](crate::probe)). A request of your own is sent through a clone
 //!   of the ejected endpoint's service; success re-admits, failure (or no answer within one
 //!   recovery unit) is a failed check. No caller's request reaches the endpoint meanwhile.
+//! * **Endpoints without traffic** ([`ProbeCadence::no_traffic_interval`](crate::probe::ProbeCadence::no_traffic_interval),
+//!   off by default). An endpoint in service with no call completed or in flight for the
+//!   interval is checked by the same probe, from a task of the layer's own (a quiet service's
+//!   balancer may not be polled at all), every interval while it gets none; at the
+//!   `unhealthy_threshold` of failed checks in a row (3 by default) it is taken out when the
+//!   adaptor is next polled — before the balancer picks for the first call after the quiet —
+//!   within the budget and never the last endpoint, and comes back by its checks like any
+//!   ejected endpoint (its reason's policy is
+//!   [`ACTIVE_CHECK_POLICY`](crate::events::ACTIVE_CHECK_POLICY)). A call completed clears the
+//!   count; so do dry run's mode switches. Recovery checks of ejected endpoints run while the
+//!   balancer is polled.
 //!
 //! # 5. Slow calls (Sentinel)
 //!

@@ -32,8 +32,8 @@ enum Use {
     Noted(&'static str),
 }
 
-const NO_HEALTHY_CHECKS: &str = "this layer checks only endpoints that are out (ejected, or \
-                                 avoided after a timeout); calls judge the others";
+const NO_HEALTHY_CHECKS: &str = "this layer checks endpoints in service only while they get no \
+                                 traffic (`no_traffic_interval`); calls judge the others";
 const PROBE_DECIDES: &str = "the layer's probe decides what a check sends";
 
 /// The fields of `HealthCheck`, in both spellings.
@@ -47,11 +47,7 @@ const FIELDS: &[(&str, &str, Use)] = &[
         "intervalJitterPercent",
         Use::Percent,
     ),
-    (
-        "unhealthy_threshold",
-        "unhealthyThreshold",
-        Use::Noted(NO_HEALTHY_CHECKS),
-    ),
+    ("unhealthy_threshold", "unhealthyThreshold", Use::Threshold),
     ("healthy_threshold", "healthyThreshold", Use::Threshold),
     ("unhealthy_interval", "unhealthyInterval", Use::Positive),
     (
@@ -64,11 +60,7 @@ const FIELDS: &[(&str, &str, Use)] = &[
         "healthyEdgeInterval",
         Use::Noted(NO_HEALTHY_CHECKS),
     ),
-    (
-        "no_traffic_interval",
-        "noTrafficInterval",
-        Use::Noted(NO_HEALTHY_CHECKS),
-    ),
+    ("no_traffic_interval", "noTrafficInterval", Use::Positive),
     (
         "no_traffic_healthy_interval",
         "noTrafficHealthyInterval",
@@ -139,15 +131,16 @@ const FIELDS: &[(&str, &str, Use)] = &[
 /// Read, as in Envoy: `timeout`, `interval`, `unhealthy_interval` (the interval while an
 /// endpoint fails its checks; `interval` where it is not given), `unhealthy_edge_interval` (the
 /// first check after an endpoint is taken out; the unhealthy interval where it is not given),
-/// `interval_jitter`, `interval_jitter_percent`, `initial_jitter` and `healthy_threshold`
-/// (passes in a row that bring back an endpoint after a failed check). Envoy requires
-/// `timeout`, `interval`, `unhealthy_threshold` and `healthy_threshold`; here a field left out
-/// keeps the layer's default.
+/// `interval_jitter`, `interval_jitter_percent`, `initial_jitter`, `healthy_threshold`
+/// (passes in a row that bring back an endpoint after a failed check), `no_traffic_interval`
+/// (checks of endpoints in service that get no traffic) and `unhealthy_threshold` (failures in
+/// a row of those that take one out). Envoy requires `timeout`, `interval`,
+/// `unhealthy_threshold` and `healthy_threshold`; here a field left out keeps the layer's
+/// default.
 ///
 /// Accepted with a [note](Self::notes) each, without effect: the fields for endpoints in
-/// service (`unhealthy_threshold`, `healthy_edge_interval`, `no_traffic_interval`,
-/// `no_traffic_healthy_interval`: this layer checks only endpoints that are out; calls judge the
-/// others), what a check sends (`http_health_check`, `grpc_health_check`, `tcp_health_check`,
+/// service that get traffic (`healthy_edge_interval`, `no_traffic_healthy_interval`: this layer
+/// checks endpoints in service only while they get none; calls judge the others), what a check sends (`http_health_check`, `grpc_health_check`, `tcp_health_check`,
 /// `custom_health_check`, `alt_port`, `reuse_connection`, TLS: the probe given to the layer
 /// decides), and the event log fields. An unknown field, a field under both spellings, or a
 /// value out of range is an error naming it, with the grammar of
@@ -165,7 +158,8 @@ const FIELDS: &[(&str, &str, Use)] = &[
 /// assert_eq!(check.unhealthy_interval(), Some(Duration::from_secs(2)));
 /// assert_eq!(check.first_check(), Some(Duration::from_secs(2)));
 /// assert_eq!(check.healthy_threshold(), Some(2));
-/// assert_eq!(check.notes().len(), 2);
+/// assert_eq!(check.unhealthy_threshold(), Some(3));
+/// assert_eq!(check.notes().len(), 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -178,6 +172,8 @@ pub struct EnvoyHealthCheck {
     interval_jitter_percent: Option<u32>,
     initial_jitter: Option<Duration>,
     healthy_threshold: Option<u32>,
+    unhealthy_threshold: Option<u32>,
+    no_traffic_interval: Option<Duration>,
     notes: Vec<String>,
 }
 
@@ -237,6 +233,17 @@ impl EnvoyHealthCheck {
         self.healthy_threshold
     }
 
+    /// `unhealthy_threshold`.
+    pub fn unhealthy_threshold(&self) -> Option<u32> {
+        self.unhealthy_threshold
+    }
+
+    /// `no_traffic_interval`: the time between checks of an endpoint in service that gets no
+    /// traffic.
+    pub fn no_traffic_interval(&self) -> Option<Duration> {
+        self.no_traffic_interval
+    }
+
     /// A sentence for each field given that has no effect here, naming it and why.
     pub fn notes(&self) -> &[String] {
         &self.notes
@@ -277,6 +284,7 @@ fn read(text: &str) -> Result<EnvoyHealthCheck, Problem> {
                     "timeout" => check.timeout = Some(read),
                     "interval" => check.interval = Some(read),
                     "unhealthy_interval" => check.unhealthy_interval = Some(read),
+                    "no_traffic_interval" => check.no_traffic_interval = Some(read),
                     _ => check.unhealthy_edge_interval = Some(read),
                 }
             }
@@ -296,7 +304,10 @@ fn read(text: &str) -> Result<EnvoyHealthCheck, Problem> {
                 if read == 0 {
                     return Err(Problem::invalid(path, value, THRESHOLD_ALLOWED));
                 }
-                check.healthy_threshold = Some(read);
+                match *proto {
+                    "unhealthy_threshold" => check.unhealthy_threshold = Some(read),
+                    _ => check.healthy_threshold = Some(read),
+                }
             }
             Use::Noted(why) => check
                 .notes
@@ -350,15 +361,18 @@ mod tests {
     fn fields_without_effect_are_noted_and_null_leaves_a_field_unset() {
         let check = EnvoyHealthCheck::from_json(
             r#"{"interval": null, "unhealthy_threshold": 2, "no_traffic_interval": "60s",
+                "healthy_edge_interval": "1s", "no_traffic_healthy_interval": "60s",
                 "grpc_health_check": {"service_name": "demo"}}"#,
         )
         .unwrap();
         assert_eq!(check.interval(), None);
+        assert_eq!(check.unhealthy_threshold(), Some(2));
+        assert_eq!(check.no_traffic_interval(), Some(Duration::from_secs(60)));
         assert_eq!(
             check.notes(),
             [
-                format!("`unhealthy_threshold` has no effect here: {NO_HEALTHY_CHECKS}"),
-                format!("`no_traffic_interval` has no effect here: {NO_HEALTHY_CHECKS}"),
+                format!("`healthy_edge_interval` has no effect here: {NO_HEALTHY_CHECKS}"),
+                format!("`no_traffic_healthy_interval` has no effect here: {NO_HEALTHY_CHECKS}"),
                 format!("`grpc_health_check` has no effect here: {PROBE_DECIDES}"),
             ]
         );
@@ -370,6 +384,8 @@ mod tests {
             (r#"{"interval": "0s"}"#, "`interval`"),
             (r#"{"timeout": "-1s"}"#, "`timeout`"),
             (r#"{"healthyThreshold": 0}"#, "`healthyThreshold`"),
+            (r#"{"unhealthyThreshold": 0}"#, "`unhealthyThreshold`"),
+            (r#"{"no_traffic_interval": "0s"}"#, "`no_traffic_interval`"),
             (
                 r#"{"intervalJitterPercent": -5}"#,
                 "`intervalJitterPercent`",

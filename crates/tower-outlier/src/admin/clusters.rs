@@ -86,17 +86,24 @@ impl Host {
             .map(|window| window.counts)
             .unwrap_or_default();
         let error = counts.failures.min(counts.calls);
+        let out = matches!(
+            endpoint.status,
+            EndpointStatus::Ejected | EndpointStatus::Probing
+        );
+        let by_active_check = endpoint
+            .last_reason
+            .as_ref()
+            .is_some_and(|reason| reason.policy == crate::events::ACTIVE_CHECK_POLICY);
         Host {
             address: Address::of(&endpoint.key),
             success: counts.calls - error,
             error,
             total: counts.calls,
             active: endpoint.in_flight as u64,
-            failed_outlier_check: matches!(
-                endpoint.status,
-                EndpointStatus::Ejected | EndpointStatus::Probing
-            ),
-            failed_active_health_check: endpoint.not_serving,
+            failed_outlier_check: out && !by_active_check,
+            // Its health service says not serving, or it failed its checks while idle: Envoy's
+            // active health check's flag.
+            failed_active_health_check: endpoint.not_serving || (out && by_active_check),
             degraded: endpoint.degraded_by_server.is_some(),
             // Hundredths of the relative weight: 100 at the endpoint's full weight.
             weight: (endpoint.weight * 100.0)

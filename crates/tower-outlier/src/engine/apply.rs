@@ -7,11 +7,15 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_outlier_core::Reason;
+use tower_outlier_core::{Reason, RecoverySchedule};
 
 use super::decide::{Act, Cause, Told, Verdict};
 use super::{later, DiscoverKey, Ejector, Engine, Standing};
 use crate::event::{Event, Refusal};
+
+/// The base time between the checks of an endpoint taken out by its active checks, where the
+/// cadence sets none: an avoided endpoint's.
+const ACTIVE_CHECK_INTERVAL: Duration = super::avoided::CHECK_INTERVAL;
 
 impl<K, S> Engine<K, S>
 where
@@ -62,7 +66,8 @@ where
                     cause @ (Cause::Policy { .. }
                     | Cause::Operator
                     | Cause::Pushback { .. }
-                    | Cause::Health),
+                    | Cause::Health
+                    | Cause::ActiveCheck { .. }),
                 reason,
                 refusal,
             } => {
@@ -117,7 +122,8 @@ where
         // server's request, which no policy made).
         let policies_judged = reason.policy != super::controls::OPERATOR
             && reason.policy != super::controls::PUSHBACK
-            && reason.policy != super::controls::HEALTH;
+            && reason.policy != super::controls::HEALTH
+            && reason.policy != super::controls::ACTIVE_CHECK;
         for timing in record
             .policies()
             .iter()
@@ -237,6 +243,12 @@ where
             Cause::Operator => (Ejector::Operator, None, None),
             // No check either: it comes back when its health service says it serves.
             Cause::Health => (Ejector::Health, None, None),
+            // Checked again as the cadence times an ejected endpoint's checks: its first check,
+            // then its interval (2 s each by default, as an avoided endpoint's).
+            Cause::ActiveCheck { .. } => {
+                let delay = self.first_check_after((ACTIVE_CHECK_INTERVAL, false), 0);
+                (Ejector::ActiveCheck, Some(later(now, delay)), Some(delay))
+            }
             // Back when the time the server asked for is up.
             Cause::Pushback { until } => {
                 let recorded_now = entry.record().clock().now();
@@ -246,6 +258,7 @@ where
         };
         let schedule = match cause {
             Cause::Policy { index } => Some(self.settings.policies[index].recovery()),
+            Cause::ActiveCheck { .. } => Some(RecoverySchedule::fixed(ACTIVE_CHECK_INTERVAL)),
             _ => None,
         };
         // Out of the balancer's set unless dry run or panic keeps it in (and for real, its
@@ -302,6 +315,17 @@ where
                     endpoint = ?key,
                     dry_run = shadow,
                     "endpoint out: its health service says it is not serving"
+                );
+            }
+            Cause::ActiveCheck { failed, threshold } => {
+                tracing::warn!(
+                    target: "tower_outlier",
+                    endpoint = ?key,
+                    failed,
+                    unhealthy_threshold = threshold,
+                    next_check_in = ?delay.unwrap_or_default(),
+                    dry_run = shadow,
+                    "endpoint out: it failed its active checks while it got no traffic"
                 );
             }
             Cause::Pushback { .. } => {

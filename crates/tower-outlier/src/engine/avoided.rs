@@ -34,7 +34,7 @@ const FIRST_CHECK: Duration = Duration::from_secs(1);
 /// default `inter`, so a healed endpoint is back as soon as under an active health check. (It was
 /// the wait after a failed check: with a check's 1 s timeout, a black hole was checked every 3 s,
 /// and a healed one at 5 req/s had half its share back after 4 s against HAProxy's 2 s.)
-const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+pub(super) const CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// How long a check may take before it counts as failed: an answer slower than this is no
 /// reason to send the endpoint calls again.

@@ -9,7 +9,8 @@ use crate::controls::{OperatorAction, Override};
 use crate::event::{Event, Readmission};
 
 pub(super) use crate::event::{
-    HEALTH_POLICY as HEALTH, OPERATOR_POLICY as OPERATOR, PUSHBACK_POLICY as PUSHBACK,
+    ACTIVE_CHECK_POLICY as ACTIVE_CHECK, HEALTH_POLICY as HEALTH, OPERATOR_POLICY as OPERATOR,
+    PUSHBACK_POLICY as PUSHBACK,
 };
 
 /// Why an endpoint whose server asked to be left alone is out: the time asked (capped), in
@@ -33,6 +34,19 @@ pub(super) fn health_reason() -> Reason {
         value: 1.0,
         threshold: 0.0,
         comparison: Comparison::Said,
+        counts: WindowCounts::default(),
+    }
+}
+
+/// Why an endpoint in service that failed `failed` active checks in a row is out, against the
+/// cadence's unhealthy threshold.
+pub(super) fn active_check_reason(failed: u32, threshold: u32) -> Reason {
+    Reason {
+        policy: ACTIVE_CHECK,
+        measure: "failed active checks in a row",
+        value: f64::from(failed),
+        threshold: f64::from(threshold),
+        comparison: Comparison::AtOrAbove,
         counts: WindowCounts::default(),
     }
 }
@@ -115,7 +129,9 @@ where
             };
             let dry = match entry.ejected_by() {
                 Some(Ejector::Policy(index)) => self.is_dry(index),
-                Some(Ejector::Host | Ejector::Pushback | Ejector::Health) => self.controls.dry_run,
+                Some(
+                    Ejector::Host | Ejector::Pushback | Ejector::Health | Ejector::ActiveCheck,
+                ) => self.controls.dry_run,
                 Some(Ejector::Operator) | None => continue,
             };
             let (id, shadow, out) = (

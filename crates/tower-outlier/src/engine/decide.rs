@@ -1,7 +1,8 @@
 //! Deciding, apart from doing: what the engine makes of an endpoint is a [`Verdict`], found by
 //! [`Engine::decide`], which reads and writes nothing (`apply.rs` carries it out). One decision
-//! for every reason an endpoint goes out — an operator, its health service, its server's
-//! pushback, the rules, a host another adaptor holds out — each through the same room rule
+//! for every reason an endpoint goes out — an operator, its health service, the layer's checks
+//! of it while it gets no traffic, its server's pushback, the rules, a host another adaptor
+//! holds out — each through the same room rule
 //! ([`Engine::room_for`] for the rules' own judgement, [`Engine::room_for_signal`] for the
 //! others, which never take the last endpoint).
 
@@ -28,6 +29,9 @@ pub(super) enum Cause {
     Pushback { until: Nanos },
     /// Its health service says it is not serving: it comes back when the service says it is.
     Health,
+    /// It failed `failed` active checks in a row while it got no traffic, at or above the
+    /// cadence's unhealthy threshold: it comes back by its checks, as an ejected endpoint does.
+    ActiveCheck { failed: u32, threshold: u32 },
 }
 
 /// What the engine makes of one endpoint, and what its record is told with it.
@@ -165,6 +169,9 @@ where
             if let Some(act) = self.health_act(entry, &mut told) {
                 return Verdict { act, told };
             }
+            if let Some(act) = self.active_check_act(entry) {
+                return Verdict { act, told };
+            }
             if let Some(act) = self.pushback_act(entry, &mut told) {
                 return Verdict { act, told };
             }
@@ -199,6 +206,23 @@ where
                     refusal,
                 }
             }
+        })
+    }
+
+    /// What is done with an endpoint that failed the unhealthy threshold of active checks while
+    /// it got no traffic, if it did: out within the budget and never the last (as its server's
+    /// own word); kept in, it is judged again at its next check, or by its calls.
+    fn active_check_act(&self, entry: &Entry<S>) -> Option<Act> {
+        let (failed, threshold) = self.idle_failures(entry.id)?;
+        let cause = Cause::ActiveCheck { failed, threshold };
+        let reason = super::controls::active_check_reason(failed, threshold);
+        Some(match self.room_for_signal(self.controls.dry_run) {
+            Ok(()) => Act::Eject { cause, reason },
+            Err(refusal) => Act::Refuse {
+                cause,
+                reason,
+                refusal,
+            },
         })
     }
 
@@ -360,7 +384,9 @@ where
     pub(super) fn cause_is_dry(&self, cause: Cause) -> bool {
         match cause {
             Cause::Policy { index } => self.is_dry(index),
-            Cause::Host | Cause::Pushback { .. } | Cause::Health => self.controls.dry_run,
+            Cause::Host | Cause::Pushback { .. } | Cause::Health | Cause::ActiveCheck { .. } => {
+                self.controls.dry_run
+            }
             Cause::Operator => false,
         }
     }

@@ -41,10 +41,7 @@ where
         // elsewhere) was no judgement of the rules: what they counted stands, and they judge the
         // endpoint again as it comes back. Only the rules' own (and an operator's, or the
         // budget's) start its history anew.
-        let signalled = matches!(
-            entry.ejected_by(),
-            Some(Ejector::Pushback | Ejector::Health | Ejector::Host)
-        );
+        let signalled = entry.ejected_by().is_some_and(Ejector::is_signal);
         if signalled {
             entry.record().forget_pushback();
         } else {
@@ -189,10 +186,7 @@ where
                     // ejections may leave the balancer nothing.
                     .filter(|(_, e)| {
                         let forced_out = matches!(e.standing(), Standing::HeldByOperator);
-                        let by_signal = matches!(
-                            e.ejected_by(),
-                            Some(Ejector::Pushback | Ejector::Health | Ejector::Host)
-                        );
+                        let by_signal = e.ejected_by().is_some_and(Ejector::is_signal);
                         match cause {
                             Readmission::LastEndpoint => keeps_last || forced_out || by_signal,
                             _ => !forced_out,

@@ -71,6 +71,9 @@ where
             let weak: std::sync::Weak<dyn HasRecord> =
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
             records.push((entry.id, weak));
+            if let Some(board) = &self.idle {
+                board.replace(entry.id, None, Some(shared.clone()));
+            }
             replaced.push(std::mem::replace(&mut entry.shared, shared));
             entry.replaced();
             self.sync_member(&key);

@@ -227,6 +227,9 @@ where
                 // A probe that hangs longer than the cadence's timeout, or one recovery unit,
                 // is a failed check.
                 let timeout = self.settings.cadence.timeout.unwrap_or_else(|| {
+                    if episode.ejected_by == super::Ejector::ActiveCheck {
+                        return super::avoided::CHECK_TIMEOUT;
+                    }
                     episode
                         .schedule
                         .map_or(Duration::from_secs(10), |s| s.unit())
@@ -285,6 +288,7 @@ where
             self.avoided_checked(&key, id & !super::avoided::CHECK_TAG, healthy, now);
             return;
         }
+
         let Some(entry) = self.entries.get(&key) else {
             return;
         };
@@ -301,7 +305,10 @@ where
         // of passes in a row (Envoy's `healthy_threshold`); one that has failed none, at its
         // first pass.
         let passes = episode.passed_checks.saturating_add(1);
-        let needed = if episode.failed_checks > 0 && self.checks_sent {
+        // One taken out by its checks failed them already.
+        let failed_before =
+            episode.failed_checks > 0 || episode.ejected_by == super::Ejector::ActiveCheck;
+        let needed = if failed_before && self.checks_sent {
             self.settings.cadence.healthy_threshold
         } else {
             1

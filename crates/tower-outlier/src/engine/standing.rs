@@ -346,6 +346,13 @@ where
         let result = change(&mut restanding);
         let after = Derived::of(restanding.entry);
         let id = restanding.entry.id;
+        if let Some(board) = &self.idle {
+            let entry = &restanding.entry;
+            board.set_in_service(
+                id,
+                entry.standing().is_available() && entry.episode().is_none(),
+            );
+        }
         if after != before {
             self.follow(id, before, after);
         }

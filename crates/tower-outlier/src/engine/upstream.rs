@@ -20,6 +20,9 @@ where
     /// The upstream inserted `key` with `service`.
     pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
         if let Some(entry) = self.entries.get_mut(&key) {
+            if let Some(board) = &self.idle {
+                board.replace(entry.id, Some(service.clone()), None);
+            }
             entry.service = service;
             entry.replaced();
             self.sync_member(&key);
@@ -62,6 +65,15 @@ where
         let entry = Entry::new(slot, service, shared, id, self.usual_report.clone());
         self.entries.insert(key.clone(), entry);
         self.sync_member(&key);
+        if let (Some(board), Some(entry)) = (&self.idle, self.entries.get(&key)) {
+            board.enroll(
+                id,
+                key.clone(),
+                entry.service.clone(),
+                entry.shared.clone(),
+                now,
+            );
+        }
         // An operator's override waiting for this key.
         if !self.controls.overrides.is_empty() {
             self.override_joined(&key, now);
@@ -87,6 +99,9 @@ where
         if self.avoided.forget(key).is_some() {
             // A check in flight, if any, is given up with it.
             self.cancelled.push(id | super::avoided::CHECK_TAG);
+        }
+        if let Some(board) = &self.idle {
+            board.forget(id);
         }
         // Out of the counts, the shared host and the balancer's set.
         self.restand(key, |s| s.leave());

@@ -16,9 +16,10 @@ const DEFAULT_JITTER_PERCENT: u32 = 20;
 /// step, how long a check may take, and how many passes in a row bring back an endpoint that has
 /// failed one. Given to [`OutlierDetectionLayer::probe_cadence`](crate::OutlierDetectionLayer::probe_cadence).
 ///
-/// It times the checks of an active [`Probe`](super::Probe): of an ejected endpoint, and of one
-/// avoided after a timeout. A passive trial ([`PassiveTrial`](super::PassiveTrial)) sends no
-/// check, and keeps its policy's ejection times.
+/// It times the checks of an active [`Probe`](super::Probe): of an ejected endpoint, of one
+/// avoided after a timeout, and, with [`no_traffic_interval`](Self::no_traffic_interval), of
+/// endpoints in service that get no traffic. A passive trial
+/// ([`PassiveTrial`](super::PassiveTrial)) sends no check, and keeps its policy's ejection times.
 ///
 /// What is left unset keeps the layer's default:
 ///
@@ -31,6 +32,8 @@ const DEFAULT_JITTER_PERCENT: u32 = 20;
 /// | `initial_jitter` | | [`initial_jitter`](Self::initial_jitter) | none |
 /// | `timeout` | `timeout check` | [`timeout`](Self::timeout) | the policy's recovery unit (1 s after a timeout) |
 /// | `healthy_threshold` | `rise` | [`healthy_threshold`](Self::healthy_threshold) | 1 |
+/// | `no_traffic_interval` | `inter` | [`no_traffic_interval`](Self::no_traffic_interval) | none: an endpoint in service is judged by its calls only |
+/// | `unhealthy_threshold` | `fall` | [`unhealthy_threshold`](Self::unhealthy_threshold) | 3 |
 ///
 /// The jitter is drawn from the layer's own dice, seeded at random unless [`seed`](Self::seed)
 /// fixes it (for repeatable tests and benchmarks).
@@ -67,8 +70,13 @@ pub struct ProbeCadence {
     pub(crate) initial_jitter: Duration,
     pub(crate) timeout: Option<Duration>,
     pub(crate) healthy_threshold: u32,
+    pub(crate) no_traffic_interval: Option<Duration>,
+    pub(crate) unhealthy_threshold: u32,
     pub(crate) dice: Arc<Dice>,
 }
+
+/// The default [`ProbeCadence::unhealthy_threshold`]: HAProxy's default `fall`.
+const DEFAULT_UNHEALTHY_THRESHOLD: u32 = 3;
 
 impl Default for ProbeCadence {
     fn default() -> Self {
@@ -91,6 +99,8 @@ impl ProbeCadence {
             initial_jitter: Duration::ZERO,
             timeout: None,
             healthy_threshold: 1,
+            no_traffic_interval: None,
+            unhealthy_threshold: DEFAULT_UNHEALTHY_THRESHOLD,
             dice: Arc::new(Dice::new(seed)),
         }
     }
@@ -150,6 +160,32 @@ impl ProbeCadence {
         self
     }
 
+    /// Checks the endpoints in service that get no traffic (Envoy's `no_traffic_interval`,
+    /// HAProxy's `inter`): an endpoint with no call completed or in flight for `every` is checked,
+    /// and again every `every` (jittered as the interval is) for as long as it gets none. One
+    /// that fails [`unhealthy_threshold`](Self::unhealthy_threshold) checks in a row is taken
+    /// out — within the ejection budget, never the last endpoint, as a server's own word is —
+    /// and comes back as an ejected endpoint does, at the first check that passes (the
+    /// [`healthy_threshold`](Self::healthy_threshold) in a row). So the first call after a quiet
+    /// night does not find a server that died in it. Endpoints with traffic are judged by their
+    /// calls: a call completed resets the count. Needs a probe that sends checks
+    /// ([`Probe::sends_checks`](super::Probe::sends_checks)); off by default. At least a
+    /// millisecond.
+    pub fn no_traffic_interval(mut self, every: Duration) -> Self {
+        self.no_traffic_interval = Some(every.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// How many checks in a row an endpoint in service must fail to be taken out (Envoy's
+    /// `unhealthy_threshold`, HAProxy's `fall`): the checks of
+    /// [`no_traffic_interval`](Self::no_traffic_interval). An endpoint avoided after a timeout
+    /// is out of the balancer's picks already; its checks only bring it back. 0 counts as 1;
+    /// the default is 3.
+    pub fn unhealthy_threshold(mut self, failures: u32) -> Self {
+        self.unhealthy_threshold = failures.max(1);
+        self
+    }
+
     /// Draws the jitter from `seed`: two layers with the same seed jitter alike.
     pub fn seed(mut self, seed: u64) -> Self {
         self.dice = Arc::new(Dice::new(seed));
@@ -187,8 +223,8 @@ impl ProbeCadence {
     /// ([`EnvoyHealthCheck`](crate::detectors::EnvoyHealthCheck)): `unhealthy_edge_interval` as
     /// the [`first_check`](Self::first_check) (the unhealthy interval where it is not given),
     /// `unhealthy_interval` as the [`interval`](Self::interval) (`interval` where it is not
-    /// given), the jitters, the `timeout` and the `healthy_threshold`; what the message leaves
-    /// out keeps the default. Its [`notes`](crate::detectors::EnvoyHealthCheck::notes) name the
+    /// given), the jitters, the `timeout`, the `healthy_threshold`, the `unhealthy_threshold`
+    /// and the `no_traffic_interval`; what the message leaves out keeps the default. Its [`notes`](crate::detectors::EnvoyHealthCheck::notes) name the
     /// fields that have no effect here.
     ///
     /// ```
@@ -198,10 +234,11 @@ impl ProbeCadence {
     ///
     /// let check = EnvoyHealthCheck::from_json(
     ///     r#"{"timeout": "1s", "interval": "5s", "unhealthy_edge_interval": "0.5s",
-    ///         "interval_jitter_percent": 10, "healthy_threshold": 2, "unhealthy_threshold": 2}"#,
+    ///         "interval_jitter_percent": 10, "healthy_threshold": 2, "unhealthy_threshold": 2,
+    ///         "no_traffic_interval": "60s", "healthy_edge_interval": "1s"}"#,
     /// )?;
     /// let cadence = ProbeCadence::from_envoy(&check);
-    /// assert_eq!(check.notes().len(), 1, "unhealthy_threshold: no checks of endpoints in service");
+    /// assert_eq!(check.notes().len(), 1, "healthy_edge_interval: in service, calls judge");
     /// # let _ = cadence;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -215,6 +252,12 @@ impl ProbeCadence {
         cadence.timeout = check.timeout();
         if let Some(passes) = check.healthy_threshold() {
             cadence = cadence.healthy_threshold(passes);
+        }
+        if let Some(failures) = check.unhealthy_threshold() {
+            cadence = cadence.unhealthy_threshold(failures);
+        }
+        if let Some(every) = check.no_traffic_interval() {
+            cadence = cadence.no_traffic_interval(every);
         }
         cadence
     }
