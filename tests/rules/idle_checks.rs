@@ -482,3 +482,19 @@ async fn a_large_idle_fleet() {
     // Six rounds of 1000 at most (the default jitter spreads them).
     assert!((4000..=6000).contains(&checks), "{checks} checks");
 }
+
+/// A large quiet fleet dead at once: every endpoint flagged together, the budget's worth taken
+/// out (in discovery order), the rest kept in; the balancer keeps half.
+#[tokio::test(start_paused = true)]
+async fn a_large_dead_idle_fleet() {
+    let calls = Calls::default();
+    let layer = edas(0.5).probe(calls.probe()).probe_cadence(idle(1));
+    let mut h = Harness::new(&layer, 5000);
+    for id in 0..5000 {
+        h.backend(id).set_failing(true);
+    }
+    // A tenth of the fleet checked at a time: all checked within two intervals.
+    run(&mut h, 12 * S).await;
+    assert_eq!(h.live_ids().len(), 2500);
+    assert_eq!(h.live_ids()[0], 2500, "the first discovered go out first");
+}

@@ -61,7 +61,7 @@ type Turns<K, S> = (Vec<(u64, K, S)>, Option<Instant>);
 struct BoardState<K, S> {
     endpoints: HashMap<u64, Idle<K, S>>,
     due: BTreeMap<(Instant, u64), ()>,
-    flagged: Vec<u64>,
+    flagged: Vec<(u64, K)>,
     checking: usize,
     closed: bool,
 }
@@ -201,8 +201,8 @@ impl<K: DiscoverKey, S: Clone> IdleBoard<K, S> {
         (failed >= self.threshold).then_some((failed, self.threshold))
     }
 
-    /// The entries that reached the threshold since the engine last asked.
-    pub(super) fn take_flagged(&self) -> Vec<u64> {
+    /// The entries that reached the threshold since the engine last asked, with their keys.
+    pub(super) fn take_flagged(&self) -> Vec<(u64, K)> {
         let mut state = self.state();
         if state.flagged.is_empty() {
             return Vec::new();
@@ -294,7 +294,7 @@ impl<K: DiscoverKey, S: Clone> IdleBoard<K, S> {
         state.checking = state.checking.saturating_sub(1);
         state.due.insert((next, id), ());
         if reached {
-            state.flagged.push(id);
+            state.flagged.push((id, key));
             drop(state);
             self.notifier.notify();
         }
@@ -360,14 +360,12 @@ where
         let Some(board) = &self.idle else {
             return;
         };
-        let flagged = board.take_flagged();
-        for id in flagged {
-            let key = self
-                .entries
-                .iter()
-                .find(|(_, e)| e.id == id)
-                .map(|(k, _)| k.clone());
-            if let Some(key) = key {
+        let mut flagged = board.take_flagged();
+        // In discovery order, as the records' signals are judged: the first discovered wins a
+        // budget slot several compete for.
+        flagged.sort_unstable_by_key(|(id, _)| *id);
+        for (id, key) in flagged {
+            if self.entries.get(&key).is_some_and(|e| e.id == id) {
                 self.consider(&key, now);
             }
         }
