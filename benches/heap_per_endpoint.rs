@@ -112,6 +112,12 @@ fn main() {
         std::time::Duration::from_secs(10),
         CompleteOnResponse::default(),
     ));
+    let recommended = held_per_endpoint(Layer::layer(
+        &OutlierDetectionLayer::new(DetectorPolicy::new(
+            DetectorConfig::recommended().build().unwrap(),
+        )),
+        upstream(),
+    ));
     let hsf = held_per_endpoint(Layer::layer(
         &OutlierDetectionLayer::new(ErrorRatePolicy::new(
             ErrorRateConfig::hsf().build().unwrap(),
@@ -139,6 +145,12 @@ fn main() {
     ));
     println!("heap held per endpoint, {ENDPOINTS} endpoints discovered (bytes)");
     println!("{:<48} {:>8.0}", "tower PeakEwmaDiscover", peak);
+    println!(
+        "{:<48} {:>8.0} ({:.1}x)",
+        "layer, DetectorConfig::recommended()",
+        recommended,
+        recommended / peak
+    );
     println!(
         "{:<48} {:>8.0} ({:.1}x)",
         "layer, HSF error rate",
