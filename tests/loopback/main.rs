@@ -9,6 +9,7 @@ mod detectors_loopback;
 mod health_watch;
 mod health_watch_faults;
 mod hyper_servers;
+mod idle_buffer;
 mod idle_checks;
 mod load_shed;
 mod network_faults;

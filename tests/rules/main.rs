@@ -29,6 +29,7 @@ mod health;
 mod health_crossings;
 mod hosts;
 mod idle_checks;
+mod idle_crossings;
 mod invariants;
 mod latency;
 mod linkerd_conformance;

@@ -24,9 +24,10 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use futures::future::{AbortHandle, AbortRegistration, Abortable};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
-use tower_outlier_core::{duration_to_nanos, Clock, Lock, LockGuard, Notifier};
+use tower_outlier_core::{duration_to_nanos, Clock, Lock, LockGuard, Nanos, Notifier};
 
 use super::{DiscoverKey, Engine};
 use crate::probe::{Probe, ProbeCadence};
@@ -55,8 +56,18 @@ pub(crate) struct IdleBoard<K, S> {
     cadence: ProbeCadence,
 }
 
-/// The checks to start (entry id, key, service) and when the next turn is.
-type Turns<K, S> = (Vec<(u64, K, S)>, Option<Instant>);
+/// The checks to start and when the next turn is.
+type Turns<K, S> = (Vec<Start<K, S>>, Option<Instant>);
+
+/// A check to start: of entry `id`'s service as of `generation`, abortable through the handle
+/// the board keeps.
+pub(crate) struct Start<K, S> {
+    id: u64,
+    generation: u64,
+    key: K,
+    service: S,
+    registration: AbortRegistration,
+}
 
 struct BoardState<K, S> {
     endpoints: HashMap<u64, Idle<K, S>>,
@@ -70,11 +81,60 @@ struct Idle<K, S> {
     key: K,
     service: S,
     shared: Arc<Shared>,
+    // Records replaced by new rules while calls were in flight on them: those calls are its
+    // traffic until they end (they complete on the record they started on).
+    previous: Vec<Arc<Shared>>,
+    // The latest completion on a replaced record, once its calls ended.
+    completed_floor: Nanos,
     // Available in the balancer's set, with no episode: judged by its calls or by these checks.
     in_service: bool,
     failed: u32,
+    // When (the record's clock) the last failed check was counted: a call completed since
+    // means its calls judge it again.
+    failed_at: Nanos,
     next: Option<Instant>,
-    in_flight: bool,
+    // The check in flight, aborted if the endpoint leaves or gets a new service.
+    check: Option<AbortHandle>,
+    // Bumped with each new service: a check of an older one does not count.
+    generation: u64,
+}
+
+impl<K, S> Idle<K, S> {
+    /// Its calls in flight and its last completion at `now`, on its record and on any record
+    /// new rules replaced while its calls were in flight (those are let go once their calls
+    /// end).
+    fn activity(&mut self, now: Nanos) -> (usize, Nanos) {
+        let (mut in_flight, _) = self.shared.pending(now);
+        let mut last = self
+            .shared
+            .record
+            .last_completed()
+            .max(self.completed_floor);
+        let mut floor = self.completed_floor;
+        self.previous.retain(|old| {
+            let (calls, _) = old.pending(now);
+            let completed = old.record.last_completed();
+            last = last.max(completed);
+            in_flight += calls;
+            if calls == 0 {
+                floor = floor.max(completed);
+            }
+            calls > 0
+        });
+        self.completed_floor = floor;
+        (in_flight, last)
+    }
+
+    /// Gives up the check in flight, if any: whether there was one.
+    fn abort_check(&mut self) -> bool {
+        match self.check.take() {
+            Some(check) => {
+                check.abort();
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl<K, S> fmt::Debug for IdleBoard<K, S> {
@@ -113,7 +173,7 @@ impl<K, S> IdleBoard<K, S> {
         }
     }
 
-    /// The adaptor is gone: the keeper ends.
+    /// The adaptor is gone: the keeper ends (and its checks with it).
     pub(super) fn close(&self) {
         self.state.lock().closed = true;
         self.changed.notify_one();
@@ -141,10 +201,14 @@ impl<K: DiscoverKey, S: Clone> IdleBoard<K, S> {
                 key,
                 service,
                 shared,
+                previous: Vec::new(),
+                completed_floor: 0,
                 in_service: true,
                 failed: 0,
+                failed_at: 0,
                 next: Some(next),
-                in_flight: false,
+                check: None,
+                generation: 0,
             },
         );
         state.due.insert((next, id), ());
@@ -152,27 +216,50 @@ impl<K: DiscoverKey, S: Clone> IdleBoard<K, S> {
         self.changed.notify_one();
     }
 
-    /// Entry `id`'s service, or its record, was replaced.
-    pub(super) fn replace(&self, id: u64, service: Option<S>, shared: Option<Arc<Shared>>) {
+    /// Entry `id` has a new service (the upstream's, or one made on its return): a check of the
+    /// old one in flight is given up, and the new one is looked at an interval later.
+    pub(super) fn replace_service(&self, id: u64, service: S, now: Instant) {
+        let next = super::later(now, self.interval());
+        let mut state = self.state();
+        let Some(idle) = state.endpoints.get_mut(&id) else {
+            return;
+        };
+        idle.service = service;
+        idle.generation = idle.generation.wrapping_add(1);
+        if idle.abort_check() {
+            state.checking = state.checking.saturating_sub(1);
+            if let Some(idle) = state.endpoints.get_mut(&id) {
+                idle.next = Some(next);
+            }
+            state.due.insert((next, id), ());
+            drop(state);
+            self.changed.notify_one();
+        }
+    }
+
+    /// New rules gave entry `id` a new record: the old one's calls in flight still count as its
+    /// traffic.
+    pub(super) fn replace_record(&self, id: u64, shared: Arc<Shared>) {
+        let recorded_now = self.clock.now();
         let mut state = self.state();
         if let Some(idle) = state.endpoints.get_mut(&id) {
-            if let Some(service) = service {
-                idle.service = service;
-            }
-            if let Some(shared) = shared {
-                idle.shared = shared;
+            let old = std::mem::replace(&mut idle.shared, shared);
+            if old.pending(recorded_now).0 > 0 {
+                idle.previous.push(old);
+            } else {
+                idle.completed_floor = idle.completed_floor.max(old.record.last_completed());
             }
         }
     }
 
-    /// Entry `id` left the upstream.
+    /// Entry `id` left the upstream: its check in flight is given up.
     pub(super) fn forget(&self, id: u64) {
         let mut state = self.state();
-        if let Some(idle) = state.endpoints.remove(&id) {
+        if let Some(mut idle) = state.endpoints.remove(&id) {
             if let Some(next) = idle.next {
                 state.due.remove(&(next, id));
             }
-            if idle.in_flight {
+            if idle.abort_check() {
                 state.checking = state.checking.saturating_sub(1);
             }
         }
@@ -191,14 +278,21 @@ impl<K: DiscoverKey, S: Clone> IdleBoard<K, S> {
     }
 
     /// The failed checks in a row that make entry `id` an outlier, and the threshold, if it has
-    /// that many.
+    /// that many and no call completed since the last of them, nor is one in flight (its calls
+    /// judge it then: a count kept in for want of room must not take out an endpoint that
+    /// serves).
     pub(super) fn outlier(&self, id: u64) -> Option<(u32, u32)> {
-        let failed = self
-            .state()
-            .endpoints
-            .get(&id)
-            .map_or(0, |idle| idle.failed);
-        (failed >= self.threshold).then_some((failed, self.threshold))
+        let recorded_now = self.clock.now();
+        let mut state = self.state();
+        let idle = state.endpoints.get_mut(&id)?;
+        if idle.failed < self.threshold {
+            return None;
+        }
+        let (in_flight, last) = idle.activity(recorded_now);
+        if in_flight > 0 || last > idle.failed_at {
+            return None;
+        }
+        Some((idle.failed, self.threshold))
     }
 
     /// The entries that reached the threshold since the engine last asked, with their keys.
@@ -237,8 +331,8 @@ impl<K: DiscoverKey, S: Clone> IdleBoard<K, S> {
                 // Its recovery checks or its trial's calls judge it: looked at again later.
                 self.interval()
             } else {
-                let (in_flight, _) = idle.shared.pending(recorded_now);
-                let since = recorded_now.saturating_sub(idle.shared.record.last_completed());
+                let (in_flight, last) = idle.activity(recorded_now);
+                let since = recorded_now.saturating_sub(last);
                 if in_flight > 0 || since < quiet {
                     // Traffic: its calls judge it, and what its checks found is past.
                     idle.failed = 0;
@@ -247,8 +341,15 @@ impl<K: DiscoverKey, S: Clone> IdleBoard<K, S> {
                 } else if checking >= room {
                     every / 8
                 } else {
-                    idle.in_flight = true;
-                    start.push((id, idle.key.clone(), idle.service.clone()));
+                    let (handle, registration) = AbortHandle::new_pair();
+                    idle.check = Some(handle);
+                    start.push(Start {
+                        id,
+                        generation: idle.generation,
+                        key: idle.key.clone(),
+                        service: idle.service.clone(),
+                        registration,
+                    });
                     state.checking += 1;
                     continue;
                 }
@@ -263,37 +364,40 @@ impl<K: DiscoverKey, S: Clone> IdleBoard<K, S> {
         Some((start, next))
     }
 
-    /// Entry `id`'s check ended at `now`: its next turn an interval later; a failure counted,
-    /// and the adaptor woken when it makes the threshold.
-    fn checked(&self, id: u64, healthy: bool, now: Instant) {
+    /// Entry `id`'s check of its service as of `generation` ended at `now`: its next turn an
+    /// interval later; a failure counted, and the adaptor woken when the count reaches the
+    /// threshold (once per run of failures: one kept in for want of room is retried by the
+    /// engine when room appears, not at each failure after).
+    fn checked(&self, id: u64, generation: u64, healthy: bool, now: Instant) {
         let next = super::later(now, self.interval());
+        let recorded_now = self.clock.now();
         let mut state = self.state();
         let Some(idle) = state.endpoints.get_mut(&id) else {
             return;
         };
-        if !idle.in_flight {
+        if idle.generation != generation || idle.check.take().is_none() {
             return;
         }
-        idle.in_flight = false;
         idle.next = Some(next);
-        let key = idle.key.clone();
         let reached = if healthy || !idle.in_service {
             idle.failed = 0;
             false
         } else {
             idle.failed = idle.failed.saturating_add(1);
+            idle.failed_at = recorded_now;
             tracing::debug!(
                 target: "tower_outlier",
-                endpoint = ?key,
+                endpoint = ?idle.key,
                 failed = idle.failed,
                 unhealthy_threshold = self.threshold,
                 "an endpoint without traffic failed its check"
             );
-            idle.failed >= self.threshold
+            idle.failed == self.threshold
         };
+        let key = reached.then(|| idle.key.clone());
         state.checking = state.checking.saturating_sub(1);
         state.due.insert((next, id), ());
-        if reached {
+        if let Some(key) = key {
             state.flagged.push((id, key));
             drop(state);
             self.notifier.notify();
@@ -308,24 +412,36 @@ where
     S: Clone + Send + 'static,
     P: Probe<K, S>,
 {
-    type Check = Pin<Box<dyn Future<Output = (u64, bool)> + Send>>;
+    type Check = Abortable<Pin<Box<dyn Future<Output = (u64, u64, bool)> + Send>>>;
     let mut checks: FuturesUnordered<Check> = FuturesUnordered::new();
     loop {
         let Some((start, next)) = board.due(Instant::now()) else {
             return;
         };
-        for (id, key, service) in start {
+        for Start {
+            id,
+            generation,
+            key,
+            service,
+            registration,
+        } in start
+        {
             let check = crate::discover::start_user_probe(&mut probe, &key, &service)
                 .unwrap_or_else(|| Box::pin(std::future::ready(true)));
             let guarded = crate::discover::guarded(check, board.timeout);
             tracing::debug!(target: "tower_outlier", endpoint = ?key, "checking an endpoint in service that gets no traffic");
-            checks.push(Box::pin(async move { (id, guarded.await) }));
+            let check: Pin<Box<dyn Future<Output = (u64, u64, bool)> + Send>> =
+                Box::pin(async move { (id, generation, guarded.await) });
+            checks.push(Abortable::new(check, registration));
         }
         let mut changed = pin!(board.changed.notified());
         let mut sleep = next.map(|at| Box::pin(tokio::time::sleep_until(at)));
         let done = std::future::poll_fn(|cx| {
-            if let Poll::Ready(Some(done)) = checks.poll_next_unpin(cx) {
-                return Poll::Ready(Some(done));
+            // A check given up (its endpoint left, or got a new service) ends as aborted.
+            while let Poll::Ready(Some(done)) = checks.poll_next_unpin(cx) {
+                if let Ok(done) = done {
+                    return Poll::Ready(Some(done));
+                }
             }
             if changed.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(None);
@@ -338,8 +454,8 @@ where
             Poll::Pending
         })
         .await;
-        if let Some((id, healthy)) = done {
-            board.checked(id, healthy, Instant::now());
+        if let Some((id, generation, healthy)) = done {
+            board.checked(id, generation, healthy, Instant::now());
         }
     }
 }

@@ -32,7 +32,7 @@ where
         // In the set already while the fleet panics.
         let panicked_in = entry.in_set(self.panicking);
         if !shadow && !panicked_in {
-            self.rebuild_if_due(key);
+            self.rebuild_if_due(key, now);
         }
         let Some(entry) = self.entries.get(key) else {
             return;
@@ -89,7 +89,7 @@ where
     /// Makes `key`'s endpoint a fresh service if a call of it timed out or failed in transport
     /// since it was last rebuilt, joined or re-admitted, and the layer rebuilds services
     /// ([`rebuild`](crate::rebuild)). A rebuild that panics, or says `None`, keeps the service.
-    pub(super) fn rebuild_if_due(&mut self, key: &K) {
+    pub(super) fn rebuild_if_due(&mut self, key: &K, now: Instant) {
         // Dry run makes nothing, even for an operator's endpoint coming back (an operator's
         // force-out is real in dry run): the endpoint keeps the service it has.
         if self.controls.dry_run {
@@ -109,6 +109,10 @@ where
         }));
         match made {
             Ok(Some(fresh)) => {
+                // The keeper checks the service it comes back with.
+                if let Some(board) = &self.idle {
+                    board.replace_service(entry.id, fresh.clone(), now);
+                }
                 entry.service = fresh;
                 entry.replaced();
                 self.rebuilt.push(key.clone());

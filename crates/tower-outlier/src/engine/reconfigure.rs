@@ -72,7 +72,7 @@ where
                 Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
             records.push((entry.id, weak));
             if let Some(board) = &self.idle {
-                board.replace(entry.id, None, Some(shared.clone()));
+                board.replace_record(entry.id, shared.clone());
             }
             replaced.push(std::mem::replace(&mut entry.shared, shared));
             entry.replaced();

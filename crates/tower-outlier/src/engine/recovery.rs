@@ -214,7 +214,7 @@ where
         // The probe runs on the service the endpoint will come back with; in dry run it never
         // left, and keeps the one it has (no factory runs for what dry run only reports).
         if !episode.shadow {
-            self.rebuild_if_due(&key);
+            self.rebuild_if_due(&key, now);
         }
         let Some(entry) = self.entries.get(&key) else {
             return;

@@ -21,7 +21,7 @@ where
     pub(crate) fn insert(&mut self, key: K, service: S, now: Instant) {
         if let Some(entry) = self.entries.get_mut(&key) {
             if let Some(board) = &self.idle {
-                board.replace(entry.id, Some(service.clone()), None);
+                board.replace_service(entry.id, service.clone(), now);
             }
             entry.service = service;
             entry.replaced();
