@@ -827,7 +827,7 @@ async fn idle_endpoint_on_trial_in_a_quiet_spell_is_still_checked() {
         .iter()
         .rev()
         .find_map(|(_, e)| match e {
-            Event::Readmitted { key, trial, .. } if key.to_string() == "3" => Some(*trial),
+            Event::Readmitted { key, trial, .. } if *key == "3" => Some(*trial),
             _ => None,
         });
     // The quiet: 3 dies again at once; the balancer polled every 100 ms for two minutes.
@@ -1067,4 +1067,57 @@ async fn idle_health_watch_and_checks_on_one_endpoint() {
     );
     run(&mut h, 5 * S).await;
     assert!(!h.is_live(1), "two");
+}
+
+/// An adaptor first polled outside a tokio runtime (another executor) starts no keeper then, and
+/// starts it at its first poll inside one: the checks run from there.
+#[test]
+fn a_keeper_starts_once_a_runtime_polls_the_adaptor() {
+    use futures::StreamExt;
+    let backends: Vec<Backend> = (0..3).map(Backend::new).collect();
+    let checks = Arc::new(AtomicUsize::new(0));
+    let counted = checks.clone();
+    let probe = probe_fn(move |_: &usize, backend: Backend| -> ProbeFuture {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move { backend.oneshot(()).await.is_ok() })
+    });
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ))
+    .probe(probe)
+    .probe_cadence(
+        ProbeCadence::new()
+            .no_traffic_interval(Duration::from_millis(50))
+            .unhealthy_threshold(1),
+    );
+    let (tx, rx) =
+        futures::channel::mpsc::unbounded::<Result<Change<usize, Backend>, Infallible>>();
+    for b in &backends {
+        tx.unbounded_send(Ok(Change::Insert(b.id, b.clone())))
+            .unwrap();
+    }
+    let mut adaptor = tower::Layer::layer(&layer, rx);
+    // Outside any runtime: the three inserts come through, no keeper starts.
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    for _ in 0..3 {
+        assert!(adaptor.poll_next_unpin(&mut cx).is_ready());
+    }
+    // The real clock (the layer was made outside a runtime: its clock is the real one).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    backends[2].set_failing(true);
+    runtime.block_on(async {
+        // Inside one: the next poll starts it.
+        let _ = futures::poll!(adaptor.next());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(checks.load(Ordering::SeqCst) >= 3, "no checks ran");
+        match tokio::time::timeout(S, adaptor.next()).await {
+            Ok(Some(Ok(Change::Remove(key)))) => assert_eq!(key, 2),
+            other => panic!("the dead endpoint was not taken out: {:?}", other.is_ok()),
+        }
+    });
+    drop(tx);
 }

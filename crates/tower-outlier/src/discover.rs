@@ -71,6 +71,9 @@ pin_project! {
         // poll is not polled in a loop.
         error_backoff: Option<Pin<Box<Sleep>>>,
         errors_in_a_row: u32,
+        // Said once: the adaptor was polled outside a tokio runtime, so no keeper of idle
+        // endpoints could start yet.
+        no_runtime_said: bool,
     }
 }
 
@@ -106,6 +109,7 @@ where
             registry,
             error_backoff: None,
             errors_in_a_row: 0,
+            no_runtime_said: false,
         }
     }
 
@@ -172,15 +176,8 @@ where
         // Read on every poll (a bool): the engine times checks by the cadence only if they are
         // sent, and nothing is ejected before the first poll.
         this.engine.set_checks_sent(this.probe.sends_checks());
-        if let Some(board) = this.engine.take_idle_keeper() {
-            match this.probe.idle_checker() {
-                Some(checker) => checker.start(board),
-                None => tracing::warn!(
-                    target: "tower_outlier",
-                    "no_traffic_interval is set but the layer's probe has no idle checker \
-                     (Probe::idle_checker): endpoints without traffic are not checked"
-                ),
-            }
+        if let Some(board) = this.engine.idle_keeper_wanted() {
+            start_keeper(this.engine, this.probe, board, this.no_runtime_said);
         }
         loop {
             if let Some(change) = this.engine.pop_change() {
@@ -271,6 +268,39 @@ where
             return Poll::Pending;
         }
     }
+}
+
+/// Starts the task that checks endpoints without traffic (`engine/idle.rs`) on the tokio runtime
+/// polling the adaptor. Polled outside one, it is started on a later poll inside one (said once);
+/// a probe without an idle checker checks none (said once).
+fn start_keeper<K, S, P>(
+    engine: &mut Engine<K, S>,
+    probe: &mut P,
+    board: Arc<crate::engine::IdleBoard<K, S>>,
+    no_runtime_said: &mut bool,
+) where
+    K: Hash + Eq + Clone + fmt::Debug + Send + Sync + 'static,
+    S: Clone,
+    P: Probe<K, S>,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if !std::mem::replace(no_runtime_said, true) {
+            tracing::warn!(
+                target: "tower_outlier",
+                "no tokio runtime polls the adaptor: endpoints without traffic are checked once one does"
+            );
+        }
+        return;
+    };
+    match probe.idle_checker() {
+        Some(checker) => checker.start(board, &runtime),
+        None => tracing::warn!(
+            target: "tower_outlier",
+            "no_traffic_interval is set but the layer's probe has no idle checker \
+             (Probe::idle_checker): endpoints without traffic are not checked"
+        ),
+    }
+    engine.idle_keeper_settled();
 }
 
 /// Drives the engine from everything but the upstream until nothing more is ready: the

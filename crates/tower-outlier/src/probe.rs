@@ -76,8 +76,11 @@ pub trait Probe<K, S> {
 /// spawns the task on the tokio runtime that polls it, once, when
 /// [`ProbeCadence::no_traffic_interval`] is set; the task ends with the layer's adaptor.
 pub struct IdleChecker<K, S> {
-    start: Box<dyn FnOnce(Board<K, S>) + Send>,
+    start: Spawn<K, S>,
 }
+
+/// Spawns the checker's task on a board and a runtime.
+type Spawn<K, S> = Box<dyn FnOnce(Board<K, S>, &tokio::runtime::Handle) + Send>;
 
 /// What the engine and an idle checker's task share.
 type Board<K, S> = std::sync::Arc<crate::engine::IdleBoard<K, S>>;
@@ -111,21 +114,15 @@ impl<K, S> IdleChecker<K, S> {
         S: Clone + Send + 'static,
     {
         IdleChecker {
-            start: Box::new(move |board| match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(crate::engine::keep_idle(board, probe));
-                }
-                Err(_) => tracing::warn!(
-                    target: "tower_outlier",
-                    "no tokio runtime polls the adaptor: endpoints without traffic are not checked"
-                ),
+            start: Box::new(move |board, runtime| {
+                runtime.spawn(crate::engine::keep_idle(board, probe));
             }),
         }
     }
 
-    /// Starts the task on `board`.
-    pub(crate) fn start(self, board: Board<K, S>) {
-        (self.start)(board);
+    /// Starts the task on `board`, on `runtime`.
+    pub(crate) fn start(self, board: Board<K, S>, runtime: &tokio::runtime::Handle) {
+        (self.start)(board, runtime);
     }
 }
 

@@ -487,13 +487,17 @@ where
         }
     }
 
-    /// The board the keeper is to run, if the layer checks idle endpoints: once, when its probe
-    /// sends checks.
-    pub(crate) fn take_idle_keeper(&mut self) -> Option<Arc<IdleBoard<K, S>>> {
+    /// The board a keeper is to run, if the layer checks idle endpoints, its probe sends
+    /// checks and no keeper runs yet.
+    pub(crate) fn idle_keeper_wanted(&self) -> Option<Arc<IdleBoard<K, S>>> {
         if !self.checks_sent || self.idle_keeper_started {
             return None;
         }
-        self.idle_keeper_started = true;
         self.idle.clone()
+    }
+
+    /// A keeper runs (or never will: the probe has no idle checker), so none is wanted again.
+    pub(crate) fn idle_keeper_settled(&mut self) {
+        self.idle_keeper_started = true;
     }
 }
