@@ -296,3 +296,46 @@ async fn a_partial_grpc_config_warns_of_each_field_it_resets() {
     );
     assert_eq!(log.matches("WARN").count(), 1, "{log}");
 }
+
+/// A snapshot lists endpoints in the order of their keys' text, whatever the order they joined
+/// in, across two adaptors of one layer (a key both hold listed twice, side by side); the keys
+/// share long prefixes, as socket addresses do.
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_lists_endpoints_in_the_order_of_their_keys() {
+    use futures::StreamExt;
+    use std::convert::Infallible;
+    use tower::discover::Change;
+    let layer = OutlierDetectionLayer::new(ErrorRatePolicy::new(
+        ErrorRateConfig::hsf().build().unwrap(),
+    ));
+    let keys: Vec<String> = (0..300u32)
+        .map(|i| format!("10.0.{}.{}:8080", (i * 7919) % 13, (i * 104_729) % 251))
+        .collect();
+    let mut adaptors = Vec::new();
+    for take in [300, 40] {
+        let (tx, rx) = futures::channel::mpsc::unbounded::<
+            Result<Change<String, support::Backend>, Infallible>,
+        >();
+        for key in keys.iter().rev().take(take) {
+            tx.unbounded_send(Ok(Change::Insert(key.clone(), support::Backend::new(0))))
+                .unwrap();
+        }
+        let mut adaptor = tower::Layer::layer(&layer, rx);
+        for _ in 0..take {
+            let _ = adaptor.next().await;
+        }
+        adaptors.push((tx, adaptor));
+    }
+    let shown: Vec<String> = layer
+        .monitor()
+        .snapshot()
+        .endpoints
+        .iter()
+        .map(|e| e.key.to_string())
+        .collect();
+    // A key's text is its `Debug` form (a `String` key's is quoted).
+    let mut wanted: Vec<String> = keys.iter().map(|k| format!("{k:?}")).collect();
+    wanted.extend(keys.iter().rev().take(40).map(|k| format!("{k:?}")));
+    wanted.sort();
+    assert_eq!(shown, wanted);
+}

@@ -58,3 +58,69 @@ fn snapshots_serialize_with_typed_keys_as_text() {
         serde_json::json!([])
     );
 }
+
+#[test]
+fn permute_puts_items_where_the_order_says() {
+    // Every permutation of 0..6, and a few long ones from a seeded shuffle, against a copy.
+    fn check(from: &[usize]) {
+        let mut items: Vec<u32> = (0..from.len() as u32).map(|i| i * 10).collect();
+        let wanted: Vec<u32> = from.iter().map(|&i| items[i]).collect();
+        let mut order = from.to_vec();
+        super::permute(&mut items, &mut order);
+        assert_eq!(items, wanted, "{from:?}");
+    }
+    fn all(prefix: &mut Vec<usize>, left: &mut Vec<usize>) {
+        if left.is_empty() {
+            check(prefix);
+            return;
+        }
+        for i in 0..left.len() {
+            let item = left.remove(i);
+            prefix.push(item);
+            all(prefix, left);
+            prefix.pop();
+            left.insert(i, item);
+        }
+    }
+    all(&mut Vec::new(), &mut (0..6).collect());
+    let mut state = 7u64;
+    for n in [1, 2, 100, 1000] {
+        let mut from: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            from.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        check(&from);
+    }
+}
+
+#[test]
+fn key_prefixes_order_as_the_texts_do() {
+    let texts = [
+        "",
+        "a",
+        "a\u{0}",
+        "ab",
+        "abc",
+        "b",
+        "10.0.0.1:8080",
+        "10.0.0.10:8080",
+        "10.0.0.2:80",
+        "0123456789abcdef",
+        "0123456789abcdef0",
+        "0123456789abcdeg",
+        "z",
+        "é",
+    ];
+    for a in texts {
+        for b in texts {
+            let (pa, pb) = (super::key_prefix(a), super::key_prefix(b));
+            // Where the prefixes differ they order as the texts; where they tie the texts decide.
+            if pa != pb {
+                assert_eq!(pa.cmp(&pb), a.cmp(b), "{a:?} {b:?}");
+            }
+        }
+    }
+}
