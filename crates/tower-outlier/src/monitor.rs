@@ -276,37 +276,38 @@ impl Monitor {
                 let shared = &copied.shared;
                 let record = shared.record();
                 let at = record.clock().now();
-                let descriptions: Vec<_> = record
+                // One pass over the policies, no list of their descriptions in between (an
+                // allocation per endpoint): the first weighting is kept as it goes by.
+                let mut weighting = None;
+                let windows: Vec<PolicyWindow> = record
                     .policies()
                     .iter()
-                    .map(|policy| policy.describe(at))
-                    .collect();
-                let windows: Vec<PolicyWindow> = descriptions
-                    .iter()
                     .zip(copied.names.iter())
-                    .zip(record.policies().iter())
-                    .map(|((shown, name), policy)| PolicyWindow {
-                        policy: name,
-                        counts: shown.counts,
-                        state: shown.state,
-                        judged: shown.judged,
-                        members: policy
-                            .members(at)
-                            .into_iter()
-                            .map(|(policy, shown)| PolicyWindow {
-                                policy,
-                                counts: shown.counts,
-                                state: shown.state,
-                                judged: shown.judged,
-                                members: Vec::new(),
-                            })
-                            .collect(),
+                    .map(|(policy, name)| {
+                        let shown = policy.describe(at);
+                        weighting = weighting.or(shown.weight);
+                        PolicyWindow {
+                            policy: name,
+                            counts: shown.counts,
+                            state: shown.state,
+                            judged: shown.judged,
+                            members: policy
+                                .members(at)
+                                .into_iter()
+                                .map(|(policy, shown)| PolicyWindow {
+                                    policy,
+                                    counts: shown.counts,
+                                    state: shown.state,
+                                    judged: shown.judged,
+                                    members: Vec::new(),
+                                })
+                                .collect(),
+                        }
                     })
                     .collect();
                 let next_check_in = copied
                     .next_check
                     .map(|at| at.saturating_duration_since(now));
-                let weighting = descriptions.iter().find_map(|shown| shown.weight);
                 let (absolute_weight, degraded) = (
                     weighting.map(|w| w.weight),
                     weighting.is_some_and(|w| w.degraded),
