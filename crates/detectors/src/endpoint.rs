@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::task::AtomicWaker;
 use tower_outlier_core::{duration_to_nanos, Nanos, Signal, Window, WindowShape};
 
-use crate::config::{DetectorSemantics, RecentSuccessRate, MIN_RECENT_WINDOW, RECENT_BUCKETS};
+use crate::config::{DetectorSemantics, MIN_RECENT_WINDOW, RECENT_BUCKETS};
 use crate::detector::{Detector, Shared};
 use crate::statistics::Tally;
 
@@ -71,8 +71,10 @@ pub struct DetectorEndpoint {
     // time of the last ejection: the decay is owed if no ejection came at that tick.
     deferred_decay: AtomicU64,
     ejected_at: AtomicU64,
-    // linkerd's success-rate trigger and the window it reads (boxed: only that preset has one).
-    recent: Option<(RecentSuccessRate, Box<Window>)>,
+    // The window linkerd's success-rate trigger reads (boxed: only a preset with the trigger has
+    // one). The trigger itself is read from the configuration when a failure may trip it: held
+    // here it cost every endpoint of every preset 32 bytes.
+    recent: Option<Box<Window>>,
     // The statistical verdict behind a statistical condemnation (f64 bits), for the reason.
     verdict_value: AtomicU64,
     verdict_threshold: AtomicU64,
@@ -126,7 +128,7 @@ impl DetectorEndpoint {
                 // trigger reads calls and failures only.
                 let shape =
                     WindowShape::new(trigger.window.max(MIN_RECENT_WINDOW), RECENT_BUCKETS).ok()?;
-                Some((trigger, Box::new(shape.window())))
+                Some(Box::new(shape.window()))
             });
         let gate = (config.semantics == DetectorSemantics::Linkerd).then(|| Gate {
             state: AtomicU8::new(CLOSED),
@@ -329,23 +331,19 @@ impl DetectorEndpoint {
     /// tripped a consecutive detector (linkerd checks those first and reports them).
     #[inline]
     pub(crate) fn record_recent(&self, failed: bool, now: Nanos, signal: Signal) -> Signal {
-        let Some((trigger, window)) = &self.recent else {
+        let Some(window) = &self.recent else {
             return signal;
         };
         window.record(now, failed, false);
         if !failed || signal == Signal::Evaluate || self.out.load(Ordering::Relaxed) {
             return signal;
         }
-        self.recent_trip(trigger, window, now).unwrap_or(signal)
+        self.recent_trip(window, now).unwrap_or(signal)
     }
 
     #[cold]
-    fn recent_trip(
-        &self,
-        trigger: &RecentSuccessRate,
-        window: &Window,
-        now: Nanos,
-    ) -> Option<Signal> {
+    fn recent_trip(&self, window: &Window, now: Nanos) -> Option<Signal> {
+        let trigger = self.shared.config.recent_success_rate?;
         let counts = window.counts(now);
         if counts.calls == 0 || counts.calls < u64::from(trigger.min_requests) {
             return None;
@@ -367,7 +365,7 @@ impl DetectorEndpoint {
 
     /// Empties linkerd's success-rate window: the endpoint starts cold when it comes back.
     pub(crate) fn clear_recent(&self) {
-        if let Some((_, window)) = &self.recent {
+        if let Some(window) = &self.recent {
             window.clear();
         }
     }
