@@ -5,18 +5,10 @@
 //! reach only the healthy servers; without them, the first calls find the dead one. Healed, it
 //! is back within a few seconds.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use futures::channel::mpsc;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tower::balance::p2c::Balance;
-use tower::discover::Change;
-use tower::timeout::Timeout;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_outlier::events::ACTIVE_CHECK_POLICY;
 use tower_outlier::probe::{request_probe, ProbeCadence};
@@ -24,7 +16,7 @@ use tower_outlier::{
     DetectorConfig, DetectorPolicy, EndpointStatus, OutlierDetectionLayer, ServerErrors,
 };
 
-use super::new_user::{get, Server, Upstream};
+use super::new_user::{discovery, get, Server};
 
 /// One run: the calls that failed in the 60 serial calls after a 3.5 s quiet in which server 0
 /// died, the requests it got in them, and (with the checks) how long after healing it was back.
@@ -34,21 +26,7 @@ async fn run(checks: bool) -> (usize, usize, Option<Duration>) {
         Server::start(false).await,
         Server::start(false).await,
     ];
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client = Client::builder(TokioExecutor::new()).build(connector);
-    let (tx, rx) = mpsc::unbounded::<Result<Change<SocketAddr, _>, Infallible>>();
-    for server in &servers {
-        let upstream = Upstream {
-            addr: server.addr,
-            client: client.clone(),
-        };
-        tx.unbounded_send(Ok(Change::Insert(
-            server.addr,
-            Timeout::new(upstream, Duration::from_secs(1)),
-        )))
-        .unwrap();
-    }
+    let (tx, rx) = discovery(&servers);
     let mut outliers = OutlierDetectionLayer::new(DetectorPolicy::new(
         DetectorConfig::recommended().build().unwrap(),
     ))

@@ -110,6 +110,36 @@ impl Service<http::Request<Empty<Bytes>>> for Upstream {
     }
 }
 
+/// The upstream a discover stream gives for `servers`: one hyper-util client shared by them, each
+/// server its own `Upstream` with a 1 s timeout, as the README's stack has it. The sender keeps
+/// the stream open.
+pub(super) type Endpoint = Timeout<Upstream>;
+type Discovered = Result<Change<SocketAddr, Endpoint>, Infallible>;
+
+pub(super) fn discovery(
+    servers: &[Server],
+) -> (
+    mpsc::UnboundedSender<Discovered>,
+    mpsc::UnboundedReceiver<Discovered>,
+) {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new()).build(connector);
+    let (tx, rx) = mpsc::unbounded();
+    for server in servers {
+        let upstream = Upstream {
+            addr: server.addr,
+            client: client.clone(),
+        };
+        tx.unbounded_send(Ok(Change::Insert(
+            server.addr,
+            Timeout::new(upstream, Duration::from_secs(1)),
+        )))
+        .unwrap();
+    }
+    (tx, rx)
+}
+
 pub(super) fn get(path: &str) -> http::Request<Empty<Bytes>> {
     http::Request::get(path).body(Empty::new()).unwrap()
 }
@@ -122,21 +152,7 @@ async fn run() -> (usize, f64) {
         Server::start(false).await,
         Server::start(false).await,
     ];
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let client = Client::builder(TokioExecutor::new()).build(connector);
-    let (tx, rx) = mpsc::unbounded::<Result<Change<SocketAddr, _>, Infallible>>();
-    for server in &servers {
-        let upstream = Upstream {
-            addr: server.addr,
-            client: client.clone(),
-        };
-        tx.unbounded_send(Ok(Change::Insert(
-            server.addr,
-            Timeout::new(upstream, Duration::from_secs(1)),
-        )))
-        .unwrap();
-    }
+    let (tx, rx) = discovery(&servers);
     let outliers = OutlierDetectionLayer::new(DetectorPolicy::new(
         DetectorConfig::recommended().build().unwrap(),
     ))

@@ -21,9 +21,9 @@ use tower_outlier::{
 
 use crate::support::{announce, ejected, Backend, Harness, SeededRng};
 
-const S: Duration = Duration::from_secs(1);
+pub(super) const S: Duration = Duration::from_secs(1);
 
-fn edas(max_ratio: f64) -> OutlierDetectionLayer {
+pub(super) fn edas(max_ratio: f64) -> OutlierDetectionLayer {
     OutlierDetectionLayer::new(ErrorRatePolicy::new(
         ErrorRateConfig::edas_spring_cloud()
             .recovery_unit(Duration::from_secs(10))
@@ -54,7 +54,7 @@ impl Calls {
 }
 
 /// A cadence checking idle endpoints every 5 s, without jitter, taken out at `threshold`.
-fn idle(threshold: u32) -> ProbeCadence {
+pub(super) fn idle(threshold: u32) -> ProbeCadence {
     ProbeCadence::new()
         .no_traffic_interval(5 * S)
         .unhealthy_threshold(threshold)
@@ -62,7 +62,7 @@ fn idle(threshold: u32) -> ProbeCadence {
 }
 
 /// Runs the harness for `span`, 100 ms at a time (timers fire when due, probes answer).
-async fn run<P: Probe<usize, Backend> + Clone>(h: &mut Harness<P>, span: Duration) {
+pub(super) async fn run<P: Probe<usize, Backend> + Clone>(h: &mut Harness<P>, span: Duration) {
     let step = Duration::from_millis(100);
     let mut left = span;
     while !left.is_zero() {

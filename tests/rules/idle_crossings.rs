@@ -24,25 +24,7 @@ use tower_outlier::{
 
 use crate::support::{announce, Backend, Harness, SeededRng, Sleepy};
 
-const S: Duration = Duration::from_secs(1);
-
-fn edas(max_ratio: f64) -> OutlierDetectionLayer {
-    OutlierDetectionLayer::new(ErrorRatePolicy::new(
-        ErrorRateConfig::edas_spring_cloud()
-            .recovery_unit(Duration::from_secs(10))
-            .max_ejection_ratio(max_ratio)
-            .build()
-            .unwrap(),
-    ))
-}
-
-/// Every 5 s, no jitter, out at `threshold`.
-fn idle(threshold: u32) -> ProbeCadence {
-    ProbeCadence::new()
-        .no_traffic_interval(5 * S)
-        .unhealthy_threshold(threshold)
-        .interval_jitter_percent(0)
-}
+use super::idle_checks::{edas, idle, run, S};
 
 /// Counts the probe's starts, and the checks alive (started, not yet dropped) at most.
 #[derive(Clone, Default)]
@@ -103,19 +85,6 @@ impl Counter {
                 std::future::pending::<bool>().await
             })
         })
-    }
-}
-
-/// Runs the harness for `span`, 100 ms at a time.
-async fn run<P: Probe<usize, Backend> + Clone>(h: &mut Harness<P>, span: Duration) {
-    let step = Duration::from_millis(100);
-    let mut left = span;
-    while !left.is_zero() {
-        let by = left.min(step);
-        h.advance(by).await;
-        tokio::task::yield_now().await;
-        h.sync();
-        left -= by;
     }
 }
 

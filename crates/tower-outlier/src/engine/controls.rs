@@ -129,10 +129,8 @@ where
             };
             let dry = match entry.ejected_by() {
                 Some(Ejector::Policy(index)) => self.is_dry(index),
-                Some(
-                    Ejector::Host | Ejector::Pushback | Ejector::Health | Ejector::ActiveCheck,
-                ) => self.controls.dry_run,
-                Some(Ejector::Operator) | None => continue,
+                Some(signal) if signal.is_signal() => self.controls.dry_run,
+                Some(_) | None => continue,
             };
             let (id, shadow, out) = (
                 entry.id,
