@@ -179,6 +179,20 @@ where
             "a server never picked"
         );
     }
+    // Then three calls at a time for a while: a server whose one call so far set up its
+    // connection has p2c's highest estimate, and serial calls over three endpoints never pick the
+    // highest (on a loaded runner the restarting server went 6 s without a call, so the test saw
+    // nothing). Calls in flight raise the others' loads, so every estimate comes from calls on a
+    // warm connection.
+    for _ in 0..30 {
+        let mut calls = Vec::new();
+        for _ in 0..3 {
+            calls.push(balance.ready().await.unwrap().call(request()));
+        }
+        for result in futures::future::join_all(calls).await {
+            result.expect("a healthy fleet");
+        }
+    }
     // The restart: the old process freezes with its connection open, and a new one listens on
     // the same port.
     old.frozen.store(true, Ordering::SeqCst);

@@ -5,6 +5,7 @@
 mod support;
 
 mod admin_component;
+mod admin_copies;
 mod admin_readers;
 mod control_cost;
 mod file_source;

@@ -10,7 +10,7 @@
 //! | path | what |
 //! |---|---|
 //! | `/` | an HTML page: per endpoint its status, since when it is out, its next check and why, its error rate and share of the traffic, and a timeline of the last minutes with the spans it spent out of rotation drawn in; it reloads itself |
-//! | `/snapshot` | the monitor's [`Snapshot`](crate::Snapshot) as JSON |
+//! | `/snapshot` | the monitor's [`Snapshot`] as JSON |
 //! | `/history` | the sampled history as JSON: each tick (numbered `seq`) with every endpoint's status, error rate and window calls; `?since=<seq>` gives only the ticks after that one and `&limit=<n>` at most `n` of them, and the answer's `next_since` is the `since` of the next page (`more` says whether the kept history goes further; a `since` past the newest tick, from before the process restarted, starts over from the oldest with `restarted`; a malformed value is a 400 that names it) |
 //! | `/events` | the latest events as JSON objects (`at`, `kind`, `key` and the event's fields), oldest first |
 //! | `/events/stream` | the events as they happen, as server-sent events (`text/event-stream`), one JSON object per `data:` line, with a comment every 15 s to keep the connection open |
@@ -22,9 +22,16 @@
 //! first, up to that many rows), and the last 256 events (all configurable). A tick is one
 //! monitor snapshot, taken on tokio's blocking pool outside the history's lock; the next tick
 //! waits at least ten times as long as a snapshot took (at 100 000 endpoints a snapshot takes
-//! about a quarter of a second), so sampling takes at most a tenth of a core. The page,
-//! `/snapshot` and `/clusters` take a snapshot per request. The component must be built inside a
-//! tokio runtime to start sampling at once; built outside one, it starts on its first request.
+//! about a tenth of a second), so sampling takes at most a tenth of a core.
+//!
+//! The page, `/snapshot` and `/clusters` are made from the sampler's copy of the monitor, never
+//! on the request's task: a request waits for a snapshot the sampler begins after it asked (at
+//! once when the sampler is idle, not at its next tick), so what the caller did before asking is
+//! in it, and every request that asked meanwhile shares that one snapshot; the document is then
+//! written on the blocking pool. A burst of readers costs one snapshot, and a page of 100 000
+//! endpoints does not stall the runtime's workers. The component must be built inside a tokio
+//! runtime to start sampling at once; built outside one, it starts on its first request (a
+//! request answered outside any runtime builds its own snapshot, inline).
 //!
 //! ```
 //! use tower::ServiceExt;
@@ -94,12 +101,14 @@ mod body;
 mod clusters;
 mod history;
 mod json;
+mod latest;
 mod page;
 mod query;
 
 use std::convert::Infallible;
 use std::fmt;
-use std::future::{ready, Ready};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
@@ -113,10 +122,11 @@ use tower_service::Service;
 
 pub use body::AdminBody;
 use history::{Limits, Memory, Parts};
+use latest::Latest;
 use query::TickPage;
 
 use crate::monitor::EventCallback;
-use crate::monitor::Monitor;
+use crate::monitor::{Monitor, Snapshot};
 
 /// How often a server-sent event stream with nothing to say sends a comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -130,6 +140,8 @@ pub struct Admin {
 struct Inner {
     monitor: Monitor,
     history: Arc<Memory>,
+    // Where requests get the sampler's copies of the monitor.
+    latest: Arc<Latest>,
     callback: Option<EventCallback>,
     sampling: AtomicBool,
     every: Duration,
@@ -196,39 +208,32 @@ impl Admin {
                 Arc::downgrade(&self.inner.history),
                 self.inner.monitor.clone(),
                 self.inner.every,
+                self.inner.latest.answering(),
             ));
         }
     }
 
-    fn respond(&self, method: &Method, path: &str, query: Option<&str>) -> Response<AdminBody> {
+    /// The answer to a request: at once, or from a copy of the monitor.
+    fn respond(&self, method: &Method, path: &str, query: Option<&str>) -> Answer {
         if method != Method::GET && method != Method::HEAD {
-            return Response::builder()
-                .status(StatusCode::METHOD_NOT_ALLOWED)
-                .header(ALLOW, "GET, HEAD")
-                .body(AdminBody::full("GET or HEAD\n"))
-                .unwrap_or_else(|_| Response::new(AdminBody::full("")));
+            return Answer::Now(
+                Response::builder()
+                    .status(StatusCode::METHOD_NOT_ALLOWED)
+                    .header(ALLOW, "GET, HEAD")
+                    .body(AdminBody::full("GET or HEAD\n"))
+                    .unwrap_or_else(|_| Response::new(AdminBody::full(""))),
+            );
         }
         let path = path.trim_end_matches('/');
         let (content_type, body) = if path == "/events/stream" {
             ("text/event-stream", self.event_stream())
         } else {
             match path.strip_prefix('/').unwrap_or(path) {
-                "snapshot" => ("application/json", AdminBody::full(self.snapshot_json())),
-                "clusters" => {
-                    let snapshot = self.inner.monitor.snapshot();
-                    let name = &self.inner.cluster_name;
-                    if clusters::wants_json(query) {
-                        (
-                            "application/json",
-                            AdminBody::full(clusters::json(&snapshot, name).to_string()),
-                        )
-                    } else {
-                        (
-                            "text/plain; charset=utf-8",
-                            AdminBody::full(clusters::text(&snapshot, name)),
-                        )
-                    }
+                "snapshot" => return Answer::From(View::Snapshot),
+                "clusters" if clusters::wants_json(query) => {
+                    return Answer::From(View::ClustersJson)
                 }
+                "clusters" => return Answer::From(View::ClustersText),
                 "history" => match TickPage::parse(query) {
                     Ok(page) => (
                         "application/json",
@@ -237,7 +242,7 @@ impl Admin {
                                 .to_string(),
                         ),
                     ),
-                    Err(bad) => return bad_request(format!("{bad}\n")),
+                    Err(bad) => return Answer::Now(bad_request(format!("{bad}\n"))),
                 },
                 "events" => (
                     "application/json",
@@ -252,42 +257,34 @@ impl Admin {
                         AdminBody::full(text),
                     ),
                     None => {
-                        return not_found(
+                        return Answer::Now(not_found(
                             "no Prometheus registry was given to this admin component\n",
-                        )
+                        ))
                     }
                 },
-                "" if path.is_empty() => {
-                    let snapshot = self.inner.monitor.snapshot();
-                    // Wall-clock time for the people reading the page; nothing is measured with it.
-                    #[allow(clippy::disallowed_methods)]
-                    let now = SystemTime::now();
-                    let html = page::render(
-                        &snapshot,
-                        &self.inner.history.history(Parts::Both),
-                        now,
-                        self.inner.refresh,
-                    );
-                    ("text/html; charset=utf-8", AdminBody::full(html))
-                }
-                _ => return not_found("not an admin path\n"),
+                "" if path.is_empty() => return Answer::From(View::Page),
+                _ => return Answer::Now(not_found("not an admin path\n")),
             }
         };
-        let body = if method == Method::HEAD {
-            AdminBody::full(Bytes::new())
-        } else {
-            body
-        };
-        Response::builder()
-            .header(CONTENT_TYPE, content_type)
-            .header(CACHE_CONTROL, "no-store")
-            .body(body)
-            .unwrap_or_else(|_| Response::new(AdminBody::full("")))
+        Answer::Now(ok(method, content_type, body))
     }
 
-    fn snapshot_json(&self) -> String {
-        serde_json::to_string(&self.inner.monitor.snapshot())
-            .unwrap_or_else(|error| serde_json::json!({ "error": error.to_string() }).to_string())
+    /// `view` of a copy of the monitor begun after the request: the sampler's, rendered on the
+    /// blocking pool (`latest.rs`), so that neither step runs on the request's task.
+    fn answer_from(&self, method: &Method, view: View) -> AdminFuture {
+        let inner = self.inner.clone();
+        let method = method.clone();
+        AdminFuture::waiting(Box::pin(async move {
+            let snapshot = inner.latest.copy(&inner.monitor).await;
+            let rendering = inner.clone();
+            match latest::off_task(move || view.render(&rendering, &snapshot)).await {
+                Some((content_type, text)) => ok(&method, content_type, AdminBody::full(text)),
+                None => plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the runtime is shutting down\n",
+                ),
+            }
+        }))
     }
 
     #[cfg(feature = "prometheus")]
@@ -326,6 +323,123 @@ impl Admin {
             Some((Bytes::from(frame), events))
         });
         AdminBody::events(stream)
+    }
+}
+
+/// What a request is answered with.
+enum Answer {
+    Now(Response<AdminBody>),
+    From(View),
+}
+
+/// A document made from a copy of the monitor.
+#[derive(Clone, Copy)]
+enum View {
+    Page,
+    Snapshot,
+    ClustersJson,
+    ClustersText,
+}
+
+impl View {
+    /// The document's content type and text (on the blocking pool).
+    fn render(self, inner: &Inner, snapshot: &Snapshot) -> (&'static str, String) {
+        match self {
+            View::Snapshot => (
+                "application/json",
+                serde_json::to_string(snapshot).unwrap_or_else(|error| {
+                    serde_json::json!({ "error": error.to_string() }).to_string()
+                }),
+            ),
+            View::ClustersJson => (
+                "application/json",
+                clusters::json(snapshot, &inner.cluster_name).to_string(),
+            ),
+            View::ClustersText => (
+                "text/plain; charset=utf-8",
+                clusters::text(snapshot, &inner.cluster_name),
+            ),
+            View::Page => {
+                // Wall-clock time for the people reading the page; nothing is measured with it.
+                #[allow(clippy::disallowed_methods)]
+                let now = SystemTime::now();
+                let html = page::render(
+                    snapshot,
+                    &inner.history.history(Parts::Both),
+                    now,
+                    inner.refresh,
+                );
+                ("text/html; charset=utf-8", html)
+            }
+        }
+    }
+}
+
+/// A successful answer: `body` with its content type (none for `HEAD`), never cached.
+fn ok(method: &Method, content_type: &'static str, body: AdminBody) -> Response<AdminBody> {
+    let body = if method == Method::HEAD {
+        AdminBody::full(Bytes::new())
+    } else {
+        body
+    };
+    Response::builder()
+        .header(CONTENT_TYPE, content_type)
+        .header(CACHE_CONTROL, "no-store")
+        .body(body)
+        .unwrap_or_else(|_| Response::new(AdminBody::full("")))
+}
+
+/// The future of an [`Admin`] answer: ready at once, or once the sampler's copy of the monitor
+/// that the page, `/snapshot` or `/clusters` is made from is rendered.
+pub struct AdminFuture {
+    state: FutureState,
+}
+
+enum FutureState {
+    Ready(Option<Response<AdminBody>>),
+    Waiting(Pin<Box<dyn Future<Output = Response<AdminBody>> + Send>>),
+}
+
+impl AdminFuture {
+    fn ready(response: Response<AdminBody>) -> Self {
+        AdminFuture {
+            state: FutureState::Ready(Some(response)),
+        }
+    }
+
+    fn waiting(future: Pin<Box<dyn Future<Output = Response<AdminBody>> + Send>>) -> Self {
+        AdminFuture {
+            state: FutureState::Waiting(future),
+        }
+    }
+}
+
+// Nothing in it is pinned in place: the waiting future is boxed, the response moved out.
+impl Unpin for AdminFuture {}
+
+impl Future for AdminFuture {
+    type Output = Result<Response<AdminBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().state {
+            FutureState::Ready(response) => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => panic!("AdminFuture polled after it completed"),
+            },
+            FutureState::Waiting(future) => future.as_mut().poll(cx).map(Ok),
+        }
+    }
+}
+
+impl fmt::Debug for AdminFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            FutureState::Ready(_) => "ready",
+            FutureState::Waiting(_) => "waiting for a copy of the monitor",
+        };
+        f.debug_struct("AdminFuture")
+            .field("state", &state)
+            .finish()
     }
 }
 
@@ -438,6 +552,7 @@ impl AdminBuilder {
             inner: Arc::new(Inner {
                 monitor: self.monitor,
                 history,
+                latest: Arc::default(),
                 callback: Some(callback),
                 sampling: AtomicBool::new(false),
                 every: self.every,
@@ -455,7 +570,7 @@ impl AdminBuilder {
 impl<B> Service<Request<B>> for Admin {
     type Response = Response<AdminBody>;
     type Error = Infallible;
-    type Future = Ready<Result<Response<AdminBody>, Infallible>>;
+    type Future = AdminFuture;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -464,7 +579,10 @@ impl<B> Service<Request<B>> for Admin {
     fn call(&mut self, request: Request<B>) -> Self::Future {
         self.start_sampling();
         let uri = request.uri();
-        ready(Ok(self.respond(request.method(), uri.path(), uri.query())))
+        match self.respond(request.method(), uri.path(), uri.query()) {
+            Answer::Now(response) => AdminFuture::ready(response),
+            Answer::From(view) => self.answer_from(request.method(), view),
+        }
     }
 }
 

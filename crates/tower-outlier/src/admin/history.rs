@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use tower_outlier_core::Lock;
 
+use super::latest::Answering;
 use crate::event::Event;
 use crate::monitor::{EndpointStatus, Monitor, Snapshot};
 
@@ -258,29 +259,55 @@ impl Timeline {
     }
 }
 
-/// Samples `monitor` into `memory` every `every` until the memory is dropped. A tick is one
-/// monitor snapshot, taken on tokio's blocking pool (about 2.4 µs per endpoint: a quarter of a
-/// second at 100 000), and the next waits at least ten times as long as the last took, so that
-/// sampling never takes more than a tenth of a core.
-pub(super) async fn sample_while_kept(history: Weak<Memory>, monitor: Monitor, every: Duration) {
+/// Samples `monitor` into `memory` every `every` until the memory is dropped, and answers the
+/// requests that ask for a copy of it meanwhile (`latest.rs`). A tick is one monitor snapshot,
+/// taken on tokio's blocking pool (about a microsecond per endpoint: a tenth of a second at
+/// 100 000), and the next waits at least ten times as long as the last took, so that sampling
+/// never takes more than a tenth of a core. A request asking between ticks gets a snapshot begun
+/// after it asked, at once, shared with every request that asked before it began.
+pub(super) async fn sample_while_kept(
+    history: Weak<Memory>,
+    monitor: Monitor,
+    every: Duration,
+    answering: Answering,
+) {
+    let mut next_tick = tokio::time::Instant::now();
     loop {
         if history.strong_count() == 0 {
             return;
         }
+        let mut woken = std::pin::pin!(answering.woken());
+        woken.as_mut().enable();
+        let due = tokio::time::Instant::now() >= next_tick;
+        if !due && !answering.wanted() {
+            let sleep = std::pin::pin!(tokio::time::sleep_until(next_tick));
+            futures::future::select(woken, sleep).await;
+            continue;
+        }
+        let covered = answering.cover();
         let started = tokio::time::Instant::now();
         let taking = monitor.clone();
-        let Ok(snapshot) = tokio::task::spawn_blocking(move || taking.snapshot()).await else {
-            return;
+        let kept = history.clone();
+        // All of it on the blocking pool, the snapshot dropped there too (freeing 100 000
+        // entries is milliseconds): the runtime's thread only waits.
+        let tick = move || {
+            let snapshot = Arc::new(taking.snapshot());
+            covered.answer(&snapshot);
+            if due {
+                if let Some(kept) = kept.upgrade() {
+                    // Wall-clock time for the people reading the page; nothing is measured with it.
+                    #[allow(clippy::disallowed_methods)]
+                    let at = SystemTime::now();
+                    kept.sample(at, &snapshot);
+                }
+            }
         };
+        if tokio::task::spawn_blocking(tick).await.is_err() {
+            return;
+        }
         let took = started.elapsed();
-        let Some(kept) = history.upgrade() else {
-            return;
-        };
-        // Wall-clock time for the people reading the page; nothing is measured with it.
-        #[allow(clippy::disallowed_methods)]
-        let at = SystemTime::now();
-        kept.sample(at, &snapshot);
-        drop(kept);
-        tokio::time::sleep(every.max(took.saturating_mul(10))).await;
+        if due {
+            next_tick = started + every.max(took.saturating_mul(10));
+        }
     }
 }
