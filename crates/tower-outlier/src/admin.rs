@@ -156,6 +156,8 @@ impl Drop for Inner {
         if let Some(callback) = self.callback.take() {
             callback.unsubscribe();
         }
+        // The sampler ends now, not at its next tick.
+        self.latest.close();
     }
 }
 

@@ -273,7 +273,7 @@ pub(super) async fn sample_while_kept(
 ) {
     let mut next_tick = tokio::time::Instant::now();
     loop {
-        if history.strong_count() == 0 {
+        if history.strong_count() == 0 || answering.closed() {
             return;
         }
         let mut woken = std::pin::pin!(answering.woken());

@@ -25,6 +25,8 @@ pub(super) struct Latest {
     asking: Lock<Asking>,
     // A request woke the sampler (a permit is kept if it was busy).
     wake: Notify,
+    // The component was dropped.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -54,6 +56,13 @@ impl Latest {
         }
     }
 
+    /// The component was dropped: the sampler ends now, not at its next tick.
+    pub(super) fn close(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
     /// A copy of the monitor begun after this call: the sampler's, or built here if there is no
     /// sampler.
     pub(super) async fn copy(&self, monitor: &Monitor) -> Arc<Snapshot> {
@@ -79,6 +88,13 @@ impl Answering {
     /// The next wake-up a request gives the sampler.
     pub(super) fn woken(&self) -> tokio::sync::futures::Notified<'_> {
         self.latest.wake.notified()
+    }
+
+    /// Whether the component was dropped.
+    pub(super) fn closed(&self) -> bool {
+        self.latest
+            .closed
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a request waits for a copy.
@@ -200,5 +216,26 @@ mod tests {
         }
         drop(answering);
         let _ = waiting.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_sampler_ends_with_the_component_not_at_its_next_tick() {
+        let monitor = monitor();
+        let alone = Arc::strong_count(monitor.registry());
+        let admin = crate::admin::Admin::builder(&monitor)
+            .sample_every(std::time::Duration::from_secs(3600))
+            .build();
+        // The sampler took its first tick and sleeps for an hour, holding a monitor.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(Arc::strong_count(monitor.registry()) > alone);
+        drop(admin);
+        let dropped = tokio::time::Instant::now();
+        while Arc::strong_count(monitor.registry()) > alone {
+            assert!(
+                dropped.elapsed() < std::time::Duration::from_secs(5),
+                "the sampler still runs"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 }
