@@ -533,3 +533,38 @@ async fn overrides_and_resets_hold_through_a_reconfiguration() {
         .map(|(_, s)| s.clone());
     assert_eq!(last_of_two, Some(Seen::Remove(2)), "never back in the set");
 }
+
+/// A snapshot of a fleet large enough to be built on two threads puts every entry under its own
+/// key, in the keys' order: the endpoints forced out, scattered over both halves, and only they,
+/// show as ejected.
+#[tokio::test(start_paused = true)]
+async fn a_large_snapshot_shows_each_endpoint_under_its_own_key_in_order() {
+    const FLEET: usize = 25_000;
+    let layer = hsf_layer(0.5);
+    let rules = layer.rules();
+    let mut h = Harness::new(&layer, FLEET);
+    let forced = [3usize, 4_999, 12_500, 12_501, 20_000, 24_999];
+    for key in forced {
+        rules.force_out(&key);
+    }
+    h.sync();
+    let snapshot = layer.monitor().snapshot();
+    assert_eq!(snapshot.endpoints.len(), FLEET);
+    assert!(snapshot
+        .endpoints
+        .windows(2)
+        .all(|pair| pair[0].key.as_str() < pair[1].key.as_str()));
+    for endpoint in &snapshot.endpoints {
+        let key: usize = *endpoint.key.downcast_ref().unwrap();
+        assert_eq!(endpoint.key.as_str(), key.to_string());
+        let out = forced.contains(&key);
+        assert_eq!(
+            (
+                endpoint.status == EndpointStatus::Ejected,
+                endpoint.forced.is_some()
+            ),
+            (out, out),
+            "{key}"
+        );
+    }
+}

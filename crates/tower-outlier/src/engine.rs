@@ -30,6 +30,7 @@ use crate::hosts::{HostOf, HostRegistry};
 use crate::monitor::Registry;
 use crate::probe::ProbeFuture;
 use avoided::AvoidedChecks;
+use entries::Entries;
 pub(crate) use idle::{keep as keep_idle, IdleBoard};
 use recovery::deadline_is_current;
 use settings::{fleet_schedules, trial_period, FleetSchedule};
@@ -65,7 +66,7 @@ pub(crate) struct Engine<K, S> {
     registry: Arc<Registry>,
     // This adaptor's endpoints in the monitor.
     roster: u64,
-    entries: HashMap<K, Entry<S>>,
+    entries: Entries<K, S>,
     deadlines: Deadlines<K>,
     ejected: usize,
     // The endpoints kept in for want of room after a policy judged them outliers, by id, so they
@@ -90,7 +91,7 @@ pub(crate) struct Engine<K, S> {
     // The endpoints in the balancer's set whose service failed `poll_ready`, by id: the balancer
     // cannot pick them, so they are no endpoint to fall back on (the last-endpoint rule).
     unready: HashSet<u64>,
-    signals: SignalBoard<K>,
+    signals: SignalBoard,
     // Endpoints out only in dry run (ejected or probing as the rules would have them): still in
     // the balancer's set, counted apart from `ejected`.
     shadow_out: HashSet<u64>,
@@ -266,7 +267,7 @@ impl<K, S> Engine<K, S> {
             settings,
             notifier,
             registry,
-            entries: HashMap::new(),
+            entries: Entries::new(),
             deadlines: Deadlines::default(),
             ejected: 0,
             refused: BTreeMap::new(),
@@ -394,7 +395,15 @@ where
     }
 
     fn signalled(&mut self, now: Instant) {
-        let mut flagged = self.signals.take();
+        let mut flagged: Vec<(u64, K)> = self
+            .signals
+            .take()
+            .into_iter()
+            .filter_map(|slot| {
+                let (key, entry) = self.entries.by_slot(slot)?;
+                Some((entry.id, key.clone()))
+            })
+            .collect();
         // In discovery order: when several compete for one budget slot the first discovered
         // wins, whatever order their bits came in.
         flagged.sort_unstable_by_key(|(id, _)| *id);
@@ -509,6 +518,7 @@ mod availability;
 mod avoided;
 mod controls;
 mod decide;
+mod entries;
 mod health;
 mod hosts;
 mod idle;

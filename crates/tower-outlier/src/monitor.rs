@@ -1,56 +1,25 @@
 //! Reading what the layer decided: per-endpoint status, window counts and next check
 //! ([`Monitor`], [`Snapshot`]), and the callbacks that follow its events ([`EventCallback`]).
 
-use std::collections::hash_map::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use tokio::time::Instant;
 use tower_outlier_core::{Lock, Reason};
 
 use crate::controls::Override;
 use crate::event::{EndpointKey, Event, EventHub};
-use crate::shared::HasRecord;
+use crate::shared::Shared;
+use building::{permute, Copied};
+pub(crate) use ids::IdMap;
 
 /// How many events a slow broadcast subscriber may fall behind by.
 const EVENTS_CAPACITY: usize = 1024;
 
 /// Endpoints a snapshot copies per hold of the registry's lock.
 const SNAPSHOT_BATCH: usize = 1024;
-
-/// What a snapshot copies of one endpoint under the registry's lock.
-struct Copied {
-    key: EndpointKey,
-    names: Arc<[&'static str]>,
-    shared: Arc<dyn HasRecord>,
-    status: EndpointStatus,
-    dry_run: bool,
-    forced: Option<Override>,
-    unready: bool,
-    next_check: Option<Instant>,
-    failed_checks: u32,
-    last_reason: Option<Reason>,
-    refused: Option<String>,
-}
-
-/// Puts `items` in the order `from` gives (the item at `k` becomes the one that was at
-/// `from[k]`), in place, following each cycle of the permutation once; `from` is used up.
-fn permute<T>(items: &mut [T], from: &mut [usize]) {
-    const DONE: usize = usize::MAX;
-    for start in 0..items.len().min(from.len()) {
-        let mut current = start;
-        loop {
-            let next = std::mem::replace(&mut from[current], DONE);
-            if next == DONE || next == start || next >= items.len() {
-                break;
-            }
-            items.swap(current, next);
-            current = next;
-        }
-    }
-}
 
 /// The first sixteen bytes of a key's text as a number that orders as the text does (shorter
 /// texts padded with zeros, which order first as the shorter text does).
@@ -60,9 +29,6 @@ fn key_prefix(text: &str) -> u128 {
     bytes[..head.len()].copy_from_slice(head);
     u128::from_be_bytes(bytes)
 }
-
-/// How long after its last failed call an endpoint that gets no call is shown as avoided.
-const AVOIDED_AFTER: Duration = Duration::from_secs(1);
 
 /// A handle for reading the layer's decisions (what EDAS and HSF call "verify the result").
 ///
@@ -93,7 +59,7 @@ pub(crate) struct Registry {
     // The ids of adaptors and endpoints: an endpoint's is its place in the order of discovery.
     next_id: AtomicU64,
     // Each adaptor's endpoints, by the adaptor's id.
-    rosters: Lock<HashMap<u64, Roster>>,
+    rosters: Lock<IdMap<Roster>>,
     rules: Lock<(u64, Option<String>)>,
     rules_notes: Lock<Vec<String>>,
     // The layer-wide dry run, and the policies in dry run of their own (by name).
@@ -113,11 +79,11 @@ struct Roster {
     // The names of the adaptor's policies, in order: every endpoint of the adaptor has them, so
     // they are held once.
     policies: Arc<[&'static str]>,
-    endpoints: HashMap<u64, Tracked>,
+    endpoints: IdMap<Tracked>,
     // Where the adaptor last put each endpoint, from its first ejection on; one missing is
     // available and was never ejected, as most are. Apart from `endpoints`, where every slot
     // would pay for it, and boxed, so that a map holding many costs little beyond the boxes.
-    shown: HashMap<u64, Box<Shown>>,
+    shown: IdMap<Box<Shown>>,
     // Why the adaptor can eject no endpoint at all now (its budget rounds to none), if so.
     no_ejection: Option<Box<str>>,
     // Why the balancer has every endpoint or none (panic, fail fast), if so.
@@ -126,7 +92,7 @@ struct Roster {
 
 pub(crate) struct Tracked {
     pub(crate) key: EndpointKey,
-    record: Weak<dyn HasRecord>,
+    record: Weak<Shared>,
 }
 
 /// What the monitor shows of an endpoint: where the adaptor put it, and why it last ejected it.
@@ -158,7 +124,7 @@ impl Shown {
 
 impl Tracked {
     /// A newly discovered endpoint: available.
-    pub(crate) fn new(key: EndpointKey, record: Weak<dyn HasRecord>) -> Self {
+    pub(crate) fn new(key: EndpointKey, record: Weak<Shared>) -> Self {
         Tracked { key, record }
     }
 }
@@ -180,7 +146,7 @@ impl Monitor {
                 waiting: AtomicUsize::new(0),
                 nothing_to_pick: AtomicUsize::new(0),
                 next_id: AtomicU64::new(0),
-                rosters: Lock::new(HashMap::new()),
+                rosters: Lock::new(IdMap::default()),
                 rules: Lock::new((0, None)),
                 rules_notes: Lock::new(Vec::new()),
                 dry_run: Lock::new((false, Vec::new())),
@@ -270,100 +236,7 @@ impl Monitor {
         // in the keys' order it cost a cache miss per record), then put in the keys' order in
         // place (a second buffer of 100 000 snapshots, 26 MB, made and freed, stalled the
         // adaptor's thread for 6 ms at a time: the page faults and the unmapping).
-        let mut endpoints: Vec<EndpointSnapshot> = copied
-            .into_iter()
-            .map(|copied| {
-                let shared = &copied.shared;
-                let record = shared.record();
-                let at = record.clock().now();
-                // One pass over the policies, no list of their descriptions in between (an
-                // allocation per endpoint): the first weighting is kept as it goes by.
-                let mut weighting = None;
-                let windows: Vec<PolicyWindow> = record
-                    .policies()
-                    .iter()
-                    .zip(copied.names.iter())
-                    .map(|(policy, name)| {
-                        let shown = policy.describe(at);
-                        weighting = weighting.or(shown.weight);
-                        PolicyWindow {
-                            policy: name,
-                            counts: shown.counts,
-                            state: shown.state,
-                            judged: shown.judged,
-                            members: policy
-                                .members(at)
-                                .into_iter()
-                                .map(|(policy, shown)| PolicyWindow {
-                                    policy,
-                                    counts: shown.counts,
-                                    state: shown.state,
-                                    judged: shown.judged,
-                                    members: Vec::new(),
-                                })
-                                .collect(),
-                        }
-                    })
-                    .collect();
-                let next_check_in = copied
-                    .next_check
-                    .map(|at| at.saturating_duration_since(now));
-                let (absolute_weight, degraded) = (
-                    weighting.map(|w| w.weight),
-                    weighting.is_some_and(|w| w.degraded),
-                );
-                let in_flight = shared.in_flight();
-                // Out only in dry run: in the balancer's set, where the rules would not have it.
-                let (shown, would_be) = match copied.status {
-                    EndpointStatus::Available => (EndpointStatus::Available, None),
-                    status if copied.dry_run => (EndpointStatus::Available, Some(status)),
-                    status => (status, None),
-                };
-                let status = match shown {
-                    EndpointStatus::Available | EndpointStatus::Trial if copied.unready => {
-                        EndpointStatus::Unready
-                    }
-                    status => status,
-                };
-                let avoided_for = match shown {
-                    EndpointStatus::Available | EndpointStatus::Trial if in_flight == 0 => record
-                        .failing_for(at)
-                        .filter(|since| *since >= AVOIDED_AFTER),
-                    _ => None,
-                };
-                EndpointSnapshot {
-                    key: copied.key,
-                    status,
-                    error_rate: windows.first().map_or(0.0, |w| w.counts.failure_rate()),
-                    windows,
-                    next_check_in,
-                    next_check_at: next_check_in.map(|wait| wall + wait),
-                    absolute_weight,
-                    degraded,
-                    failed_checks: copied.failed_checks,
-                    last_reason: copied.last_reason,
-                    weight: record.weight(),
-                    ramp_share: record.ramp_share(at),
-                    not_serving: record.is_not_serving(),
-                    degraded_by_server: record
-                        .degraded_until(at)
-                        .map(|until| Duration::from_nanos(until - at)),
-                    in_flight,
-                    latency_estimate: Duration::from_nanos(record.rtt_estimate(at) as u64),
-                    avoided_for,
-                    // Only while a policy still judges it an outlier: an endpoint that healed
-                    // sends the layer no signal, so the refusal the engine noted can outlive it.
-                    refused: copied.refused.filter(|_| {
-                        copied.forced.is_some()
-                            || record.pushed_back_until(at).is_some()
-                            || record.is_not_serving()
-                            || record.judge(at).is_some()
-                    }),
-                    would_be,
-                    forced: copied.forced,
-                }
-            })
-            .collect();
+        let mut endpoints = building::build_all(copied, now, wall);
         let mut from: Vec<usize> = order.into_iter().map(|(.., index)| index).collect();
         permute(&mut endpoints, &mut from);
         self.registry.give_way();
@@ -481,6 +354,8 @@ impl fmt::Debug for Monitor {
     }
 }
 
+mod building;
+mod ids;
 mod registry;
 pub(crate) use registry::Placement;
 mod snapshot;

@@ -61,19 +61,3 @@ impl HasLanes for Shared {
 /// endpoint 32 bytes, and p2c_throughput with `Buffer` on two workers (one thread makes every
 /// endpoint's lane, responses complete on both) measured no slower without it.
 pub(crate) type Lane = tower_outlier_core::lanes::Lane<Shared>;
-
-/// Lets the monitor read records without knowing the endpoint's type.
-pub(crate) trait HasRecord: Send + Sync {
-    fn record(&self) -> &EndpointRecord;
-    fn in_flight(&self) -> usize;
-}
-
-impl HasRecord for Shared {
-    fn record(&self) -> &EndpointRecord {
-        &self.record
-    }
-
-    fn in_flight(&self) -> usize {
-        Shared::in_flight(self)
-    }
-}

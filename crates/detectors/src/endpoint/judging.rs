@@ -121,7 +121,7 @@ impl EndpointPolicy for DetectorEndpoint {
         self.queued_5xx.store(false, Ordering::Relaxed);
         self.clear_recent();
         self.out.store(false, Ordering::Relaxed);
-        if let Some(gate) = &self.gate {
+        if let Some(gate) = self.linkerd_gate() {
             // Back in rotation after the back-off: one real request is the probe.
             if matches!(gate.state.load(Ordering::Acquire), OPEN | SHUT) {
                 self.wake_gate(gate, HALF_OPEN);
@@ -138,7 +138,7 @@ impl EndpointPolicy for DetectorEndpoint {
     }
 
     fn gate(&self) -> Option<&dyn ProbeGate> {
-        self.gate.as_ref().map(|_| self as &dyn ProbeGate)
+        self.linkerd_gate().map(|_| self as &dyn ProbeGate)
     }
 }
 
@@ -184,7 +184,7 @@ impl DetectorEndpoint {
         // both: CLOSED lets calls through, OPEN holds them (ejected or waiting), HALF_OPEN lets one
         // probe through. (linkerd's own words run the other way: its gate is "open" when healthy
         // and "shut" when ejected, which made `state="OPEN"` fire for every healthy endpoint.)
-        let gate = self.gate.as_ref()?;
+        let gate = self.linkerd_gate()?;
         Some(match gate.state.load(Ordering::Acquire) {
             CLOSED => "CLOSED",
             HALF_OPEN | PROBING => "HALF_OPEN",
@@ -257,7 +257,7 @@ impl OwnTiming for DetectorEndpoint {
         // uncounted.
         self.queued_5xx.store(false, Ordering::Relaxed);
         self.condemned.store(0, Ordering::Release);
-        if let Some(gate) = &self.gate {
+        if let Some(gate) = self.linkerd_gate() {
             self.wake_gate(gate, OPEN);
         }
         Some(end)
@@ -291,7 +291,7 @@ impl OwnTiming for DetectorEndpoint {
             // appears.
             self.condemned.store(0, Ordering::Release);
         }
-        if let Some(gate) = &self.gate {
+        if let Some(gate) = self.linkerd_gate() {
             // Kept in rotation: it serves again.
             if gate.state.load(Ordering::Acquire) == SHUT {
                 self.wake_gate(gate, CLOSED);

@@ -14,7 +14,7 @@ impl ProbeGate for DetectorEndpoint {
         if armed {
             return Poll::Ready(Admit::Probe);
         }
-        let Some(gate) = &self.gate else {
+        let Some(gate) = self.linkerd_gate() else {
             return Poll::Ready(Admit::Call);
         };
         loop {
@@ -52,7 +52,7 @@ impl ProbeGate for DetectorEndpoint {
     }
 
     fn record_probe(&self, observation: &Observation, now: Nanos) -> Signal {
-        let Some(gate) = &self.gate else {
+        let Some(gate) = self.linkerd_gate() else {
             return self.record(observation, now);
         };
         if observation.outcome.is_failure() {
@@ -71,7 +71,7 @@ impl ProbeGate for DetectorEndpoint {
     }
 
     fn probe_cancelled(&self, _now: Nanos) {
-        if let Some(gate) = &self.gate {
+        if let Some(gate) = self.linkerd_gate() {
             if gate.state.load(Ordering::Acquire) == PROBING {
                 self.wake_gate(gate, HALF_OPEN);
             }

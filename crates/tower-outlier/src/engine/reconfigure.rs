@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{fleet_schedules, trial_period, DiscoverKey, Ejector, Engine, Settings, Standing};
 use crate::event::Readmission;
-use crate::shared::{HasRecord, Shared};
+use crate::shared::Shared;
 
 impl<K, S> Engine<K, S>
 where
@@ -68,8 +68,7 @@ where
             };
             let record = entry.record().successor_with(states);
             let shared = Shared::new(record);
-            let weak: std::sync::Weak<dyn HasRecord> =
-                Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
+            let weak = Arc::downgrade(&shared);
             records.push((entry.id, weak));
             if let Some(board) = &self.idle {
                 board.replace_record(entry.id, shared.clone());

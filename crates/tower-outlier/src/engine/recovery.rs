@@ -1,7 +1,6 @@
 //! The detector's timed work: fleet evaluations, recovery checks (passive trials and active
 //! probes), trial ends and probe results.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::time::Duration;
@@ -9,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower_outlier_core::{EndpointPolicy, FleetMember};
 
-use super::{later, DiscoverKey, Engine, Entry, ProbeStart, Standing};
+use super::{later, DiscoverKey, Engine, ProbeStart, Standing};
 use crate::event::{Event, Readmission};
 use crate::probe::ProbeFuture;
 
@@ -390,7 +389,7 @@ where
 /// Whether the deadline `at` popped for entry `id` under `key` is still that entry's deadline
 /// (the heap keeps deadlines its entries have since moved past, or of entries since removed).
 pub(super) fn deadline_is_current<K: Hash + Eq, S>(
-    entries: &HashMap<K, Entry<S>>,
+    entries: &super::entries::Entries<K, S>,
 ) -> impl Fn(&K, u64, Instant) -> bool + '_ {
     move |key, id, at| {
         entries

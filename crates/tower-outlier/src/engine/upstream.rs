@@ -10,7 +10,7 @@ use tower_outlier_core::EndpointRecord;
 use super::{policy_states, DiscoverKey, Engine, Entry, Reported, Standing};
 use crate::event::{EndpointKey, Event};
 use crate::monitor::Tracked;
-use crate::shared::{HasRecord, Shared};
+use crate::shared::Shared;
 
 impl<K, S> Engine<K, S>
 where
@@ -37,12 +37,12 @@ where
             record.watch_degraded(settings.degraded_hold);
         }
         let shared = Shared::new(record);
-        let weak: std::sync::Weak<dyn HasRecord> =
-            Arc::downgrade(&(shared.clone() as Arc<dyn HasRecord>));
+        let weak = Arc::downgrade(&shared);
         // The monitor holds the typed key, for its snapshots and the events about the endpoint.
         let typed = EndpointKey::new(&key);
         let id = self.registry.insert(self.roster, Tracked::new(typed, weak));
-        let (slot, signal) = self.signals.assign(id, &key);
+        let slot = self.entries.vacant_slot();
+        let signal = self.signals.assign(slot);
         shared.record.set_signal_slot(signal);
         if let (Some(sharing), Some(host)) = (&mut self.sharing, host) {
             sharing.hosts.insert(id, host.into_boxed_str());
@@ -113,7 +113,6 @@ where
         self.mirror_refused.remove(&entry.id);
         self.unready.remove(&entry.id);
         self.forced.remove(&entry.id);
-        self.signals.release(entry.slot);
         if let Some(sharing) = &mut self.sharing {
             sharing.hosts.remove(&entry.id);
         }

@@ -1,16 +1,17 @@
 //! The registry behind a monitor: every adaptor's roster of endpoints, and the snapshots and
 //! events read from them.
 
-use std::collections::hash_map::{self, HashMap};
+use std::collections::hash_map;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use tokio::time::Instant;
 use tower_outlier_core::{LockGuard, Reason};
 
+use super::IdMap;
 use crate::controls::Override;
 use crate::event::{EndpointKey, Event};
-use crate::shared::HasRecord;
+use crate::shared::Shared;
 
 use super::*;
 
@@ -30,7 +31,7 @@ impl Registry {
 
     /// The rosters, for an adaptor: it is counted as waiting while another holds them, so that a
     /// snapshot lets it in between batches.
-    pub(super) fn rosters(&self) -> LockGuard<'_, HashMap<u64, Roster>> {
+    pub(super) fn rosters(&self) -> LockGuard<'_, IdMap<Roster>> {
         if let Some(rosters) = self.rosters.try_lock() {
             return rosters;
         }
@@ -57,8 +58,8 @@ impl Registry {
         let roster = self.next_id();
         let joined = Roster {
             policies,
-            endpoints: HashMap::new(),
-            shown: HashMap::new(),
+            endpoints: IdMap::default(),
+            shown: IdMap::default(),
             no_ejection: None,
             all_out: None,
         };
@@ -67,7 +68,7 @@ impl Registry {
     }
 
     /// The adaptor of `roster` is gone, and so are its endpoints: they are returned.
-    pub(crate) fn leave(&self, roster: u64) -> HashMap<u64, Tracked> {
+    pub(crate) fn leave(&self, roster: u64) -> IdMap<Tracked> {
         let removed = self.rosters().remove(&roster);
         removed.map(|roster| roster.endpoints).unwrap_or_default()
     }
@@ -110,7 +111,7 @@ impl Registry {
         &self,
         roster: u64,
         policies: Arc<[&'static str]>,
-        records: impl IntoIterator<Item = (u64, Weak<dyn HasRecord>)>,
+        records: impl IntoIterator<Item = (u64, Weak<Shared>)>,
     ) {
         let mut rosters = self.rosters();
         let Some(roster) = rosters.get_mut(&roster) else {

@@ -1,4 +1,5 @@
 use super::*;
+use std::time::Duration;
 use tower_outlier_core::WindowCounts;
 
 #[test]
