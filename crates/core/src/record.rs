@@ -1,7 +1,7 @@
 //! The per-endpoint record every clone of an endpoint and every response future share.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,6 +16,16 @@ use crate::window::SharedWindow;
 pub type ProbePermits = u32;
 
 const GATED_POLICIES: usize = ProbePermits::BITS as usize;
+
+// The record's marks (`EndpointRecord::marks`).
+// The layer is to judge the endpoint (its signal bit is raised with it).
+const FLAGGED: u8 = 1;
+// A handle's `poll_ready` failed and it holds the endpoint out of its balancer's picks until the
+// service is ready again.
+const UNREADY: u8 = 2;
+// A call timed out or failed in transport since the endpoint joined or was re-admitted: its
+// connections may be dead.
+const CONNECTION_FAILED: u8 = 4;
 
 /// Everything the layer knows about one endpoint: its policies' state, its latency estimate and
 /// its relative weight.
@@ -37,23 +47,25 @@ pub struct EndpointRecord {
     // Bit i: policy i (of the first 32) has a readiness gate. Fixed at creation.
     gated: ProbePermits,
     latency: Latency,
+    // The latency estimate's `LAST_*`, `FRESH`, `PEAK_UNCONFIRMED`, `SERVED`, `REPEATED`
+    // (`record/latency.rs`). Written only when it changes, so steady success or steady failure
+    // costs one load per call. Beside the record's other bytes, not in `Latency`, where it was
+    // padded to a word: 8 bytes in every record.
+    latency_flags: AtomicU8,
     // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
     weight: AtomicU64,
-    flagged: AtomicBool,
-    // The bit the layer reads the flag by, once a layer tracks the record.
-    signal_slot: OnceLock<SignalSlot>,
-    // A handle's `poll_ready` failed and it holds the endpoint out of its balancer's picks until
-    // the service is ready again (cold path: written on the transitions only).
-    unready: AtomicBool,
+    // `FLAGGED`, `UNREADY`, `CONNECTION_FAILED`: one byte, not three padded beside the others (8
+    // bytes in every record). Each is written on its transitions only, never per call.
+    marks: AtomicU8,
+    // The bit the layer reads the flag by, given by the layer that tracks the record before it
+    // shares it (an `Option`, not a `OnceLock`: 8 bytes less in every record).
+    signal_slot: Option<SignalSlot>,
     // Whether a policy hears what the server says (a load report is read only then).
     hears: bool,
     // What the layer's options keep beside the calls, made the first time one acts (most
     // endpoints never need it): what the server said of itself, the shares of the balancer's
     // draws, the evidence episodes. Apart, so that the fields every call touches stay together.
     options: OnceLock<Box<Options>>,
-    // A call timed out or failed in transport since the endpoint joined or was re-admitted: its
-    // connections may be dead (cold path: written once per episode).
-    connection_failed: AtomicBool,
     notifier: Arc<Notifier>,
 }
 
@@ -91,14 +103,12 @@ impl EndpointRecord {
                 last_sample: AtomicU64::new(now),
                 anchor: AtomicU64::new(0),
                 peak_at: AtomicU64::new(0),
-                flags: AtomicU8::new(LAST_SUCCEEDED | FRESH),
             },
+            latency_flags: AtomicU8::new(LAST_SUCCEEDED | FRESH),
             weight: AtomicU64::new(1.0f64.to_bits()),
-            flagged: AtomicBool::new(false),
-            signal_slot: OnceLock::new(),
-            unready: AtomicBool::new(false),
+            marks: AtomicU8::new(0),
+            signal_slot: None,
             options: OnceLock::new(),
-            connection_failed: AtomicBool::new(false),
             notifier,
         }
     }
@@ -124,10 +134,8 @@ impl EndpointRecord {
     /// latency estimate, the weight and the last outcome carried over, as
     /// [`successor`](Self::successor) does. Cold path.
     pub fn successor_with(&self, states: Box<[Box<dyn EndpointPolicy>]>) -> EndpointRecord {
-        let next = EndpointRecord::new(self.clock.clone(), states, self.notifier.clone());
-        if let Some(slot) = self.signal_slot.get() {
-            next.set_signal_slot(slot.clone());
-        }
+        let mut next = EndpointRecord::new(self.clock.clone(), states, self.notifier.clone());
+        next.signal_slot = self.signal_slot.clone();
         next.latency.rtt_nanos.store(
             self.latency.rtt_nanos.load(Ordering::Relaxed),
             Ordering::Relaxed,
@@ -144,8 +152,8 @@ impl EndpointRecord {
             self.latency.peak_at.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
-        next.latency.flags.store(
-            self.latency.flags.load(Ordering::Relaxed),
+        next.latency_flags.store(
+            self.latency_flags.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
         next.weight
@@ -156,10 +164,9 @@ impl EndpointRecord {
             copy.draws.copy_from(&options.draws);
             copy.evidence.copy_from(&options.evidence);
         }
-        next.connection_failed.store(
-            self.connection_failed.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        if self.has_mark(CONNECTION_FAILED) {
+            next.marks.fetch_or(CONNECTION_FAILED, Ordering::Relaxed);
+        }
         next
     }
 
@@ -324,8 +331,8 @@ impl EndpointRecord {
             signal |= outcome == Signal::Evaluate;
         }
         if (signal || timed_out_anew)
-            && !self.flagged.load(Ordering::Relaxed)
-            && !self.flagged.swap(true, Ordering::AcqRel)
+            && !self.has_mark(FLAGGED)
+            && !self.mark(FLAGGED, true, Ordering::AcqRel)
         {
             self.raise_flag();
         }
@@ -367,39 +374,57 @@ impl EndpointRecord {
 
     #[cold]
     fn note_connection_failed(&self) {
-        if !self.connection_failed.load(Ordering::Relaxed) {
-            self.connection_failed.store(true, Ordering::Relaxed);
+        if !self.has_mark(CONNECTION_FAILED) {
+            self.mark(CONNECTION_FAILED, true, Ordering::Relaxed);
         }
     }
 
     /// Whether a call timed out or failed in transport (refused, reset, a protocol error) since
     /// the endpoint joined, was re-admitted or this was last asked; asking forgets it.
     pub fn take_connection_failed(&self) -> bool {
-        self.connection_failed.load(Ordering::Relaxed)
-            && self.connection_failed.swap(false, Ordering::Relaxed)
+        self.has_mark(CONNECTION_FAILED) && self.mark(CONNECTION_FAILED, false, Ordering::Relaxed)
     }
 
     /// Asks the layer to judge this endpoint soon, as a call that crossed a threshold does: for a
     /// fleet policy whose evaluation found the endpoint an outlier (cold path).
     pub fn request_evaluation(&self) {
-        if !self.flagged.swap(true, Ordering::AcqRel) {
+        if !self.mark(FLAGGED, true, Ordering::AcqRel) {
             self.raise_flag();
         }
+    }
+
+    /// Whether `mark` is set (a relaxed read: each caller orders what it acts on with the
+    /// read-modify-write that follows, as the separate flags did).
+    #[inline]
+    fn has_mark(&self, mark: u8) -> bool {
+        self.marks.load(Ordering::Relaxed) & mark != 0
+    }
+
+    /// Sets or clears `mark`; whether it was set before.
+    #[inline]
+    fn mark(&self, mark: u8, set: bool, order: Ordering) -> bool {
+        let before = if set {
+            self.marks.fetch_or(mark, order)
+        } else {
+            self.marks.fetch_and(!mark, order)
+        };
+        before & mark != 0
     }
 
     /// The flag was just set: mark the record's bit and wake the layer.
     #[cold]
     fn raise_flag(&self) {
-        if let Some(slot) = self.signal_slot.get() {
+        if let Some(slot) = &self.signal_slot {
             slot.raise();
         }
         self.notifier.notify();
     }
 
-    /// Gives the record the bit its layer reads its flag by (once; later calls are ignored).
-    /// A flag already set is marked at once.
-    pub fn set_signal_slot(&self, slot: SignalSlot) {
-        if self.signal_slot.set(slot).is_ok() && self.flagged.load(Ordering::Acquire) {
+    /// Gives the record the bit its layer reads its flag by, before the record is shared (a
+    /// successor keeps its predecessor's). A flag already set is marked at once.
+    pub fn set_signal_slot(&mut self, slot: SignalSlot) {
+        self.signal_slot = Some(slot);
+        if self.marks.load(Ordering::Acquire) & FLAGGED != 0 {
             self.raise_flag();
         }
     }
@@ -408,19 +433,19 @@ impl EndpointRecord {
     /// the layer when that changes: an endpoint the balancer cannot pick must not count as one it
     /// could fall back on (cold path).
     pub fn set_unready(&self, unready: bool) {
-        if self.unready.swap(unready, Ordering::AcqRel) != unready {
+        if self.mark(UNREADY, unready, Ordering::AcqRel) != unready {
             self.request_evaluation();
         }
     }
 
     /// Whether a handle holds the endpoint out for a readiness error.
     pub fn is_unready(&self) -> bool {
-        self.unready.load(Ordering::Acquire)
+        self.marks.load(Ordering::Acquire) & UNREADY != 0
     }
 
     /// Clears the signal mark and says whether it was set.
     pub fn take_flag(&self) -> bool {
-        self.flagged.swap(false, Ordering::AcqRel)
+        self.mark(FLAGGED, false, Ordering::AcqRel)
     }
 
     /// The first policy that judges this endpoint an outlier, with its reason.
@@ -439,13 +464,13 @@ impl EndpointRecord {
         for policy in self.policies.iter() {
             policy.reset();
         }
-        self.flagged.store(false, Ordering::Release);
+        self.mark(FLAGGED, false, Ordering::Release);
         if let Some(options) = self.options.get() {
             options.heard.forget_pushback();
         }
-        self.connection_failed.store(false, Ordering::Relaxed);
-        let flags = self.latency.flags.load(Ordering::Relaxed);
-        self.latency.flags.store(
+        self.mark(CONNECTION_FAILED, false, Ordering::Relaxed);
+        let flags = self.latency_flags.load(Ordering::Relaxed);
+        self.latency_flags.store(
             flags & !(LAST_MASK | PEAK_UNCONFIRMED | REPEATED),
             Ordering::Relaxed,
         );
@@ -494,7 +519,7 @@ impl EndpointRecord {
     fn refusing_for(&self, now: Nanos) -> Nanos {
         let since = &self.options_or_new().refusing_since;
         // A success since the last refusal ends the run; another failure does not.
-        let answered = self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_SUCCEEDED;
+        let answered = self.latency_flags.load(Ordering::Relaxed) & LAST_MASK == LAST_SUCCEEDED;
         let began = since.load(Ordering::Relaxed);
         if began == 0 || answered {
             since.store(now.saturating_add(1), Ordering::Relaxed);

@@ -120,6 +120,10 @@ impl DetectorStats {
 pub(crate) struct Shared {
     pub(crate) config: DetectorConfig,
     pub(crate) name: &'static str,
+    // The consecutive detectors' thresholds (0: off; the local-origin one only when split) and
+    // which of them may eject (enforcement above 0): here, not copied into every endpoint.
+    pub(crate) thresholds: [u32; 3],
+    pub(crate) enforcing: [bool; 3],
     // Kept across reconfigurations: the dice go on, the counters keep counting.
     runtime: Arc<Runtime>,
 }
@@ -194,9 +198,25 @@ impl Shared {
     /// The detectors' shared state for `config`, counting and rolling dice in `runtime`.
     pub(crate) fn new(config: DetectorConfig, runtime: Arc<Runtime>) -> Self {
         let name = config.policy_name();
+        let thresholds = [
+            config.consecutive_5xx.threshold,
+            config.consecutive_gateway_failure.threshold,
+            if config.split_external_local_origin_errors {
+                config.consecutive_local_origin_failure.threshold
+            } else {
+                0
+            },
+        ];
+        let enforcing = [
+            config.consecutive_5xx.enforcement > 0,
+            config.consecutive_gateway_failure.enforcement > 0,
+            config.consecutive_local_origin_failure.enforcement > 0,
+        ];
         Shared {
             config,
             name,
+            thresholds,
+            enforcing,
             runtime,
         }
     }

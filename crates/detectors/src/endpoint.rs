@@ -44,11 +44,9 @@ const MOST_CALLS_WANTED: u64 = 1;
 /// One endpoint's state under a [`DetectorPolicy`](crate::DetectorPolicy).
 pub struct DetectorEndpoint {
     pub(crate) shared: Arc<Shared>,
-    // Copied from the configuration so a call touches only this endpoint's memory.
+    // Copied from the configuration: every call reads it. (The thresholds are read from the
+    // shared state, on failures only: copied, they cost every endpoint 16 bytes.)
     split: bool,
-    thresholds: [u32; 3],
-    // Which consecutive detectors may eject (enforcement above 0): only those want calls.
-    enforcing: [bool; 3],
     streaks: [AtomicU32; 3],
     // This interval's calls (low 32 bits) and failures (high 32 bits), swapped out on each tick:
     // one atomic add per call. More than 2³² − 1 calls in one interval would carry into the
@@ -83,14 +81,17 @@ pub struct DetectorEndpoint {
     pub(crate) ejected_until: AtomicU64,
     pub(crate) last_tick: AtomicU64,
     // linkerd's probe gate, read only under its semantics (`gated`): held by every endpoint
-    // rather than as an `Option`, whose tag cost every endpoint of every preset 8 bytes.
-    gate: Gate,
+    // rather than as an `Option`, whose tag cost every endpoint of every preset 8 bytes; its
+    // state beside the other bytes, not padded to a word next to the waker.
+    gate_state: AtomicU8,
+    gate_waker: AtomicWaker,
     gated: bool,
 }
 
-struct Gate {
-    state: AtomicU8,
-    waker: AtomicWaker,
+/// linkerd's probe gate: its state and the handle waiting on it.
+struct Gate<'a> {
+    state: &'a AtomicU8,
+    waker: &'a AtomicWaker,
 }
 
 #[inline]
@@ -108,20 +109,6 @@ pub(crate) fn unpack(packed: u64) -> Tally {
 impl DetectorEndpoint {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         let config = &shared.config;
-        let thresholds = [
-            config.consecutive_5xx.threshold,
-            config.consecutive_gateway_failure.threshold,
-            if config.split_external_local_origin_errors {
-                config.consecutive_local_origin_failure.threshold
-            } else {
-                0
-            },
-        ];
-        let enforcing = [
-            config.consecutive_5xx.enforcement > 0,
-            config.consecutive_gateway_failure.enforcement > 0,
-            config.consecutive_local_origin_failure.enforcement > 0,
-        ];
         let recent = config
             .recent_success_rate
             .filter(|trigger| config.semantics == DetectorSemantics::Linkerd && trigger.is_on())
@@ -134,14 +121,8 @@ impl DetectorEndpoint {
                 Some(Box::new(shape.window()))
             });
         let gated = config.semantics == DetectorSemantics::Linkerd;
-        let gate = Gate {
-            state: AtomicU8::new(CLOSED),
-            waker: AtomicWaker::new(),
-        };
         DetectorEndpoint {
             split: config.split_external_local_origin_errors,
-            thresholds,
-            enforcing,
             streaks: Default::default(),
             external: AtomicU64::new(0),
             local: AtomicU64::new(0),
@@ -158,7 +139,8 @@ impl DetectorEndpoint {
             ejections: AtomicU32::new(0),
             ejected_until: AtomicU64::new(NONE),
             last_tick: AtomicU64::new(NONE),
-            gate,
+            gate_state: AtomicU8::new(CLOSED),
+            gate_waker: AtomicWaker::new(),
             gated,
             shared,
         }
@@ -179,7 +161,7 @@ impl DetectorEndpoint {
     /// streak then starts over) while the endpoint is in rotation (Envoy skips ejected hosts).
     #[inline]
     fn complete_streak(&self, index: usize) -> bool {
-        let threshold = self.thresholds[index];
+        let threshold = self.shared.thresholds[index];
         if threshold == 0 || self.streaks[index].fetch_add(1, Ordering::Relaxed) + 1 != threshold {
             return false;
         }
@@ -377,11 +359,14 @@ impl DetectorEndpoint {
 
     /// linkerd's probe gate, under its semantics.
     #[inline]
-    fn linkerd_gate(&self) -> Option<&Gate> {
-        self.gated.then_some(&self.gate)
+    fn linkerd_gate(&self) -> Option<Gate<'_>> {
+        self.gated.then_some(Gate {
+            state: &self.gate_state,
+            waker: &self.gate_waker,
+        })
     }
 
-    fn wake_gate(&self, gate: &Gate, state: u8) {
+    fn wake_gate(&self, gate: Gate<'_>, state: u8) {
         gate.state.store(state, Ordering::Release);
         gate.waker.wake();
     }

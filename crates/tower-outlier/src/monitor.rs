@@ -13,7 +13,7 @@ use crate::controls::Override;
 use crate::event::{EndpointKey, Event, EventHub};
 use crate::shared::Shared;
 use building::{permute, Copied};
-pub(crate) use ids::IdMap;
+pub(crate) use ids::{IdMap, IdTable};
 
 /// How many events a slow broadcast subscriber may fall behind by.
 const EVENTS_CAPACITY: usize = 1024;
@@ -79,7 +79,7 @@ struct Roster {
     // The names of the adaptor's policies, in order: every endpoint of the adaptor has them, so
     // they are held once.
     policies: Arc<[&'static str]>,
-    endpoints: IdMap<Tracked>,
+    endpoints: IdTable<Tracked>,
     // Where the adaptor last put each endpoint, from its first ejection on; one missing is
     // available and was never ejected, as most are. Apart from `endpoints`, where every slot
     // would pay for it, and boxed, so that a map holding many costs little beyond the boxes.
@@ -178,48 +178,56 @@ impl Monitor {
         // endpoints held it for a third of a second. The snapshot is consistent per endpoint, not
         // across endpoints (as it never was across adaptors' records).
         self.registry.give_way();
-        let ids: Vec<(u64, u64)> = {
+        let (rosters_listed, tracked) = {
             let rosters = self.registry.rosters.lock();
-            rosters
-                .iter()
-                .flat_map(|(&roster, r)| r.endpoints.keys().map(move |&id| (roster, id)))
-                .collect()
+            let listed: Vec<u64> = rosters.keys().copied().collect();
+            let tracked: usize = rosters.values().map(|roster| roster.endpoints.len()).sum();
+            (listed, tracked)
         };
-        let mut copied: Vec<Copied> = Vec::with_capacity(ids.len());
+        let mut copied: Vec<Copied> = Vec::with_capacity(tracked);
         // The order of the keys' text (then adaptor and endpoint ids, for a key two adaptors
         // share), found before the snapshots are built, by index and by the first sixteen bytes
         // of each key read while it is copied: sorting the finished snapshots compared keys
         // through two pointers each and moved every snapshot many times (100 of the 200 ms a
         // snapshot of 100 000 endpoints took).
-        let mut order: Vec<(u128, u64, u64, usize)> = Vec::with_capacity(ids.len());
-        for batch in ids.chunks(SNAPSHOT_BATCH) {
-            self.registry.give_way();
-            let rosters = self.registry.rosters.lock();
-            for &(roster_id, id) in batch {
+        let mut order: Vec<(u128, u64, u64, usize)> = Vec::with_capacity(tracked);
+        // Each adaptor's endpoints in id order, a batch per hold of the lock, each batch going
+        // on from the id after the last one read: one pass over the roster's list, where a list
+        // of every id first and a lookup per id took two hash lookups per endpoint.
+        for roster_id in rosters_listed {
+            let mut from = 0;
+            loop {
+                self.registry.give_way();
+                let rosters = self.registry.rosters.lock();
                 let Some(roster) = rosters.get(&roster_id) else {
-                    continue;
+                    break;
                 };
-                let Some(tracked) = roster.endpoints.get(&id) else {
-                    continue;
-                };
-                let Some(shared) = tracked.record.upgrade() else {
-                    continue;
-                };
-                let standing = roster.shown(id);
-                order.push((0, roster_id, id, copied.len()));
-                copied.push(Copied {
-                    key: tracked.key.clone(),
-                    names: roster.policies.clone(),
-                    shared,
-                    status: standing.status,
-                    dry_run: standing.dry_run,
-                    forced: standing.forced,
-                    unready: standing.unready,
-                    next_check: standing.next_check,
-                    failed_checks: standing.failed_checks,
-                    last_reason: standing.last_reason.clone(),
-                    refused: standing.refused.as_deref().map(str::to_owned),
-                });
+                let mut read = 0;
+                for (id, tracked) in roster.endpoints.iter_from(from).take(SNAPSHOT_BATCH) {
+                    read += 1;
+                    from = id + 1;
+                    let Some(shared) = tracked.record.upgrade() else {
+                        continue;
+                    };
+                    let standing = roster.shown(id);
+                    order.push((0, roster_id, id, copied.len()));
+                    copied.push(Copied {
+                        key: tracked.key.clone(),
+                        names: roster.policies.clone(),
+                        shared,
+                        status: standing.status,
+                        dry_run: standing.dry_run,
+                        forced: standing.forced,
+                        unready: standing.unready,
+                        next_check: standing.next_check,
+                        failed_checks: standing.failed_checks,
+                        last_reason: standing.last_reason.clone(),
+                        refused: standing.refused.as_deref().map(str::to_owned),
+                    });
+                }
+                if read < SNAPSHOT_BATCH {
+                    break;
+                }
             }
         }
         // Outside the registry's lock: each key's text is a read of its own.

@@ -2,7 +2,7 @@
 //! tell it: a fast failure raises the estimate, the first success restores it, a fresh
 //! connection's first call is not a peak.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::clock::Nanos;
@@ -84,16 +84,12 @@ pub(super) struct Latency {
     // waited through it would confirm each other and starve a healthy endpoint for the decay
     // time. Only read while a peak is unconfirmed.
     pub(super) peak_at: AtomicU64,
-    // `LAST_*`, `FRESH`, `PEAK_UNCONFIRMED`, `SERVED`, `REPEATED`. Written only when it changes, so steady success or
-    // steady failure costs one load per call; it sits on the line completions already write, away
-    // from the read-mostly fields.
-    pub(super) flags: AtomicU8,
 }
 
 impl EndpointRecord {
     #[inline]
     pub(super) fn sample_rtt(&self, rtt: u64, now: Nanos, last: u8) {
-        let flags = self.latency.flags.load(Ordering::Relaxed);
+        let flags = self.latency_flags.load(Ordering::Relaxed);
         // A racing sample may overwrite this one; for a load estimate that is harmless and it
         // keeps the hot path free of compare-and-swap loops.
         let stored = self.latency.rtt_nanos.load(Ordering::Relaxed);
@@ -128,7 +124,7 @@ impl EndpointRecord {
         // to this failure's penalty; the failure's flags then say what the estimate holds (the
         // next success restores it). Failures are the rare path; successes store only changes.
         if flags_next != flags || last != LAST_SUCCEEDED {
-            self.latency.flags.store(flags_next, Ordering::Relaxed);
+            self.latency_flags.store(flags_next, Ordering::Relaxed);
         }
         if !recent {
             self.latency.rtt_nanos.store(next, Ordering::Relaxed);
@@ -254,12 +250,12 @@ impl EndpointRecord {
 
     /// Whether a call has succeeded since the endpoint joined or was re-admitted.
     pub fn has_served(&self) -> bool {
-        self.latency.flags.load(Ordering::Relaxed) & SERVED != 0
+        self.latency_flags.load(Ordering::Relaxed) & SERVED != 0
     }
 
     /// Whether the last recorded call failed (in any way).
     pub fn last_call_failed(&self) -> bool {
-        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK != LAST_SUCCEEDED
+        self.latency_flags.load(Ordering::Relaxed) & LAST_MASK != LAST_SUCCEEDED
     }
 
     /// When a call of the endpoint last completed (or its estimate was seeded), on the layer's
@@ -287,7 +283,7 @@ impl EndpointRecord {
     /// [`CallsNeeded::calls_wanted`](crate::CallsNeeded::calls_wanted): a streak under way) and the layer has room to eject.
     /// Otherwise the call would only fail again for nothing.
     pub fn follow_up_wanted(&self, quiet: Nanos, now: Nanos) -> bool {
-        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_FAILED
+        self.latency_flags.load(Ordering::Relaxed) & LAST_MASK == LAST_FAILED
             && now.saturating_sub(self.latency.last_sample.load(Ordering::Relaxed)) >= quiet
             && self.notifier.room_to_eject()
             && self.policies.iter().any(|policy| {
@@ -300,17 +296,16 @@ impl EndpointRecord {
     /// Whether the last recorded call timed out: the balancer avoids the endpoint for the time
     /// the call took, its estimate decaying from there.
     pub fn last_timed_out(&self) -> bool {
-        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_TIMED_OUT
+        self.latency_flags.load(Ordering::Relaxed) & LAST_MASK == LAST_TIMED_OUT
     }
 
     /// Ends the avoidance a timeout left once the endpoint answered a check at no caller's
     /// expense (the layer restarts the estimate first, [`seed_rtt`](Self::seed_rtt)): the last
     /// call counts as answered, so the next success is no success after failures.
     pub fn end_timeout_avoidance(&self) {
-        let flags = self.latency.flags.load(Ordering::Relaxed);
+        let flags = self.latency_flags.load(Ordering::Relaxed);
         if flags & LAST_MASK == LAST_TIMED_OUT {
-            self.latency
-                .flags
+            self.latency_flags
                 .store(flags & !(LAST_MASK | REPEATED), Ordering::Relaxed);
         }
     }
@@ -319,14 +314,14 @@ impl EndpointRecord {
     /// ([`Outcome::NotSent`](crate::Outcome::NotSent)): the balancer steers away from the
     /// endpoint for a moment and then tries it again.
     pub fn last_not_sent(&self) -> bool {
-        self.latency.flags.load(Ordering::Relaxed) & LAST_MASK == LAST_NOT_SENT
+        self.latency_flags.load(Ordering::Relaxed) & LAST_MASK == LAST_NOT_SENT
     }
 
     /// Whether the estimate rests on one slow sample that jumped far above a fresh estimate and
     /// that no later sample confirmed: a healthy endpoint's one slow call, which a balancer may
     /// explore past rather than wait for the estimate to decay.
     pub fn peak_unconfirmed(&self) -> bool {
-        self.latency.flags.load(Ordering::Relaxed) & (PEAK_UNCONFIRMED | LAST_MASK)
+        self.latency_flags.load(Ordering::Relaxed) & (PEAK_UNCONFIRMED | LAST_MASK)
             == PEAK_UNCONFIRMED
     }
 
@@ -334,7 +329,7 @@ impl EndpointRecord {
     /// calls at all (two relaxed loads, no window read).
     #[inline]
     pub fn may_want_calls(&self) -> bool {
-        let flags = self.latency.flags.load(Ordering::Relaxed);
+        let flags = self.latency_flags.load(Ordering::Relaxed);
         flags & LAST_MASK == LAST_FAILED
             && (flags & REPEATED != 0 || flags & SERVED == 0)
             && self.notifier.room_to_eject()
@@ -380,8 +375,8 @@ impl EndpointRecord {
         self.latency.last_sample.store(now, Ordering::Relaxed);
         self.latency.anchor.store(rtt, Ordering::Relaxed);
         // Its next call may set up a connection again, and it has served nothing since.
-        let flags = self.latency.flags.load(Ordering::Relaxed);
-        self.latency.flags.store(
+        let flags = self.latency_flags.load(Ordering::Relaxed);
+        self.latency_flags.store(
             (flags | FRESH) & !(SERVED | REPEATED | SLOW_COUNT),
             Ordering::Relaxed,
         );

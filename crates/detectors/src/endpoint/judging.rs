@@ -83,7 +83,7 @@ impl EndpointPolicy for DetectorEndpoint {
         }
         if bits & CONSECUTIVE != 0 {
             let index = (bits & CONSECUTIVE).trailing_zeros() as usize;
-            let threshold = f64::from(self.thresholds[index]);
+            let threshold = f64::from(self.shared.thresholds[index]);
             return Judgement::Outlier(Reason {
                 policy,
                 measure: self.shared.config.measure(Detector::CONSECUTIVE[index]),
@@ -164,10 +164,10 @@ impl DetectorEndpoint {
     /// failing: "1.0 %" for an endpoint that failed its last three calls).
     fn longest_streak(&self) -> Option<Judged> {
         (0..3)
-            .filter(|&index| self.thresholds[index] > 0 && self.enforcing[index])
+            .filter(|&index| self.shared.thresholds[index] > 0 && self.shared.enforcing[index])
             .map(|index| {
                 let streak = self.streaks[index].load(Ordering::Relaxed);
-                (index, streak, self.thresholds[index])
+                (index, streak, self.shared.thresholds[index])
             })
             .max_by(|a, b| {
                 (u64::from(a.1) * u64::from(b.2)).cmp(&(u64::from(b.1) * u64::from(a.2)))
@@ -203,13 +203,13 @@ impl CallsNeeded for DetectorEndpoint {
         // statistical detectors judge on a timer and want nothing: calls pulled to them would
         // only fail.
         (0..3)
-            .filter(|&index| self.thresholds[index] > 0 && self.enforcing[index])
+            .filter(|&index| self.shared.thresholds[index] > 0 && self.shared.enforcing[index])
             .map(|index| {
                 let streak = self.streaks[index].load(Ordering::Relaxed);
                 if streak == 0 {
                     0
                 } else {
-                    u64::from(self.thresholds[index].saturating_sub(streak))
+                    u64::from(self.shared.thresholds[index].saturating_sub(streak))
                 }
             })
             .max()

@@ -32,18 +32,17 @@ where
         let host = self.sharing.as_ref().and_then(|s| s.host_of.host(&key));
         let states = self.endpoint_states(host.as_deref(), None);
         let settings = &self.settings;
-        let record = EndpointRecord::new(settings.clock.clone(), states, self.notifier.clone());
+        let mut record = EndpointRecord::new(settings.clock.clone(), states, self.notifier.clone());
         if !settings.degraded_hold.is_zero() {
             record.watch_degraded(settings.degraded_hold);
         }
+        let slot = self.entries.vacant_slot();
+        record.set_signal_slot(self.signals.assign(slot));
         let shared = Shared::new(record);
         let weak = Arc::downgrade(&shared);
         // The monitor holds the typed key, for its snapshots and the events about the endpoint.
         let typed = EndpointKey::new(&key);
         let id = self.registry.insert(self.roster, Tracked::new(typed, weak));
-        let slot = self.entries.vacant_slot();
-        let signal = self.signals.assign(slot);
-        shared.record.set_signal_slot(signal);
         if let (Some(sharing), Some(host)) = (&mut self.sharing, host) {
             sharing.hosts.insert(id, host.into_boxed_str());
         }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use tokio::time::Instant;
 use tower_outlier_core::{LockGuard, Reason};
 
-use super::IdMap;
+use super::{IdMap, IdTable};
 use crate::controls::Override;
 use crate::event::{EndpointKey, Event};
 use crate::shared::Shared;
@@ -58,7 +58,7 @@ impl Registry {
         let roster = self.next_id();
         let joined = Roster {
             policies,
-            endpoints: IdMap::default(),
+            endpoints: IdTable::default(),
             shown: IdMap::default(),
             no_ejection: None,
             all_out: None,
@@ -68,7 +68,7 @@ impl Registry {
     }
 
     /// The adaptor of `roster` is gone, and so are its endpoints: they are returned.
-    pub(crate) fn leave(&self, roster: u64) -> IdMap<Tracked> {
+    pub(crate) fn leave(&self, roster: u64) -> IdTable<Tracked> {
         let removed = self.rosters().remove(&roster);
         removed.map(|roster| roster.endpoints).unwrap_or_default()
     }
