@@ -324,7 +324,7 @@ fn poll_events<K, S, P>(
         engine.notifier().register(cx.waker());
         // Rules, controls, records' signals and hosts all wake the adaptor through it.
         let notified = engine.notifier().take();
-        engine.catch_up(notified, Instant::now());
+        engine.catch_up(notified, Instant::now);
         let mut progressed = false;
         let next = engine.next_deadline();
         if next != *timer_at {
@@ -355,7 +355,12 @@ fn poll_events<K, S, P>(
         while let Some(start) = engine.pop_probe() {
             start_probe(start, probes, aborts);
         }
-        while let Poll::Ready(Some(done)) = probes.poll_next_unpin(cx) {
+        // An empty set has nothing to poll (probes started above are polled here, so each
+        // registers the waker on its first poll).
+        while !probes.is_empty() {
+            let Poll::Ready(Some(done)) = probes.poll_next_unpin(cx) else {
+                break;
+            };
             if let Ok((key, id, healthy)) = done {
                 aborts.remove(&id);
                 engine.probe_done(key, id, healthy, Instant::now());

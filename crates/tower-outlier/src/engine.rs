@@ -372,7 +372,13 @@ where
     /// judgement, in that order (rules before the controls that may name their policies,
     /// both before the records they judge by); always the shared hosts, whose changes come
     /// through the same notifier or with upstream changes and re-admissions.
-    pub(crate) fn catch_up(&mut self, notified: bool, now: Instant) {
+    pub(crate) fn catch_up(&mut self, notified: bool, clock: impl FnOnce() -> Instant) {
+        // The clock is read only when there is something to do: the balancer polls the adaptor
+        // before every pick, and most polls find nothing (a system call's worth of each).
+        if !notified && self.sharing.is_none() {
+            return;
+        }
+        let now = clock();
         if notified {
             self.reconfigure(now);
             self.apply_controls(now);
