@@ -534,9 +534,9 @@ async fn overrides_and_resets_hold_through_a_reconfiguration() {
     assert_eq!(last_of_two, Some(Seen::Remove(2)), "never back in the set");
 }
 
-/// A snapshot of a fleet large enough to be built on two threads puts every entry under its own
-/// key, in the keys' order: the endpoints forced out, scattered over both halves, and only they,
-/// show as ejected.
+/// A snapshot of a fleet read in many batches (1 024 endpoints per hold of the monitor's lock)
+/// puts every entry under its own key, in the keys' order: the endpoints forced out, scattered
+/// over the batches, and only they, show as ejected.
 #[tokio::test(start_paused = true)]
 async fn a_large_snapshot_shows_each_endpoint_under_its_own_key_in_order() {
     const FLEET: usize = 25_000;
@@ -567,4 +567,63 @@ async fn a_large_snapshot_shows_each_endpoint_under_its_own_key_in_order() {
             "{key}"
         );
     }
+}
+
+/// Snapshots taken on another thread while the upstream removes and adds endpoints (the monitor
+/// reads each adaptor's list a batch at a time, going on from the last id read): every snapshot
+/// lists each endpoint once, and every endpoint that stayed throughout.
+#[tokio::test]
+async fn snapshots_taken_while_the_upstream_churns_list_each_endpoint_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const FLEET: usize = 5_000;
+    const STABLE: usize = FLEET / 2;
+    let layer = hsf_layer(0.5);
+    let mut h = Harness::new(&layer, FLEET);
+    let monitor = layer.monitor();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let mut taken = 0;
+            while !stop.load(Ordering::Relaxed) || taken == 0 {
+                let snapshot = monitor.snapshot();
+                let keys: Vec<usize> = snapshot
+                    .endpoints
+                    .iter()
+                    .map(|e| *e.key.downcast_ref::<usize>().unwrap())
+                    .collect();
+                let unique: std::collections::HashSet<usize> = keys.iter().copied().collect();
+                assert_eq!(unique.len(), keys.len(), "an endpoint listed twice");
+                assert!(
+                    (0..STABLE).all(|key| unique.contains(&key)),
+                    "an endpoint that stayed is missing"
+                );
+                taken += 1;
+            }
+            taken
+        }
+    });
+    // Removes from the churned half and adds new keys past the fleet, a few each round.
+    let mut next = FLEET;
+    for round in 0..300 {
+        for k in 0..8 {
+            h.remove(STABLE + (round * 8 + k) % (FLEET - STABLE));
+            h.insert(next);
+            next += 1;
+        }
+        h.sync();
+        tokio::task::yield_now().await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let taken = reader.join().expect("no snapshot failed its checks");
+    assert!(taken > 0);
+    assert_eq!(
+        monitor_len(&layer),
+        h.live_ids().len(),
+        "the monitor tracks what the balancer holds"
+    );
+}
+
+fn monitor_len(layer: &OutlierDetectionLayer) -> usize {
+    layer.monitor().tracked()
 }

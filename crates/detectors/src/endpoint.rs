@@ -80,12 +80,11 @@ pub struct DetectorEndpoint {
     pub(crate) ejections: AtomicU32,
     pub(crate) ejected_until: AtomicU64,
     pub(crate) last_tick: AtomicU64,
-    // linkerd's probe gate, read only under its semantics (`gated`): held by every endpoint
-    // rather than as an `Option`, whose tag cost every endpoint of every preset 8 bytes; its
-    // state beside the other bytes, not padded to a word next to the waker.
+    // linkerd's probe gate, read only under its semantics (`linkerd_gate`): held by every
+    // endpoint rather than as an `Option`, whose tag cost every endpoint of every preset 8
+    // bytes; its state beside the other bytes, not padded to a word next to the waker.
     gate_state: AtomicU8,
     gate_waker: AtomicWaker,
-    gated: bool,
 }
 
 /// linkerd's probe gate: its state and the handle waiting on it.
@@ -120,7 +119,6 @@ impl DetectorEndpoint {
                     WindowShape::new(trigger.window.max(MIN_RECENT_WINDOW), RECENT_BUCKETS).ok()?;
                 Some(Box::new(shape.window()))
             });
-        let gated = config.semantics == DetectorSemantics::Linkerd;
         DetectorEndpoint {
             split: config.split_external_local_origin_errors,
             streaks: Default::default(),
@@ -141,7 +139,6 @@ impl DetectorEndpoint {
             last_tick: AtomicU64::new(NONE),
             gate_state: AtomicU8::new(CLOSED),
             gate_waker: AtomicWaker::new(),
-            gated,
             shared,
         }
     }
@@ -360,7 +357,7 @@ impl DetectorEndpoint {
     /// linkerd's probe gate, under its semantics.
     #[inline]
     fn linkerd_gate(&self) -> Option<Gate<'_>> {
-        self.gated.then_some(Gate {
+        (self.shared.config.semantics == DetectorSemantics::Linkerd).then_some(Gate {
             state: &self.gate_state,
             waker: &self.gate_waker,
         })
