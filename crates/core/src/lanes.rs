@@ -58,7 +58,7 @@ pub trait HasLanes: Sized {
 pub struct Lanes<O: HasLanes> {
     // Weak, so that a lane goes when its handles and calls do; dead ones are pruned when a lane is
     // made (cold path, and `Load` while more than one handle calls).
-    list: LaneLock<Vec<LaneWeak<Lane<O>>>>,
+    list: LaneLock<List<LaneWeak<Lane<O>>>>,
     // Lanes alive, kept by the lanes themselves without the lock.
     live: AtomicUsize,
 }
@@ -67,7 +67,7 @@ impl<O: HasLanes> Lanes<O> {
     /// No lanes yet.
     pub fn new() -> Self {
         Lanes {
-            list: LaneLock::new(Vec::new()),
+            list: LaneLock::new(List::default()),
             live: AtomicUsize::new(0),
         }
     }
@@ -128,6 +128,56 @@ impl<O: HasLanes> fmt::Debug for Lanes<O> {
     }
 }
 
+/// The lanes of one endpoint: the first in place, any more behind a pointer. Most endpoints only
+/// ever get one lane (the balancer's handle), and a list on the heap cost each 8 bytes there and
+/// 16 in the record for its capacity and length.
+struct List<T> {
+    first: Option<T>,
+    // Boxed: one word in every endpoint where a `Vec` is three.
+    #[allow(clippy::box_collection)]
+    more: Option<Box<Vec<T>>>,
+}
+
+impl<T> Default for List<T> {
+    fn default() -> Self {
+        List {
+            first: None,
+            more: None,
+        }
+    }
+}
+
+impl<T> List<T> {
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.first
+            .iter()
+            .chain(self.more.iter().flat_map(|more| more.iter()))
+    }
+
+    fn push(&mut self, lane: T) {
+        match &mut self.first {
+            first @ None => *first = Some(lane),
+            Some(_) => self.more.get_or_insert_with(Default::default).push(lane),
+        }
+    }
+
+    /// Keeps the lanes `keep` accepts, in order.
+    fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        if self.first.as_ref().is_some_and(|first| !keep(first)) {
+            self.first = None;
+        }
+        if let Some(more) = &mut self.more {
+            more.retain(&mut keep);
+            if self.first.is_none() && !more.is_empty() {
+                self.first = Some(more.remove(0));
+            }
+            if more.is_empty() {
+                self.more = None;
+            }
+        }
+    }
+}
+
 /// The calls one handle has in flight: each response future holds a reference.
 pub struct Lane<O: HasLanes> {
     owner: Arc<O>,
@@ -150,10 +200,6 @@ impl<O: HasLanes> Lane<O> {
         let lanes = lane.owner.lanes();
         lanes.list.with(|list| {
             list.retain(|lane| lane.strong_count() > 0);
-            if list.capacity() == 0 {
-                // Most endpoints get one lane: no room for more until a second handle calls.
-                list.reserve_exact(1);
-            }
             list.push(LaneArc::downgrade(&lane));
         });
         lanes.live.fetch_add(1, Ordering::Relaxed);
@@ -217,5 +263,37 @@ impl<O: HasLanes> fmt::Debug for Lane<O> {
         f.debug_struct("Lane")
             .field("holders", &self.holders.load(Ordering::Relaxed))
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::List;
+
+    fn listed(list: &List<u32>) -> Vec<u32> {
+        list.iter().copied().collect()
+    }
+
+    #[test]
+    fn the_list_keeps_its_lanes_in_order_and_the_first_in_place() {
+        let mut list = List::default();
+        assert!(listed(&list).is_empty());
+        list.push(1);
+        assert_eq!(listed(&list), [1]);
+        assert!(list.more.is_none(), "one lane needs nothing on the heap");
+        list.push(2);
+        list.push(3);
+        assert_eq!(listed(&list), [1, 2, 3]);
+        // The first gone: the next takes its place.
+        list.retain(|&lane| lane != 1);
+        assert_eq!(listed(&list), [2, 3]);
+        assert_eq!(list.first, Some(2));
+        list.retain(|&lane| lane != 3);
+        assert_eq!(listed(&list), [2]);
+        assert!(list.more.is_none(), "an empty overflow is let go");
+        list.retain(|_| false);
+        assert!(listed(&list).is_empty());
+        list.push(4);
+        assert_eq!(listed(&list), [4]);
     }
 }

@@ -2,7 +2,9 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+
+use once_cell::race::OnceBox;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,6 +28,9 @@ const UNREADY: u8 = 2;
 // A call timed out or failed in transport since the endpoint joined or was re-admitted: its
 // connections may be dead.
 const CONNECTION_FAILED: u8 = 4;
+// A policy of the record hears what the server says (a load report is read only then). Fixed at
+// creation.
+const HEARS: u8 = 8;
 
 /// Everything the layer knows about one endpoint: its policies' state, its latency estimate and
 /// its relative weight.
@@ -38,7 +43,7 @@ const CONNECTION_FAILED: u8 = 4;
 // not write the lines they share.
 pub struct EndpointRecord {
     clock: Clock,
-    policies: Box<[Box<dyn EndpointPolicy>]>,
+    policies: Policies,
     // The shared window of the first policy that has one (among the first 256), and that
     // policy's index: successes are counted there without calling the policy while it is not
     // watching. Fixed at creation.
@@ -54,19 +59,50 @@ pub struct EndpointRecord {
     latency_flags: AtomicU8,
     // f64 bits of the weight relative to the endpoint's original weight (1.0 = full weight).
     weight: AtomicU64,
-    // `FLAGGED`, `UNREADY`, `CONNECTION_FAILED`: one byte, not three padded beside the others (8
-    // bytes in every record). Each is written on its transitions only, never per call.
+    // `FLAGGED`, `UNREADY`, `CONNECTION_FAILED`, and `HEARS`, fixed at creation: one byte, not
+    // four padded beside the others (8 bytes in every record). Each is written on its
+    // transitions only, never per call, and only by `fetch_or` and `fetch_and`.
     marks: AtomicU8,
-    // The bit the layer reads the flag by, given by the layer that tracks the record before it
-    // shares it (an `Option`, not a `OnceLock`: 8 bytes less in every record).
-    signal_slot: Option<SignalSlot>,
-    // Whether a policy hears what the server says (a load report is read only then).
-    hears: bool,
+    // The bit the layer reads the flag by (a chunk of the board and the bit's place in it), given
+    // by the layer that tracks the record before it shares it (an `Option`, not a `OnceLock`: 8
+    // bytes less in every record; the place apart, among the record's other bytes, 8 more).
+    signal_chunk: Option<Arc<SignalChunk>>,
+    signal_index: u8,
     // What the layer's options keep beside the calls, made the first time one acts (most
     // endpoints never need it): what the server said of itself, the shares of the balancer's
     // draws, the evidence episodes. Apart, so that the fields every call touches stay together.
-    options: OnceLock<Box<Options>>,
+    // One pointer, not std's `OnceLock<Box<_>>` (two words): 8 bytes in every record.
+    options: OnceBox<Options>,
     notifier: Arc<Notifier>,
+}
+
+/// The record's policy states. Most layers have one policy: held in place, where a list of one on
+/// the heap cost every endpoint 16 bytes (8 more in the record for the tag).
+enum Policies {
+    One(Box<dyn EndpointPolicy>),
+    Many(Box<[Box<dyn EndpointPolicy>]>),
+}
+
+impl From<Box<[Box<dyn EndpointPolicy>]>> for Policies {
+    fn from(policies: Box<[Box<dyn EndpointPolicy>]>) -> Self {
+        let mut policies = Vec::from(policies);
+        match policies.len() {
+            1 => Policies::One(policies.remove(0)),
+            _ => Policies::Many(policies.into_boxed_slice()),
+        }
+    }
+}
+
+impl std::ops::Deref for Policies {
+    type Target = [Box<dyn EndpointPolicy>];
+
+    #[inline]
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Policies::One(policy) => std::slice::from_ref(policy),
+            Policies::Many(policies) => policies,
+        }
+    }
 }
 
 impl EndpointRecord {
@@ -91,11 +127,10 @@ impl EndpointRecord {
             .map_or((0, None), |(index, shared)| (index, Some(shared)));
         EndpointRecord {
             clock,
-            policies,
+            policies: Policies::from(policies),
             shared_window,
             shared_index,
             gated,
-            hears,
             // Zero: an endpoint nobody has measured yet is tried first (the layer seeds endpoints
             // that join a measured fleet with the fleet's mean instead).
             latency: Latency {
@@ -106,9 +141,10 @@ impl EndpointRecord {
             },
             latency_flags: AtomicU8::new(LAST_SUCCEEDED | FRESH),
             weight: AtomicU64::new(1.0f64.to_bits()),
-            marks: AtomicU8::new(0),
-            signal_slot: None,
-            options: OnceLock::new(),
+            marks: AtomicU8::new(if hears { HEARS } else { 0 }),
+            signal_chunk: None,
+            signal_index: 0,
+            options: OnceBox::new(),
             notifier,
         }
     }
@@ -135,7 +171,8 @@ impl EndpointRecord {
     /// [`successor`](Self::successor) does. Cold path.
     pub fn successor_with(&self, states: Box<[Box<dyn EndpointPolicy>]>) -> EndpointRecord {
         let mut next = EndpointRecord::new(self.clock.clone(), states, self.notifier.clone());
-        next.signal_slot = self.signal_slot.clone();
+        next.signal_chunk = self.signal_chunk.clone();
+        next.signal_index = self.signal_index;
         next.latency.rtt_nanos.store(
             self.latency.rtt_nanos.load(Ordering::Relaxed),
             Ordering::Relaxed,
@@ -414,8 +451,8 @@ impl EndpointRecord {
     /// The flag was just set: mark the record's bit and wake the layer.
     #[cold]
     fn raise_flag(&self) {
-        if let Some(slot) = &self.signal_slot {
-            slot.raise();
+        if let Some(chunk) = &self.signal_chunk {
+            chunk.raise(self.signal_index);
         }
         self.notifier.notify();
     }
@@ -423,7 +460,8 @@ impl EndpointRecord {
     /// Gives the record the bit its layer reads its flag by, before the record is shared (a
     /// successor keeps its predecessor's). A flag already set is marked at once.
     pub fn set_signal_slot(&mut self, slot: SignalSlot) {
-        self.signal_slot = Some(slot);
+        self.signal_chunk = Some(slot.chunk);
+        self.signal_index = slot.index;
         if self.marks.load(Ordering::Acquire) & FLAGGED != 0 {
             self.raise_flag();
         }
@@ -480,7 +518,7 @@ impl EndpointRecord {
 impl fmt::Debug for EndpointRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EndpointRecord")
-            .field("policies", &self.policies)
+            .field("policies", &&*self.policies)
             .field("rtt_nanos", &self.latency.rtt_nanos.load(Ordering::Relaxed))
             .field("weight", &self.weight())
             .finish_non_exhaustive()

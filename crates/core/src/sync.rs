@@ -7,7 +7,7 @@
 //! lane's last-reference step, as its `Drop` does with std's `Arc`.
 //!
 //! Under loom a window never splits into per-core rings (the split allocates through a
-//! `OnceLock`, which loom does not model): each ring runs the same protocol, and a split window's
+//! `OnceBox`, which loom does not model): each ring runs the same protocol, and a split window's
 //! reads only sum its rings.
 
 #[cfg(loom)]
@@ -174,16 +174,18 @@ pub(crate) mod model {
 }
 
 #[cfg(not(loom))]
+pub(crate) use once_cell::race::OnceBox;
+#[cfg(not(loom))]
 pub(crate) use std::sync::OnceLock;
 
 /// Under loom, the per-core rings are never made: `get` is always `None`.
 #[cfg(loom)]
-pub(crate) struct OnceLock<T>(std::marker::PhantomData<T>);
+pub(crate) struct OnceBox<T>(std::marker::PhantomData<T>);
 
 #[cfg(loom)]
-impl<T> OnceLock<T> {
+impl<T> OnceBox<T> {
     pub(crate) const fn new() -> Self {
-        OnceLock(std::marker::PhantomData)
+        OnceBox(std::marker::PhantomData)
     }
 
     pub(crate) fn get(&self) -> Option<&T> {

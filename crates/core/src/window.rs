@@ -59,7 +59,7 @@ use std::time::Duration;
 
 use crate::clock::Nanos;
 use crate::error::ConfigError;
-use crate::sync::{OnceLock, Ordering};
+use crate::sync::{OnceBox, Ordering};
 
 /// Counts of calls in a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -110,7 +110,8 @@ fn ratio(part: u64, whole: u64) -> f64 {
 pub struct Window {
     first: Ring,
     // One ring per core past the first, made the first time cores contend on this window.
-    more: OnceLock<Box<Slots<Ring>>>,
+    // One pointer, not std's `OnceLock<Box<_>>` (two words): 8 bytes in every window.
+    more: OnceBox<Slots<Ring>>,
     bucket_nanos: u64,
 }
 
@@ -130,7 +131,7 @@ impl Window {
     fn with_shape(shape: WindowShape, counts_slow: bool) -> Self {
         Window {
             first: Ring::new(shape.buckets, counts_slow),
-            more: OnceLock::new(),
+            more: OnceBox::new(),
             bucket_nanos: shape.bucket_nanos,
         }
     }

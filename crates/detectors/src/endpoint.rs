@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use futures::task::AtomicWaker;
+use once_cell::race::OnceBox;
 use tower_outlier_core::{duration_to_nanos, Nanos, Signal, Window, WindowShape};
 
 use crate::config::{DetectorSemantics, MIN_RECENT_WINDOW, RECENT_BUCKETS};
@@ -80,17 +81,69 @@ pub struct DetectorEndpoint {
     pub(crate) ejections: AtomicU32,
     pub(crate) ejected_until: AtomicU64,
     pub(crate) last_tick: AtomicU64,
-    // linkerd's probe gate, read only under its semantics (`linkerd_gate`): held by every
-    // endpoint rather than as an `Option`, whose tag cost every endpoint of every preset 8
-    // bytes; its state beside the other bytes, not padded to a word next to the waker.
-    gate_state: AtomicU8,
-    gate_waker: AtomicWaker,
+    // linkerd's probe gate, read only under its semantics (`linkerd_gate`), made the first time
+    // it leaves `CLOSED` (the endpoint's first ejection): closed, it needs no state, and held in
+    // every endpoint its state and waker cost every endpoint of every preset 32 bytes.
+    gate: OnceBox<GateCell>,
 }
 
-/// linkerd's probe gate: its state and the handle waiting on it.
+/// linkerd's probe gate of an endpoint that has been ejected: its state and the handle waiting
+/// on it.
+struct GateCell {
+    state: AtomicU8,
+    waker: AtomicWaker,
+}
+
+/// linkerd's probe gate, `CLOSED` until its cell is made.
 struct Gate<'a> {
-    state: &'a AtomicU8,
-    waker: &'a AtomicWaker,
+    cell: &'a OnceBox<GateCell>,
+}
+
+impl Gate<'_> {
+    fn load(&self) -> u8 {
+        self.cell
+            .get()
+            .map_or(CLOSED, |cell| cell.state.load(Ordering::Acquire))
+    }
+
+    fn store(&self, state: u8) {
+        let cell = match self.cell.get() {
+            Some(cell) => cell,
+            // Closed already.
+            None if state == CLOSED => return,
+            None => self.cell.get_or_init(|| {
+                Box::new(GateCell {
+                    state: AtomicU8::new(CLOSED),
+                    waker: AtomicWaker::new(),
+                })
+            }),
+        };
+        cell.state.store(state, Ordering::Release);
+    }
+
+    /// From `current` (never `CLOSED`: a gate leaves it only by `store`) to `new`.
+    fn compare_exchange(&self, current: u8, new: u8) -> Result<u8, u8> {
+        match self.cell.get() {
+            Some(cell) => {
+                cell.state
+                    .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
+            }
+            None => Err(CLOSED),
+        }
+    }
+
+    /// Wakes `waker` at the gate's next change (a gate that holds calls has its cell).
+    fn register(&self, waker: &std::task::Waker) {
+        if let Some(cell) = self.cell.get() {
+            cell.waker.register(waker);
+        }
+    }
+
+    fn wake(&self) {
+        if let Some(cell) = self.cell.get() {
+            cell.waker.wake();
+        }
+    }
 }
 
 #[inline]
@@ -137,8 +190,7 @@ impl DetectorEndpoint {
             ejections: AtomicU32::new(0),
             ejected_until: AtomicU64::new(NONE),
             last_tick: AtomicU64::new(NONE),
-            gate_state: AtomicU8::new(CLOSED),
-            gate_waker: AtomicWaker::new(),
+            gate: OnceBox::new(),
             shared,
         }
     }
@@ -302,12 +354,12 @@ impl DetectorEndpoint {
         self.out
             .store(previous.out.load(Ordering::Relaxed), Ordering::Relaxed);
         if let (Some(gate), Some(old)) = (self.linkerd_gate(), previous.linkerd_gate()) {
-            let state = match old.state.load(Ordering::Acquire) {
+            let state = match old.load() {
                 PROBING => HALF_OPEN,
                 SHUT => CLOSED,
                 state => state,
             };
-            gate.state.store(state, Ordering::Release);
+            gate.store(state);
         }
     }
 
@@ -357,15 +409,13 @@ impl DetectorEndpoint {
     /// linkerd's probe gate, under its semantics.
     #[inline]
     fn linkerd_gate(&self) -> Option<Gate<'_>> {
-        (self.shared.config.semantics == DetectorSemantics::Linkerd).then_some(Gate {
-            state: &self.gate_state,
-            waker: &self.gate_waker,
-        })
+        (self.shared.config.semantics == DetectorSemantics::Linkerd)
+            .then_some(Gate { cell: &self.gate })
     }
 
     fn wake_gate(&self, gate: Gate<'_>, state: u8) {
-        gate.state.store(state, Ordering::Release);
-        gate.waker.wake();
+        gate.store(state);
+        gate.wake();
     }
 }
 
@@ -376,10 +426,7 @@ impl fmt::Debug for DetectorEndpoint {
             .field("tally", &unpack(self.external.load(Ordering::Relaxed)))
             .field("condemned", &self.condemned.load(Ordering::Relaxed))
             .field("ejections", &self.ejections.load(Ordering::Relaxed))
-            .field(
-                "gate",
-                &self.linkerd_gate().map(|g| g.state.load(Ordering::Relaxed)),
-            )
+            .field("gate", &self.linkerd_gate().map(|g| g.load()))
             .finish()
     }
 }

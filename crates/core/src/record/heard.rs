@@ -79,7 +79,7 @@ impl EndpointRecord {
             ServerSignal::Serving(serving) => self.set_not_serving(!serving),
             ServerSignal::LoadReport(_) => false,
         };
-        if self.hears {
+        if self.hears() {
             for policy in self.policies.iter().filter(|policy| policy.hears()) {
                 policy.hear(&signal, now);
             }
@@ -91,7 +91,7 @@ impl EndpointRecord {
     /// reading from a response): one load.
     #[inline]
     pub fn hears(&self) -> bool {
-        self.hears
+        self.marks.load(Ordering::Relaxed) & super::HEARS != 0
     }
 
     /// The server asked to be left alone until `until` (on the record's clock): a 429 or 503 with

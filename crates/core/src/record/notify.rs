@@ -79,19 +79,21 @@ impl fmt::Debug for Notifier {
 /// record. Handed to the record by the layer that tracks it ([`EndpointRecord::set_signal_slot`](crate::EndpointRecord::set_signal_slot)).
 #[derive(Clone, Debug)]
 pub struct SignalSlot {
-    chunk: Arc<SignalChunk>,
-    // The bit's place in the chunk (below 4 096): its word and its bit in it are a shift and a
+    pub(crate) chunk: Arc<SignalChunk>,
+    // The bit's place in the chunk (below 256): its word and its bit in it are a shift and a
     // mask away, and every record holds one of these (a `u64` mask beside it cost 8 bytes each).
-    index: u16,
+    // One byte, so that the record holds it among its other bytes (a `u16` beside the pointer was
+    // padded to a word in every record).
+    pub(crate) index: u8,
 }
 
-/// 4 096 signal bits, in 64 words.
+/// 256 signal bits, in 4 words.
 pub struct SignalChunk {
     words: [AtomicU64; SignalChunk::WORDS],
 }
 
 impl SignalChunk {
-    const WORDS: usize = 64;
+    const WORDS: usize = 4;
     /// The endpoints one chunk holds.
     pub const SLOTS: usize = Self::WORDS * 64;
 
@@ -107,7 +109,7 @@ impl SignalChunk {
         let index = index % Self::SLOTS;
         SignalSlot {
             chunk: chunk.clone(),
-            index: index as u16,
+            index: index as u8,
         }
     }
 
@@ -138,11 +140,12 @@ impl fmt::Debug for SignalChunk {
     }
 }
 
-impl SignalSlot {
+impl SignalChunk {
+    /// Sets the bit of the slot `index` of this chunk.
     #[inline]
-    pub(super) fn raise(&self) {
-        let index = usize::from(self.index);
-        self.chunk.words[index / 64].fetch_or(1 << (index % 64), Ordering::Release);
+    pub(super) fn raise(&self, index: u8) {
+        let index = usize::from(index);
+        self.words[index / 64].fetch_or(1 << (index % 64), Ordering::Release);
     }
 }
 

@@ -123,7 +123,7 @@ impl EndpointPolicy for DetectorEndpoint {
         self.out.store(false, Ordering::Relaxed);
         if let Some(gate) = self.linkerd_gate() {
             // Back in rotation after the back-off: one real request is the probe.
-            if matches!(gate.state.load(Ordering::Acquire), OPEN | SHUT) {
+            if matches!(gate.load(), OPEN | SHUT) {
                 self.wake_gate(gate, HALF_OPEN);
             }
         }
@@ -185,7 +185,7 @@ impl DetectorEndpoint {
         // probe through. (linkerd's own words run the other way: its gate is "open" when healthy
         // and "shut" when ejected, which made `state="OPEN"` fire for every healthy endpoint.)
         let gate = self.linkerd_gate()?;
-        Some(match gate.state.load(Ordering::Acquire) {
+        Some(match gate.load() {
             CLOSED => "CLOSED",
             HALF_OPEN | PROBING => "HALF_OPEN",
             _ => "OPEN",
@@ -293,7 +293,7 @@ impl OwnTiming for DetectorEndpoint {
         }
         if let Some(gate) = self.linkerd_gate() {
             // Kept in rotation: it serves again.
-            if gate.state.load(Ordering::Acquire) == SHUT {
+            if gate.load() == SHUT {
                 self.wake_gate(gate, CLOSED);
             }
         }

@@ -18,30 +18,21 @@ impl ProbeGate for DetectorEndpoint {
             return Poll::Ready(Admit::Call);
         };
         loop {
-            match gate.state.load(Ordering::Acquire) {
+            match gate.load() {
                 HALF_OPEN => {
-                    if gate
-                        .state
-                        .compare_exchange(HALF_OPEN, PROBING, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
+                    if gate.compare_exchange(HALF_OPEN, PROBING).is_ok() {
                         return Poll::Ready(Admit::Probe);
                     }
                 }
                 held @ (PROBING | SHUT) => {
                     if held == SHUT && self.standing(clock.now()) == 0 {
                         // The layer never answered (its condemnation lapsed): serve again.
-                        let _ = gate.state.compare_exchange(
-                            SHUT,
-                            CLOSED,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        );
+                        let _ = gate.compare_exchange(SHUT, CLOSED);
                         continue;
                     }
-                    gate.waker.register(cx.waker());
+                    gate.register(cx.waker());
                     // The state may have changed between the load and the registration.
-                    if gate.state.load(Ordering::Acquire) == held {
+                    if gate.load() == held {
                         return Poll::Pending;
                     }
                 }
@@ -59,7 +50,7 @@ impl ProbeGate for DetectorEndpoint {
             // Calls wait until the layer ejects the endpoint again or refuses to (then it
             // serves as usual): none may slip through to an endpoint that just failed its probe.
             self.condemn(FAILED_PROBE, now);
-            gate.state.store(SHUT, Ordering::Release);
+            gate.store(SHUT);
             Signal::Evaluate
         } else {
             // The trip is over: the next one starts at the shortest back-off. The layer looks,
@@ -72,7 +63,7 @@ impl ProbeGate for DetectorEndpoint {
 
     fn probe_cancelled(&self, _now: Nanos) {
         if let Some(gate) = self.linkerd_gate() {
-            if gate.state.load(Ordering::Acquire) == PROBING {
+            if gate.load() == PROBING {
                 self.wake_gate(gate, HALF_OPEN);
             }
         }
