@@ -61,14 +61,23 @@ fn snapshots_serialize_with_typed_keys_as_text() {
 }
 
 #[test]
-fn permute_puts_items_where_the_order_says() {
-    // Every permutation of 0..6, and a few long ones from a seeded shuffle, against a copy.
+fn place_puts_items_where_their_rank_says() {
+    // Every permutation of 0..6, and a few long ones from a seeded shuffle, against a copy: the
+    // item at `from[k]` is to end up `k`th.
     fn check(from: &[usize]) {
-        let mut items: Vec<u32> = (0..from.len() as u32).map(|i| i * 10).collect();
-        let wanted: Vec<u32> = from.iter().map(|&i| items[i]).collect();
-        let mut order = from.to_vec();
-        super::permute(&mut items, &mut order);
-        assert_eq!(items, wanted, "{from:?}");
+        let items: Vec<u32> = (0..from.len() as u32).map(|i| i * 10).collect();
+        let wanted: Vec<u64> = from.iter().map(|&i| u64::from(items[i]) + 1).collect();
+        let mut rank = vec![0; from.len()];
+        for (k, &i) in from.iter().enumerate() {
+            rank[i] = k;
+        }
+        let mut made = 0;
+        let placed = super::building::place(items, &rank, |item| {
+            made += 1;
+            u64::from(item) + 1
+        });
+        assert_eq!(placed, wanted, "{from:?}");
+        assert_eq!(made, from.len(), "each item made once");
     }
     fn all(prefix: &mut Vec<usize>, left: &mut Vec<usize>) {
         if left.is_empty() {
