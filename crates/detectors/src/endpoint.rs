@@ -4,10 +4,10 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+use std::task::Waker;
 
-use futures::task::AtomicWaker;
 use once_cell::race::OnceBox;
-use tower_outlier_core::{duration_to_nanos, Nanos, Signal, Window, WindowShape};
+use tower_outlier_core::{duration_to_nanos, Lock, Nanos, Signal, Window, WindowShape};
 
 use crate::config::{DetectorSemantics, MIN_RECENT_WINDOW, RECENT_BUCKETS};
 use crate::detector::{Detector, Shared};
@@ -87,11 +87,14 @@ pub struct DetectorEndpoint {
     gate: OnceBox<GateCell>,
 }
 
-/// linkerd's probe gate of an endpoint that has been ejected: its state and the handle waiting
-/// on it.
+/// linkerd's probe gate of an endpoint that has been ejected: its state and the handles waiting
+/// on it. Every waiting handle is woken, not the last to wait: clones of one handle parked in
+/// several tasks (a handle cloned per request) each wait for the probe, and a single waker slot
+/// left all but one asleep for good. The gate changes a few times per ejection, so a lock here
+/// costs nothing a call sees.
 struct GateCell {
     state: AtomicU8,
-    waker: AtomicWaker,
+    waiters: Lock<Vec<Waker>>,
 }
 
 /// linkerd's probe gate, `CLOSED` until its cell is made.
@@ -114,7 +117,7 @@ impl Gate<'_> {
             None => self.cell.get_or_init(|| {
                 Box::new(GateCell {
                     state: AtomicU8::new(CLOSED),
-                    waker: AtomicWaker::new(),
+                    waiters: Lock::new(Vec::new()),
                 })
             }),
         };
@@ -132,16 +135,24 @@ impl Gate<'_> {
         }
     }
 
-    /// Wakes `waker` at the gate's next change (a gate that holds calls has its cell).
-    fn register(&self, waker: &std::task::Waker) {
+    /// Wakes `waker` at the gate's next change (a gate that holds calls has its cell). A task
+    /// that waits again is listed once.
+    fn register(&self, waker: &Waker) {
         if let Some(cell) = self.cell.get() {
-            cell.waker.register(waker);
+            let mut waiters = cell.waiters.lock();
+            if !waiters.iter().any(|waiting| waiting.will_wake(waker)) {
+                waiters.push(waker.clone());
+            }
         }
     }
 
+    /// Wakes every handle waiting (they look at the gate again, and wait again if they must).
     fn wake(&self) {
         if let Some(cell) = self.cell.get() {
-            cell.waker.wake();
+            let waiters = std::mem::take(&mut *cell.waiters.lock());
+            for waiter in waiters {
+                waiter.wake();
+            }
         }
     }
 }

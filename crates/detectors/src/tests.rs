@@ -1,5 +1,6 @@
 //! The endpoint state's rules, call by call, without a layer.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -301,4 +302,55 @@ fn after_a_failed_probe_calls_wait_for_the_layer() {
     // The layer kept it in rotation (the last endpoint, say): it serves again.
     endpoint.ejection_refused(11 * SECOND);
     assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Call));
+}
+
+#[test]
+fn every_handle_waiting_on_linkerds_gate_is_woken() {
+    // Three tasks wait on the gate while a probe is out (clones of one handle, each in its own
+    // task); the probe passes and each is woken, not only the last to wait. (A single waker slot
+    // left the others asleep for good.)
+    let policy = policy(DetectorConfig::linkerd_consecutive().backoff_jitter(0.0));
+    let endpoint = policy.endpoint();
+    signals(&endpoint, &[REFUSED; 7]);
+    endpoint.check_at(10 * SECOND);
+    endpoint.reset();
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
+    let gate = endpoint.gate().unwrap();
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let counter = Arc::new(WakeCounter::default());
+            let waker = std::task::Waker::from(counter.clone());
+            let waiting = gate.poll_admit(false, &Clock::tokio(), &mut Context::from_waker(&waker));
+            assert_eq!(waiting, Poll::Pending, "one probe at a time");
+            // The same task waiting again is listed once.
+            let again = gate.poll_admit(false, &Clock::tokio(), &mut Context::from_waker(&waker));
+            assert_eq!(again, Poll::Pending);
+            counter
+        })
+        .collect();
+    let passed = Observation {
+        outcome: OK,
+        latency: Duration::ZERO,
+    };
+    assert_eq!(gate.record_probe(&passed, 11 * SECOND), Signal::Evaluate);
+    for (index, waiter) in waiters.iter().enumerate() {
+        assert_eq!(
+            waiter.woken.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "waiter {index} woken once"
+        );
+    }
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Call));
+}
+
+#[derive(Default)]
+struct WakeCounter {
+    woken: std::sync::atomic::AtomicUsize,
+}
+
+impl std::task::Wake for WakeCounter {
+    fn wake(self: Arc<Self>) {
+        self.woken
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
