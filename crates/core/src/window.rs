@@ -111,7 +111,7 @@ pub struct Window {
     first: Ring,
     // One ring per core past the first, made the first time cores contend on this window.
     // One pointer, not std's `OnceLock<Box<_>>` (two words): 8 bytes in every window.
-    more: OnceBox<Slots<Ring>>,
+    more: OnceBox<Split>,
     bucket_nanos: u64,
 }
 
@@ -168,7 +168,7 @@ impl Window {
             None => &self.first,
             Some(more) => match thread_stripe() as usize & more.len() {
                 0 => &self.first,
-                stripe => &more[stripe - 1],
+                stripe => more.ring(stripe - 1),
             },
         };
         if self.record_in(ring, now, failed, slow) {
@@ -279,11 +279,9 @@ impl Window {
         }
         let counts_slow = self.counts_slow();
         self.more.get_or_init(|| {
-            Box::new(Slots(
-                (1..stripes())
-                    .map(|_| Ring::for_another_core(self.buckets(), counts_slow))
-                    .collect(),
-            ))
+            Box::new(Split::new(stripes() - 1, || {
+                Ring::for_another_core(self.buckets(), counts_slow)
+            }))
         });
     }
 

@@ -2,6 +2,8 @@
 
 use std::cell::Cell;
 
+use super::ring::Ring;
+
 #[cfg(not(loom))]
 use crate::sync::OnceLock;
 
@@ -50,4 +52,46 @@ pub(super) fn rehash_thread_stripe() {
         x ^= x << 5;
         stripe.set(x.max(1));
     });
+}
+
+/// The rings of a window past its first, made once cores contend on it: the second in place, any
+/// more behind a pointer. On two cores (one ring more) a call reaches its ring through one
+/// pointer where a list of rings took two (about a nanosecond of every call on a split window).
+pub(super) struct Split {
+    second: Ring,
+    rest: Box<[Ring]>,
+}
+
+impl Split {
+    /// `more` rings (at least one), each made by `make`.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(super) fn new(more: usize, make: impl Fn() -> Ring) -> Self {
+        Split {
+            second: make(),
+            rest: (1..more).map(|_| make()).collect(),
+        }
+    }
+
+    /// The rings it holds.
+    #[inline]
+    pub(super) fn len(&self) -> usize {
+        1 + self.rest.len()
+    }
+
+    /// Ring `index` of [`len`](Self::len) (past the end: the last).
+    #[inline]
+    pub(super) fn ring(&self, index: usize) -> &Ring {
+        match index.checked_sub(1) {
+            None => &self.second,
+            Some(at) => self
+                .rest
+                .get(at)
+                .or(self.rest.last())
+                .unwrap_or(&self.second),
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Ring> {
+        std::iter::once(&self.second).chain(self.rest.iter())
+    }
 }

@@ -191,9 +191,9 @@ fn split_rings_read_slide_absorb_and_clear_as_one_window() {
     let more = w.more.get().unwrap();
     // Another core's ring: the same slot holds a newer slice there (slot 0 at 6 s) while the
     // first ring still holds the one of 0 s, and slot 1 holds the same slice in both.
-    w.record_in(&more[0], 6_200 * MS, false, true);
+    w.record_in(more.ring(0), 6_200 * MS, false, true);
     w.record_in(&w.first, 1_500 * MS, false, false);
-    w.record_in(&more[0], 1_700 * MS, true, false);
+    w.record_in(more.ring(0), 1_700 * MS, true, false);
     let c = w.counts(6_200 * MS);
     assert_eq!((c.calls, c.failures, c.slow), (3, 1, 1), "0 s has slid out");
     let c = w.counts(5_900 * MS);
