@@ -3,10 +3,10 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
-
-use once_cell::race::OnceBox;
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+use once_cell::race::OnceBox;
 
 use crate::clock::{duration_to_nanos, Clock, Nanos};
 use crate::outcome::{FailureKind, Observation, Outcome};
@@ -74,35 +74,6 @@ pub struct EndpointRecord {
     // One pointer, not std's `OnceLock<Box<_>>` (two words): 8 bytes in every record.
     options: OnceBox<Options>,
     notifier: Arc<Notifier>,
-}
-
-/// The record's policy states. Most layers have one policy: held in place, where a list of one on
-/// the heap cost every endpoint 16 bytes (8 more in the record for the tag).
-enum Policies {
-    One(Box<dyn EndpointPolicy>),
-    Many(Box<[Box<dyn EndpointPolicy>]>),
-}
-
-impl From<Box<[Box<dyn EndpointPolicy>]>> for Policies {
-    fn from(policies: Box<[Box<dyn EndpointPolicy>]>) -> Self {
-        let mut policies = Vec::from(policies);
-        match policies.len() {
-            1 => Policies::One(policies.remove(0)),
-            _ => Policies::Many(policies.into_boxed_slice()),
-        }
-    }
-}
-
-impl std::ops::Deref for Policies {
-    type Target = [Box<dyn EndpointPolicy>];
-
-    #[inline]
-    fn deref(&self) -> &Self::Target {
-        match self {
-            Policies::One(policy) => std::slice::from_ref(policy),
-            Policies::Many(policies) => policies,
-        }
-    }
 }
 
 impl EndpointRecord {
@@ -448,25 +419,6 @@ impl EndpointRecord {
         before & mark != 0
     }
 
-    /// The flag was just set: mark the record's bit and wake the layer.
-    #[cold]
-    fn raise_flag(&self) {
-        if let Some(chunk) = &self.signal_chunk {
-            chunk.raise(self.signal_index);
-        }
-        self.notifier.notify();
-    }
-
-    /// Gives the record the bit its layer reads its flag by, before the record is shared (a
-    /// successor keeps its predecessor's). A flag already set is marked at once.
-    pub fn set_signal_slot(&mut self, slot: SignalSlot) {
-        self.signal_chunk = Some(slot.chunk);
-        self.signal_index = slot.index;
-        if self.marks.load(Ordering::Acquire) & FLAGGED != 0 {
-            self.raise_flag();
-        }
-    }
-
     /// Marks the endpoint's service not ready (its `poll_ready` failed) or ready again, and tells
     /// the layer when that changes: an endpoint the balancer cannot pick must not count as one it
     /// could fall back on (cold path).
@@ -530,10 +482,12 @@ mod evidence;
 mod heard;
 mod latency;
 mod notify;
+mod policies;
 
 use draws::Draws;
 use evidence::Evidence;
 use heard::Heard;
+use policies::Policies;
 
 /// What the layer's options keep for an endpoint beside its calls, each part owned by its file:
 /// made the first time one acts, and then for good (one allocation, off the per-call path).

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::task::noop_waker_ref;
 use tower_outlier_core::{
     Admit, CallsNeeded, Clock, EndpointPolicy, FailureKind, Judgement, Nanos, Observation, Outcome,
-    OwnTiming, Signal,
+    OwnTiming, ProbeGate, Signal,
 };
 
 use crate::{Detector, DetectorBuilder, DetectorConfig, DetectorEndpoint, DetectorPolicy};
@@ -283,15 +283,21 @@ fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
     assert_eq!(endpoint.check_at(20 * SECOND), Some(21 * SECOND));
 }
 
+/// linkerd's `endpoint` ejected by 7 refusals, back after its back-off with its probe out: its
+/// gate.
+fn probing(endpoint: &DetectorEndpoint) -> &dyn ProbeGate {
+    signals(endpoint, &[REFUSED; 7]);
+    endpoint.check_at(10 * SECOND);
+    endpoint.reset();
+    assert_eq!(admit(endpoint, false), Poll::Ready(Admit::Probe));
+    endpoint.gate().expect("linkerd gates readiness")
+}
+
 #[test]
 fn after_a_failed_probe_calls_wait_for_the_layer() {
     let policy = policy(DetectorConfig::linkerd_consecutive().backoff_jitter(0.0));
     let endpoint = policy.endpoint();
-    signals(&endpoint, &[REFUSED; 7]);
-    endpoint.check_at(10 * SECOND);
-    endpoint.reset();
-    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
-    let gate = endpoint.gate().unwrap();
+    let gate = probing(&endpoint);
     let failed = Observation {
         outcome: REFUSED,
         latency: Duration::ZERO,
@@ -311,11 +317,7 @@ fn every_handle_waiting_on_linkerds_gate_is_woken() {
     // left the others asleep for good.)
     let policy = policy(DetectorConfig::linkerd_consecutive().backoff_jitter(0.0));
     let endpoint = policy.endpoint();
-    signals(&endpoint, &[REFUSED; 7]);
-    endpoint.check_at(10 * SECOND);
-    endpoint.reset();
-    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
-    let gate = endpoint.gate().unwrap();
+    let gate = probing(&endpoint);
     let waiters: Vec<_> = (0..3)
         .map(|_| {
             let counter = Arc::new(WakeCounter::default());

@@ -8,6 +8,8 @@ use std::task::Waker;
 
 use futures::task::AtomicWaker;
 
+use super::{EndpointRecord, FLAGGED};
+
 /// Wakes the task that drives a layer when any endpoint's record signals.
 ///
 /// One per layer instance. Records set the dirty flag and wake; the layer registers its waker
@@ -79,12 +81,12 @@ impl fmt::Debug for Notifier {
 /// record. Handed to the record by the layer that tracks it ([`EndpointRecord::set_signal_slot`](crate::EndpointRecord::set_signal_slot)).
 #[derive(Clone, Debug)]
 pub struct SignalSlot {
-    pub(crate) chunk: Arc<SignalChunk>,
+    chunk: Arc<SignalChunk>,
     // The bit's place in the chunk (below 256): its word and its bit in it are a shift and a
     // mask away, and every record holds one of these (a `u64` mask beside it cost 8 bytes each).
     // One byte, so that the record holds it among its other bytes (a `u16` beside the pointer was
     // padded to a word in every record).
-    pub(crate) index: u8,
+    index: u8,
 }
 
 /// 256 signal bits, in 4 words.
@@ -166,5 +168,27 @@ impl SignalChunk {
 pub fn store_if_changed(flag: &AtomicBool, value: bool) {
     if flag.load(Ordering::Relaxed) != value {
         flag.store(value, Ordering::Relaxed);
+    }
+}
+
+/// The record's place on its layer's signal board.
+impl EndpointRecord {
+    /// The flag was just set: mark the record's bit and wake the layer.
+    #[cold]
+    pub(super) fn raise_flag(&self) {
+        if let Some(chunk) = &self.signal_chunk {
+            chunk.raise(self.signal_index);
+        }
+        self.notifier.notify();
+    }
+
+    /// Gives the record the bit its layer reads its flag by, before the record is shared (a
+    /// successor keeps its predecessor's). A flag already set is marked at once.
+    pub fn set_signal_slot(&mut self, slot: SignalSlot) {
+        self.signal_chunk = Some(slot.chunk);
+        self.signal_index = slot.index;
+        if self.marks.load(Ordering::Acquire) & FLAGGED != 0 {
+            self.raise_flag();
+        }
     }
 }

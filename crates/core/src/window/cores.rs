@@ -78,16 +78,12 @@ impl Split {
         1 + self.rest.len()
     }
 
-    /// Ring `index` of [`len`](Self::len) (past the end: the last).
+    /// Ring `index` of [`len`](Self::len) (past the end: the second; callers mask the index).
     #[inline]
     pub(super) fn ring(&self, index: usize) -> &Ring {
-        match index.checked_sub(1) {
-            None => &self.second,
-            Some(at) => self
-                .rest
-                .get(at)
-                .or(self.rest.last())
-                .unwrap_or(&self.second),
+        match index {
+            0 => &self.second,
+            at => self.rest.get(at - 1).unwrap_or(&self.second),
         }
     }
 
