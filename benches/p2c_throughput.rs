@@ -12,6 +12,10 @@
 //! Each run builds a fresh balancer over a fresh `ServiceList` and times everything from there:
 //! the 10 endpoints are discovered on the first `ready`, a cost the run's length makes negligible.
 //!
+//! Beside the requests per second it prints the process's CPU time per request (every thread, on
+//! Linux): on two workers the throughput also follows how the runtime parks and wakes its threads,
+//! the CPU time only what the balancers and the runtime spend.
+//!
 //! ```text
 //! cargo bench -p tower-outlier-benches --bench p2c_throughput
 //! ```
@@ -104,6 +108,8 @@ enum Balancer {
 /// What one run did.
 struct Run {
     elapsed: Duration,
+    /// The process's CPU time (user + system, every thread) over the run, where the OS says.
+    cpu: Option<Duration>,
     requests: u64,
     succeeded: u64,
     /// For the layer: what its monitor showed at the end, the balancer still alive.
@@ -114,6 +120,26 @@ impl Run {
     fn per_second(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
     }
+
+    /// CPU time per request, in nanoseconds.
+    fn cpu_per_request(&self) -> Option<f64> {
+        self.cpu
+            .map(|cpu| cpu.as_nanos() as f64 / self.requests as f64)
+    }
+}
+
+/// The CPU time this process has used, user and system, all threads: `/proc/self/stat` on Linux
+/// (in clock ticks of 10 ms, a 1 % resolution on a run of a second), `None` elsewhere.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split_whitespace();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let user: u64 = fields.nth(11)?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    // USER_HZ is 100 on every Linux architecture tokio runs on.
+    Some(Duration::from_millis((user + system) * 10))
 }
 
 /// The layer's monitor at the end of a run.
@@ -197,6 +223,7 @@ where
     let requests = setup.requests();
     runtime.block_on(async move {
         let start = Instant::now();
+        let cpu_start = process_cpu();
         let mut balance = make();
         // Outlives the timing: shutting its worker down is not part of the run.
         let buffer;
@@ -206,8 +233,11 @@ where
             buffer = Buffer::new(balance, BUFFER_CAPACITY);
             drive_buffer(&buffer, requests).await
         };
+        let elapsed = start.elapsed();
+        let cpu = process_cpu().zip(cpu_start).map(|(end, start)| end - start);
         Run {
-            elapsed: start.elapsed(),
+            elapsed,
+            cpu,
             requests,
             succeeded,
             seen: look(),
@@ -308,6 +338,36 @@ fn main() {
             high
         );
         ratios.push(b / a);
+    }
+    // What the runs cost the machine: with two workers the throughput also depends on how the
+    // runtime parks and wakes its threads, the CPU time on what the balancers do.
+    println!();
+    println!("CPU time per request, every thread (ns; median of the rounds; lower is better)");
+    println!(
+        "{:<34} {:>17} {:>15} {:>7} {:>19}",
+        "setup", "PeakEwmaDiscover", "tower-outlier", "B ÷ A", "per round, min–max"
+    );
+    for (s, setup) in Setup::ALL.into_iter().enumerate() {
+        let cpu = |b: usize| -> Option<Vec<f64>> {
+            runs[s][b].iter().map(Run::cpu_per_request).collect()
+        };
+        let (Some(a), Some(b)) = (cpu(0), cpu(1)) else {
+            println!("{:<34} (no CPU time on this OS)", setup.to_string());
+            continue;
+        };
+        let per_round: Vec<f64> = a.iter().zip(&b).map(|(a, b)| b / a).collect();
+        let low = per_round.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = per_round.iter().copied().fold(0.0, f64::max);
+        let (a, b) = (median(a), median(b));
+        println!(
+            "{:<34} {:>17.0} {:>15.0} {:>6.2}× {:>12.2}–{:.2}×",
+            setup.to_string(),
+            a,
+            b,
+            b / a,
+            low,
+            high
+        );
     }
     println!();
     for (setup, ratio) in Setup::ALL.into_iter().zip(ratios) {
