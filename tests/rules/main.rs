@@ -23,6 +23,7 @@ mod envoy_conformance;
 mod events;
 mod fail_fast_guard;
 mod finagle;
+mod gray_returns;
 mod grpc;
 mod grpc_conformance;
 mod health;

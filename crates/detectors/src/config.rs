@@ -163,6 +163,7 @@ pub struct DetectorConfig {
     pub(crate) success_rate: Option<SuccessRate>,
     pub(crate) failure_percentage: Option<FailurePercentage>,
     pub(crate) recent_success_rate: Option<RecentSuccessRate>,
+    pub(crate) recent_window_kept: bool,
     pub(crate) when_all_out: WhenAllOut,
     pub(crate) name: Option<&'static str>,
 }
@@ -298,6 +299,10 @@ impl DetectorConfig {
     ///   does, so a gray failure that rarely fails three calls in a row (every third call, say)
     ///   is ejected after a handful of failures instead of being left to the balancer. A fleet
     ///   whose every endpoint fails that often is still served: at most half of it is out.
+    ///   Its window is kept when the endpoint comes back
+    ///   ([`recent_window_kept_on_return`](DetectorBuilder::recent_window_kept_on_return)),
+    ///   so a gray endpoint that passes its health checks is out again on its first failure
+    ///   after each return.
     ///
     /// Its policy is named `"recommended"` in logs, snapshots and metrics. A running layer built
     /// from it is changed with a new `DetectorConfig` (`RulesHandle::replace`); it refuses
@@ -331,6 +336,9 @@ impl DetectorConfig {
             // Whatever the last endpoint still answers beats failing every call.
             when_all_out: WhenAllOut::KeepLast,
             recent_success_rate: Some(recent::LINKERD_RECENT_SUCCESS_RATE),
+            // A gray endpoint the probe lets back in is out again on its first failure, not
+            // after judging it from an empty window each time it returns.
+            recent_window_kept: true,
             // Its own name in logs, snapshots and metrics: linkerd's semantics, not linkerd's
             // configuration.
             name: Some("recommended"),

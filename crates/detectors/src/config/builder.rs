@@ -50,6 +50,7 @@ pub struct DetectorBuilder {
     pub(crate) success_rate: Option<SuccessRate>,
     pub(crate) failure_percentage: Option<FailurePercentage>,
     pub(crate) recent_success_rate: Option<RecentSuccessRate>,
+    pub(crate) recent_window_kept: bool,
     pub(crate) when_all_out: WhenAllOut,
     // The policy's name where it is not its semantics' (`recommended()`'s).
     pub(crate) name: Option<&'static str>,
@@ -82,6 +83,7 @@ impl Default for DetectorBuilder {
             success_rate: Some(ENVOY_SUCCESS_RATE),
             failure_percentage: Some(ENVOY_FAILURE_PERCENTAGE),
             recent_success_rate: None,
+            recent_window_kept: false,
             // Envoy's cluster default (`common_lb_config.healthy_panic_threshold`).
             when_all_out: WhenAllOut::PanicBelow(0.5),
             name: None,
@@ -394,6 +396,7 @@ impl DetectorBuilder {
             success_rate: self.success_rate,
             failure_percentage: self.failure_percentage,
             recent_success_rate: self.recent_success_rate,
+            recent_window_kept: self.recent_window_kept,
             when_all_out: self.when_all_out,
             name: self.name,
         })

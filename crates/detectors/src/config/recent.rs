@@ -12,7 +12,8 @@ use super::*;
 ///
 /// The window is ten buckets of a tenth of it each, summed whole: the calls of the last nine
 /// buckets and of the current one. It is checked after each failed call (a success cannot bring
-/// the rate down), while the endpoint is in rotation, and emptied when the endpoint comes back.
+/// the rate down), while the endpoint is in rotation, and emptied when the endpoint comes back
+/// (unless [`DetectorBuilder::recent_window_kept_on_return`] keeps it).
 /// A `threshold` of 0 turns the trigger off.
 ///
 /// linkerd counts 429 and gRPC's RESOURCE_EXHAUSTED against the rate but not as consecutive
@@ -87,11 +88,45 @@ impl DetectorBuilder {
         self.recent_success_rate = trigger;
         self
     }
+
+    /// Whether the success-rate trigger's window is kept when an ejected endpoint comes back
+    /// (`true`), so that the calls before its ejection still count for the rest of the window,
+    /// or emptied as linkerd empties it (`false`, the default; [`recommended`] keeps it).
+    ///
+    /// Kept, an endpoint that fails a share of its calls but passes its health checks (a gray
+    /// failure the probe cannot see) is ejected again on its first failure after each return,
+    /// while that failure still leaves the window's rate under the threshold. Emptied, each
+    /// return judges it afresh on `min_requests` new calls, and it fails a few more callers each
+    /// time. An endpoint that has healed answers its calls, and their successes lift the
+    /// window's rate above the threshold within a few calls.
+    ///
+    /// ```
+    /// use tower_outlier_detectors::DetectorConfig;
+    ///
+    /// assert!(DetectorConfig::recommended().build()?.recent_window_kept_on_return());
+    /// let linkerd = DetectorConfig::linkerd().build()?;
+    /// assert!(!linkerd.recent_window_kept_on_return());
+    /// let kept = DetectorConfig::linkerd().recent_window_kept_on_return(true).build()?;
+    /// assert!(kept.recent_window_kept_on_return());
+    /// # Ok::<(), tower_outlier_core::ConfigError>(())
+    /// ```
+    ///
+    /// [`recommended`]: DetectorConfig::recommended
+    pub fn recent_window_kept_on_return(mut self, kept: bool) -> Self {
+        self.recent_window_kept = kept;
+        self
+    }
 }
 
 impl DetectorConfig {
     /// linkerd's success-rate trigger, if set.
     pub fn recent_success_rate(&self) -> Option<RecentSuccessRate> {
         self.recent_success_rate
+    }
+
+    /// Whether the success-rate trigger's window is kept when an ejected endpoint comes back
+    /// (see [`DetectorBuilder::recent_window_kept_on_return`]).
+    pub fn recent_window_kept_on_return(&self) -> bool {
+        self.recent_window_kept
     }
 }

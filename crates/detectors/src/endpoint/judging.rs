@@ -119,7 +119,9 @@ impl EndpointPolicy for DetectorEndpoint {
         }
         self.condemned.store(0, Ordering::Release);
         self.queued_5xx.store(false, Ordering::Relaxed);
-        self.clear_recent();
+        if !self.shared.config.recent_window_kept {
+            self.clear_recent();
+        }
         self.out.store(false, Ordering::Relaxed);
         if let Some(gate) = self.linkerd_gate() {
             // Back in rotation after the back-off: one real request is the probe.
