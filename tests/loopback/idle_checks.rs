@@ -21,12 +21,12 @@ use super::new_user::{discovery, get, Server};
 /// One run: the calls that failed in the 60 serial calls after a 3.5 s quiet in which server 0
 /// died, the requests it got in them, and (with the checks) how long after healing it was back.
 async fn run(checks: bool) -> (usize, usize, Option<Duration>) {
-    let servers = vec![
+    let servers = [
         Server::start(false).await,
         Server::start(false).await,
         Server::start(false).await,
     ];
-    let (tx, rx) = discovery(&servers);
+    let (tx, rx) = discovery(servers.iter().map(|s| s.addr));
     let mut outliers = OutlierDetectionLayer::new(DetectorPolicy::new(
         DetectorConfig::recommended().build().unwrap(),
     ))

@@ -6,6 +6,7 @@ mod support;
 
 mod connection;
 mod detectors_loopback;
+mod gray_returns;
 mod health_watch;
 mod health_watch_faults;
 mod hyper_servers;

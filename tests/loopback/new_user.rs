@@ -39,26 +39,43 @@ pub(super) struct Server {
 
 impl Server {
     pub(super) async fn start(unavailable: bool) -> Server {
+        let unavailable = Arc::new(AtomicBool::new(unavailable));
+        let state = unavailable.clone();
+        let mut server = Server::answering(move |_, _| {
+            if state.load(Ordering::SeqCst) {
+                503
+            } else {
+                200
+            }
+        })
+        .await;
+        server.unavailable = unavailable;
+        server
+    }
+
+    /// A server whose answer to a request for `path` has the status `answer(path, n)`, `n` the
+    /// number of requests before it (from 0; `/healthz` is not counted).
+    pub(super) async fn answering(
+        answer: impl Fn(&str, usize) -> u16 + Send + Sync + 'static,
+    ) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let unavailable = Arc::new(AtomicBool::new(unavailable));
         let requests = Arc::new(AtomicUsize::new(0));
-        let (state, counter) = (unavailable.clone(), requests.clone());
+        let (answer, counter) = (Arc::new(answer), requests.clone());
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let _ = stream.set_nodelay(true);
-                let (state, counter) = (state.clone(), counter.clone());
+                let (answer, counter) = (answer.clone(), counter.clone());
                 tokio::spawn(async move {
                     let service =
                         hyper::service::service_fn(move |request: http::Request<Incoming>| {
-                            if request.uri().path() != "/healthz" {
-                                counter.fetch_add(1, Ordering::SeqCst);
-                            }
-                            let status = if state.load(Ordering::SeqCst) {
-                                503
+                            let path = request.uri().path();
+                            let n = if path == "/healthz" {
+                                counter.load(Ordering::SeqCst)
                             } else {
-                                200
+                                counter.fetch_add(1, Ordering::SeqCst)
                             };
+                            let status = answer(path, n);
                             async move {
                                 Ok::<_, Infallible>(
                                     http::Response::builder()
@@ -76,7 +93,7 @@ impl Server {
         });
         Server {
             addr,
-            unavailable,
+            unavailable: Arc::default(),
             requests,
         }
     }
@@ -110,14 +127,14 @@ impl Service<http::Request<Empty<Bytes>>> for Upstream {
     }
 }
 
-/// The upstream a discover stream gives for `servers`: one hyper-util client shared by them, each
-/// server its own `Upstream` with a 1 s timeout, as the README's stack has it. The sender keeps
-/// the stream open.
+/// The upstream a discover stream gives for the servers at `addrs`: one hyper-util client shared
+/// by them, each server its own `Upstream` with a 1 s timeout, as the README's stack has it. The
+/// sender keeps the stream open.
 pub(super) type Endpoint = Timeout<Upstream>;
 type Discovered = Result<Change<SocketAddr, Endpoint>, Infallible>;
 
 pub(super) fn discovery(
-    servers: &[Server],
+    addrs: impl IntoIterator<Item = SocketAddr>,
 ) -> (
     mpsc::UnboundedSender<Discovered>,
     mpsc::UnboundedReceiver<Discovered>,
@@ -126,13 +143,13 @@ pub(super) fn discovery(
     connector.set_nodelay(true);
     let client = Client::builder(TokioExecutor::new()).build(connector);
     let (tx, rx) = mpsc::unbounded();
-    for server in servers {
+    for addr in addrs {
         let upstream = Upstream {
-            addr: server.addr,
+            addr,
             client: client.clone(),
         };
         tx.unbounded_send(Ok(Change::Insert(
-            server.addr,
+            addr,
             Timeout::new(upstream, Duration::from_secs(1)),
         )))
         .unwrap();
@@ -147,12 +164,12 @@ pub(super) fn get(path: &str) -> http::Request<Empty<Bytes>> {
 /// One run: returns how many calls the failing server received before its ejection and the
 /// seconds after healing until it had half its share of a second's traffic.
 async fn run() -> (usize, f64) {
-    let servers = vec![
+    let servers = [
         Server::start(true).await,
         Server::start(false).await,
         Server::start(false).await,
     ];
-    let (tx, rx) = discovery(&servers);
+    let (tx, rx) = discovery(servers.iter().map(|s| s.addr));
     let outliers = OutlierDetectionLayer::new(DetectorPolicy::new(
         DetectorConfig::recommended().build().unwrap(),
     ))

@@ -3,7 +3,8 @@
 //! fail. The success-rate trigger's window is kept across its returns
 //! (`recent_window_kept_on_return`), so each return costs one failed call, not a fresh judgement
 //! on new ones; a healed endpoint's successes lift the window, and one failure after them does
-//! not eject it.
+//! not eject it. An ejection within 10 s of a return continues the back-off
+//! (`relapse_window`): 1, 2, 4, then 5 s, not 1 s each time.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -35,11 +36,11 @@ struct Zero {
     fail_call: AtomicUsize,
 }
 
-/// Five endpoints answering in 1 ms through p2c, `recommended()` (its window kept on return as
-/// `kept` says) with a probe that always passes, as a health check of a gray server does.
+/// Five endpoints answering in 1 ms through p2c, `config` with a probe that always passes, as a
+/// health check of a gray server does.
 fn fleet(
     zero: &Arc<Zero>,
-    kept: bool,
+    config: DetectorConfig,
 ) -> (
     impl Service<(), Error = BoxError, Future = impl Send> + Send,
     Monitor,
@@ -68,10 +69,6 @@ fn fleet(
             })
         })
         .collect();
-    let config = DetectorConfig::recommended()
-        .recent_window_kept_on_return(kept)
-        .build()
-        .unwrap();
     let layer = OutlierDetectionLayer::new(DetectorPolicy::seeded(config, 5)).probe(probe_fn(
         |_: &usize, _service| Box::pin(async { true }) as ProbeFuture,
     ));
@@ -94,7 +91,11 @@ async fn one_call<B: Service<(), Error = BoxError>>(balancer: &mut B) {
 async fn failures_per_return(kept: bool) -> Vec<usize> {
     let zero = Arc::new(Zero::default());
     zero.gray.store(true, Ordering::SeqCst);
-    let (mut balancer, monitor) = fleet(&zero, kept);
+    let config = DetectorConfig::recommended()
+        .recent_window_kept_on_return(kept)
+        .build()
+        .unwrap();
+    let (mut balancer, monitor) = fleet(&zero, config);
     let start = tokio::time::Instant::now();
     let mut was = EndpointStatus::Available;
     let mut returned_with: Option<usize> = None;
@@ -146,7 +147,7 @@ async fn with_the_window_emptied_on_return_each_return_costs_more() {
 async fn a_healed_endpoint_is_not_ejected_again_by_one_failure_after_its_return() {
     let zero = Arc::new(Zero::default());
     zero.gray.store(true, Ordering::SeqCst);
-    let (mut balancer, monitor) = fleet(&zero, true);
+    let (mut balancer, monitor) = fleet(&zero, DetectorConfig::recommended().build().unwrap());
     let start = tokio::time::Instant::now();
     // The endpoints are discovered at the first call.
     one_call(&mut balancer).await;
@@ -178,5 +179,86 @@ async fn a_healed_endpoint_is_not_ejected_again_by_one_failure_after_its_return(
         zero.failed.load(Ordering::SeqCst) - failed_before,
         1,
         "the one failure after its return"
+    );
+}
+
+/// How long #0 stayed out each time it was ejected over `span` of serial traffic, as `gray` says
+/// at each instant (seconds since the start), under `config`.
+async fn times_out(
+    config: DetectorConfig,
+    span: Duration,
+    gray: impl Fn(f64) -> bool,
+) -> Vec<(f64, Duration)> {
+    let zero = Arc::new(Zero::default());
+    let (mut balancer, monitor) = fleet(&zero, config);
+    let start = tokio::time::Instant::now();
+    let mut out_since = None;
+    let mut out = Vec::new();
+    while start.elapsed() < span {
+        zero.gray
+            .store(gray(start.elapsed().as_secs_f64()), Ordering::SeqCst);
+        one_call(&mut balancer).await;
+        let ejected = status(&monitor, 0) == EndpointStatus::Ejected;
+        match (ejected, out_since) {
+            (true, None) => out_since = Some(tokio::time::Instant::now()),
+            (false, Some(since)) => {
+                out.push((
+                    (since - start).as_secs_f64(),
+                    tokio::time::Instant::now() - since,
+                ));
+                out_since = None;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gray_endpoint_that_relapses_is_held_out_longer_each_time() {
+    let recommended = DetectorConfig::recommended().build().unwrap();
+    let out = times_out(recommended, Duration::from_secs(30), |_| true).await;
+    let lengths: Vec<f64> = out.iter().map(|(_, d)| d.as_secs_f64()).collect();
+    // 1, 2, 4, then 5 s (the longest), each lengthened by up to half of itself but never past
+    // 5 s; a few milliseconds more for the probe and the next call.
+    assert!(lengths.len() >= 4, "ejections: {lengths:?}");
+    for (n, least) in [1.0, 2.0, 4.0, 5.0].into_iter().enumerate() {
+        assert!(
+            lengths[n] >= least && lengths[n] < least * 1.5 + 0.1,
+            "ejection {n} lasted {:.2} s: {lengths:?}",
+            lengths[n]
+        );
+    }
+    // linkerd's own rule: every trip starts again at 1 s once a probe passes.
+    let linkerd_like = DetectorConfig::recommended()
+        .relapse_window(Duration::ZERO)
+        .build()
+        .unwrap();
+    let out = times_out(linkerd_like, Duration::from_secs(30), |_| true).await;
+    assert!(
+        out.iter().all(|(_, d)| d.as_secs_f64() < 1.6),
+        "without the relapse window: {out:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_endpoint_in_for_longer_than_the_relapse_window_starts_again_at_the_base() {
+    let recommended = DetectorConfig::recommended().build().unwrap();
+    // Gray for 12 s, healthy for 15 s, gray again.
+    let gray = |at: f64| !(12.0..27.0).contains(&at);
+    let out = times_out(recommended, Duration::from_secs(45), gray).await;
+    let (first_of_second_episode, length) = out
+        .iter()
+        .find(|(at, _)| *at >= 27.0)
+        .copied()
+        .unwrap_or_else(|| panic!("not ejected after 27 s: {out:?}"));
+    assert!(
+        length.as_secs_f64() < 1.6,
+        "ejected at {first_of_second_episode:.1} s for {length:?}: {out:?}"
+    );
+    assert!(
+        out.iter()
+            .any(|(at, d)| *at < 12.0 && d.as_secs_f64() >= 4.0),
+        "the first episode's back-off never reached 4 s: {out:?}"
     );
 }

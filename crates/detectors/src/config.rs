@@ -164,6 +164,7 @@ pub struct DetectorConfig {
     pub(crate) failure_percentage: Option<FailurePercentage>,
     pub(crate) recent_success_rate: Option<RecentSuccessRate>,
     pub(crate) recent_window_kept: bool,
+    pub(crate) relapse_window: Duration,
     pub(crate) when_all_out: WhenAllOut,
     pub(crate) name: Option<&'static str>,
 }
@@ -182,6 +183,12 @@ impl DetectorConfig {
     /// ```
     pub fn policy_name(&self) -> &'static str {
         self.name.unwrap_or(self.semantics.policy_name())
+    }
+
+    /// How soon after its return an ejection continues the endpoint's back-off (see
+    /// [`DetectorBuilder::relapse_window`]); zero when off.
+    pub fn relapse_window(&self) -> Duration {
+        self.relapse_window
     }
 
     /// What `detector` measures, in these semantics' words (the `measure` of its ejections'
@@ -302,7 +309,9 @@ impl DetectorConfig {
     ///   Its window is kept when the endpoint comes back
     ///   ([`recent_window_kept_on_return`](DetectorBuilder::recent_window_kept_on_return)),
     ///   so a gray endpoint that passes its health checks is out again on its first failure
-    ///   after each return.
+    ///   after each return, and an ejection within 10 s of a return continues the back-off
+    ///   ([`relapse_window`](DetectorBuilder::relapse_window)): such an endpoint comes back
+    ///   after 1, 2, 4, then every 5 s, not every second.
     ///
     /// Its policy is named `"recommended"` in logs, snapshots and metrics. A running layer built
     /// from it is changed with a new `DetectorConfig` (`RulesHandle::replace`); it refuses
@@ -339,6 +348,9 @@ impl DetectorConfig {
             // A gray endpoint the probe lets back in is out again on its first failure, not
             // after judging it from an empty window each time it returns.
             recent_window_kept: true,
+            // ... and its back-off doubles on each such relapse, up to 5 s, instead of starting
+            // again at 1 s: a return each second cost a caller each second.
+            relapse_window: recent::LINKERD_RECENT_SUCCESS_RATE.window,
             // Its own name in logs, snapshots and metrics: linkerd's semantics, not linkerd's
             // configuration.
             name: Some("recommended"),

@@ -51,6 +51,7 @@ pub struct DetectorBuilder {
     pub(crate) failure_percentage: Option<FailurePercentage>,
     pub(crate) recent_success_rate: Option<RecentSuccessRate>,
     pub(crate) recent_window_kept: bool,
+    pub(crate) relapse_window: Duration,
     pub(crate) when_all_out: WhenAllOut,
     // The policy's name where it is not its semantics' (`recommended()`'s).
     pub(crate) name: Option<&'static str>,
@@ -84,6 +85,7 @@ impl Default for DetectorBuilder {
             failure_percentage: Some(ENVOY_FAILURE_PERCENTAGE),
             recent_success_rate: None,
             recent_window_kept: false,
+            relapse_window: Duration::ZERO,
             // Envoy's cluster default (`common_lb_config.healthy_panic_threshold`).
             when_all_out: WhenAllOut::PanicBelow(0.5),
             name: None,
@@ -127,6 +129,33 @@ impl DetectorBuilder {
     /// finite, as linkerd's `ExponentialBackoff` takes) of itself, never beyond the maximum.
     pub fn backoff_jitter(mut self, jitter: f64) -> Self {
         self.backoff_jitter = jitter;
+        self
+    }
+
+    /// Under linkerd's semantics: an endpoint ejected again within this time of its return from
+    /// an ejection (a relapse) continues its back-off where the last trip left it, instead of
+    /// starting again at `base_ejection_time` as linkerd does once a probe passes. Zero (the
+    /// default) turns it off; [`DetectorConfig::recommended`] sets 10 s, its success-rate
+    /// window.
+    ///
+    /// A gray endpoint passes its health checks, so each probe lets it back in; without this it
+    /// came back every `base_ejection_time` and failed a caller each time. With it the back-off
+    /// doubles on every relapse, up to `max_ejection_time`. An endpoint that stays in for longer
+    /// than the window starts its next trip at the base again.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_outlier_detectors::DetectorConfig;
+    ///
+    /// let recommended = DetectorConfig::recommended().build()?;
+    /// assert_eq!(recommended.relapse_window(), Duration::from_secs(10));
+    /// assert_eq!(DetectorConfig::linkerd().build()?.relapse_window(), Duration::ZERO);
+    /// // Envoy's and gRPC's multipliers decay on their own ticks instead.
+    /// assert!(DetectorConfig::envoy().relapse_window(Duration::from_secs(10)).build().is_err());
+    /// # Ok::<(), tower_outlier_core::ConfigError>(())
+    /// ```
+    pub fn relapse_window(mut self, window: Duration) -> Self {
+        self.relapse_window = window;
         self
     }
 
@@ -369,6 +398,13 @@ impl DetectorBuilder {
         if let Some(recent) = self.recent_success_rate {
             recent.validate(self.semantics)?;
         }
+        if !self.relapse_window.is_zero() && self.semantics != DetectorSemantics::Linkerd {
+            return Err(ConfigError::new(
+                "relapse_window",
+                format!("{:?}", self.relapse_window),
+                "only with linkerd's semantics (Envoy's and gRPC's multipliers decay on their ticks)",
+            ));
+        }
         if let Some(fp) = self.failure_percentage {
             percent("failure_percentage_threshold", fp.threshold)?;
             percent("enforcing_failure_percentage", fp.enforcement)?;
@@ -397,6 +433,7 @@ impl DetectorBuilder {
             failure_percentage: self.failure_percentage,
             recent_success_rate: self.recent_success_rate,
             recent_window_kept: self.recent_window_kept,
+            relapse_window: self.relapse_window,
             when_all_out: self.when_all_out,
             name: self.name,
         })

@@ -220,6 +220,28 @@ impl CallsNeeded for DetectorEndpoint {
     }
 }
 
+impl DetectorEndpoint {
+    /// The ejection counter an ejection at `now` starts from. Under a relapse window
+    /// ([`DetectorBuilder::relapse_window`](crate::DetectorBuilder::relapse_window)) a passed
+    /// probe leaves linkerd's count as it was, and it is dropped here unless the endpoint's last
+    /// ejection ended within the window: a relapse continues the trip's back-off, a new trip
+    /// starts at the base.
+    fn trip_so_far(&self, now: Nanos) -> u32 {
+        let ejections = self.ejections.load(Ordering::Relaxed);
+        let window = self.shared.config.relapse_window;
+        if window.is_zero() {
+            return ejections;
+        }
+        let last_end = self.ejected_until.load(Ordering::Relaxed);
+        let relapse = last_end != NONE && now.saturating_sub(last_end) <= duration_to_nanos(window);
+        if relapse {
+            ejections
+        } else {
+            0
+        }
+    }
+}
+
 /// The detectors time their own ejections (Envoy's and gRPC's ejection time, linkerd's back-off).
 impl OwnTiming for DetectorEndpoint {
     fn check_at(&self, now: Nanos) -> Option<Nanos> {
@@ -241,7 +263,7 @@ impl OwnTiming for DetectorEndpoint {
         };
         let (end, ejections) = ejection_end(
             &self.shared.config,
-            self.ejections.load(Ordering::Relaxed),
+            self.trip_so_far(now),
             ejected_at,
             last_tick,
             self.shared.dice(),

@@ -53,9 +53,12 @@ impl ProbeGate for DetectorEndpoint {
             gate.store(SHUT);
             Signal::Evaluate
         } else {
-            // The trip is over: the next one starts at the shortest back-off. The layer looks,
-            // to report the breaker closed (one wake-up per probe).
-            self.ejections.store(0, Ordering::Relaxed);
+            // The trip is over: the next one starts at the shortest back-off (under a relapse
+            // window, unless it comes within the window: `trip_so_far`). The layer looks, to
+            // report the breaker closed (one wake-up per probe).
+            if self.shared.config.relapse_window.is_zero() {
+                self.ejections.store(0, Ordering::Relaxed);
+            }
             self.wake_gate(gate, CLOSED);
             Signal::Evaluate
         }
