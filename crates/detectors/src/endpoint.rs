@@ -358,10 +358,19 @@ impl DetectorEndpoint {
         ] {
             to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
-        self.ejections.store(
-            previous.ejections.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        // Rules with a relapse window keep linkerd's count past a passed probe, for a relapse;
+        // rules without one start the next trip at the base once the endpoint is back in.
+        let back_in = !previous.out.load(Ordering::Relaxed);
+        let stale = !previous.shared.config.relapse_window.is_zero()
+            && self.shared.config.relapse_window.is_zero()
+            && self.shared.config.semantics == DetectorSemantics::Linkerd
+            && back_in;
+        let ejections = if stale {
+            0
+        } else {
+            previous.ejections.load(Ordering::Relaxed)
+        };
+        self.ejections.store(ejections, Ordering::Relaxed);
         self.out
             .store(previous.out.load(Ordering::Relaxed), Ordering::Relaxed);
         if let (Some(gate), Some(old)) = (self.linkerd_gate(), previous.linkerd_gate()) {
