@@ -283,6 +283,42 @@ fn linkerd_probes_with_one_real_request_and_backs_off_on_failure() {
     assert_eq!(endpoint.check_at(20 * SECOND), Some(21 * SECOND));
 }
 
+#[test]
+fn a_relapse_window_continues_the_back_off_and_a_late_failed_probe_stays_in_its_trip() {
+    let config = DetectorConfig::linkerd_consecutive()
+        .backoff_jitter(0.0)
+        .relapse_window(Duration::from_secs(10));
+    let endpoint = policy(config).endpoint();
+    let gate = endpoint.gate().unwrap();
+    let failed = Observation {
+        outcome: REFUSED,
+        latency: Duration::ZERO,
+    };
+    let passed = Observation {
+        outcome: OK,
+        latency: Duration::ZERO,
+    };
+    signals(&endpoint, &[REFUSED; 7]);
+    assert_eq!(endpoint.check_at(10 * SECOND), Some(11 * SECOND));
+    endpoint.reset();
+    // Its probe, the next request, comes 19 s after its return and fails: the same trip.
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
+    gate.record_probe(&failed, 30 * SECOND);
+    assert_eq!(endpoint.check_at(30 * SECOND), Some(32 * SECOND));
+    endpoint.reset();
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
+    gate.record_probe(&passed, 33 * SECOND);
+    // Out again 3 s after its return: a relapse, the back-off goes on (linkerd: 1 s).
+    signals(&endpoint, &[REFUSED; 7]);
+    assert_eq!(endpoint.check_at(35 * SECOND), Some(39 * SECOND));
+    endpoint.reset();
+    assert_eq!(admit(&endpoint, false), Poll::Ready(Admit::Probe));
+    gate.record_probe(&passed, 40 * SECOND);
+    // In for 21 s: a new trip, at the base.
+    signals(&endpoint, &[REFUSED; 7]);
+    assert_eq!(endpoint.check_at(60 * SECOND), Some(61 * SECOND));
+}
+
 /// linkerd's `endpoint` ejected by 7 refusals, back after its back-off with its probe out: its
 /// gate.
 fn probing(endpoint: &DetectorEndpoint) -> &dyn ProbeGate {

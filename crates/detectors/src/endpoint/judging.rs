@@ -225,11 +225,13 @@ impl DetectorEndpoint {
     /// ([`DetectorBuilder::relapse_window`](crate::DetectorBuilder::relapse_window)) a passed
     /// probe leaves linkerd's count as it was, and it is dropped here unless the endpoint's last
     /// ejection ended within the window: a relapse continues the trip's back-off, a new trip
-    /// starts at the base.
-    fn trip_so_far(&self, now: Nanos) -> u32 {
+    /// starts at the base. An endpoint ejected for failing its probe (`bits`, its standing
+    /// condemnations) is in the same trip, however long after its return the probe came: at low
+    /// traffic linkerd's probe is the next request, whenever it comes.
+    fn trip_so_far(&self, now: Nanos, bits: u8) -> u32 {
         let ejections = self.ejections.load(Ordering::Relaxed);
         let window = self.shared.config.relapse_window;
-        if window.is_zero() {
+        if window.is_zero() || bits & FAILED_PROBE != 0 {
             return ejections;
         }
         let last_end = self.ejected_until.load(Ordering::Relaxed);
@@ -263,7 +265,7 @@ impl OwnTiming for DetectorEndpoint {
         };
         let (end, ejections) = ejection_end(
             &self.shared.config,
-            self.trip_so_far(now),
+            self.trip_so_far(now, bits),
             ejected_at,
             last_tick,
             self.shared.dice(),
