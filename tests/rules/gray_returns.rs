@@ -37,20 +37,8 @@ struct Zero {
 }
 
 /// Five endpoints answering in 1 ms through p2c, `config` with a probe that always passes, as a
-/// health check of a gray server does.
+/// health check of a gray server does; the layer's monitor and rules handle.
 fn fleet(
-    zero: &Arc<Zero>,
-    config: DetectorConfig,
-) -> (
-    impl Service<(), Error = BoxError, Future = impl Send> + Send,
-    Monitor,
-) {
-    let (balancer, monitor, _) = fleet_with_rules(zero, config);
-    (balancer, monitor)
-}
-
-/// [`fleet`], with the layer's rules handle.
-fn fleet_with_rules(
     zero: &Arc<Zero>,
     config: DetectorConfig,
 ) -> (
@@ -109,7 +97,7 @@ async fn failures_per_return(kept: bool) -> Vec<usize> {
         .recent_window_kept_on_return(kept)
         .build()
         .unwrap();
-    let (mut balancer, monitor) = fleet(&zero, config);
+    let (mut balancer, monitor, _) = fleet(&zero, config);
     let start = tokio::time::Instant::now();
     let mut was = EndpointStatus::Available;
     let mut returned_with: Option<usize> = None;
@@ -161,7 +149,7 @@ async fn with_the_window_emptied_on_return_each_return_costs_more() {
 async fn a_healed_endpoint_is_not_ejected_again_by_one_failure_after_its_return() {
     let zero = Arc::new(Zero::default());
     zero.gray.store(true, Ordering::SeqCst);
-    let (mut balancer, monitor) = fleet(&zero, DetectorConfig::recommended().build().unwrap());
+    let (mut balancer, monitor, _) = fleet(&zero, DetectorConfig::recommended().build().unwrap());
     let start = tokio::time::Instant::now();
     // The endpoints are discovered at the first call.
     one_call(&mut balancer).await;
@@ -204,7 +192,7 @@ async fn times_out(
     gray: impl Fn(f64) -> bool,
 ) -> Vec<(f64, Duration)> {
     let zero = Arc::new(Zero::default());
-    let (mut balancer, monitor) = fleet(&zero, config);
+    let (mut balancer, monitor, _) = fleet(&zero, config);
     let start = tokio::time::Instant::now();
     let mut out_since = None;
     let mut out = Vec::new();
@@ -285,7 +273,7 @@ async fn new_rules_without_a_relapse_window_start_the_next_trip_at_the_base() {
     let zero = Arc::new(Zero::default());
     zero.gray.store(true, Ordering::SeqCst);
     let (mut balancer, monitor, rules) =
-        fleet_with_rules(&zero, DetectorConfig::recommended().build().unwrap());
+        fleet(&zero, DetectorConfig::recommended().build().unwrap());
     let start = tokio::time::Instant::now();
     let mut out_since = None;
     let mut lengths = Vec::new();
