@@ -70,6 +70,7 @@ pub use policy::{
 };
 pub use record::{
     store_if_changed, EndpointRecord, Notifier, ProbePermits, SignalChunk, SignalSlot, RTT_DECAY,
+    STALE_ESTIMATE,
 };
 /// The boxed error type of tower middleware (`tower::BoxError`).
 pub use signal::{ServerSignal, LOAD_REPORT_HEADER};

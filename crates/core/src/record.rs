@@ -525,8 +525,8 @@ impl EndpointRecord {
         self.options.get_or_init(Box::default)
     }
 }
-pub use latency::RTT_DECAY;
 use latency::*;
+pub use latency::{RTT_DECAY, STALE_ESTIMATE};
 pub use notify::{store_if_changed, Notifier, SignalChunk, SignalSlot};
 
 #[cfg(test)]

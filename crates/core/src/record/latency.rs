@@ -13,6 +13,17 @@ use super::EndpointRecord;
 /// `exp(-idle / τ)`), as in tower's peak-EWMA.
 pub const RTT_DECAY: Duration = Duration::from_secs(10);
 
+/// How long after an endpoint's last completed call its latency estimate counts as stale: a
+/// successful call after such a gap that comes back well under the estimate replaces it (the
+/// endpoint is as fast as it is now, not as it was), and a balancer may explore an endpoint whose
+/// last call succeeded this long ago ([`EndpointRecord::estimate_stale`]). Without it, an
+/// endpoint that was slow for a while and healed got no call until its estimate decayed below its
+/// peers' (p2c never picks the costliest), and then came back an eighth of the way per call:
+/// 12 to 20 s to half its share on loopback, where a round-robin proxy gives it its share at
+/// once.
+pub const STALE_ESTIMATE: Duration = Duration::from_secs(1);
+const STALE_ESTIMATE_NANOS: Nanos = STALE_ESTIMATE.as_nanos() as Nanos;
+
 pub(super) const SAMPLE_TIME_GRANULARITY: Nanos = 1_000_000;
 
 // The smallest change of the latency estimate worth a store: far below any network round trip.
@@ -104,14 +115,23 @@ impl EndpointRecord {
         } else {
             (stored as f64 * decay(idle)) as u64
         };
-        let (next, flags_next) =
-            if flags & (FRESH | LAST_MASK) == LAST_SUCCEEDED && last == LAST_SUCCEEDED {
-                // The steady state: a success after a success.
-                let next = peak_ewma(old, rtt);
-                (next, self.peak_flags(flags, old, next, rtt, now))
-            } else {
-                self.sample_unusual(flags, old, rtt, last, now)
-            };
+        let (next, flags_next) = if flags & (FRESH | LAST_MASK) == LAST_SUCCEEDED
+            && last == LAST_SUCCEEDED
+        {
+            // The steady state: a success after a success. After a stale gap, a call well
+            // under the decayed estimate replaces it: a balancer that avoided the endpoint
+            // sends it one call now and then, and each is news of the endpoint's speed now
+            // (a genuinely slow endpoint's next slow call puts the peak straight back).
+            let next =
+                if !recent && idle >= STALE_ESTIMATE_NANOS && rtt.saturating_mul(PEAK_JUMP) < old {
+                    rtt
+                } else {
+                    peak_ewma(old, rtt)
+                };
+            (next, self.peak_flags(flags, old, next, rtt, now))
+        } else {
+            self.sample_unusual(flags, old, rtt, last, now)
+        };
         let flags_next = if last == LAST_SUCCEEDED {
             (flags_next | SERVED) & !REPEATED
         } else if flags & LAST_MASK != LAST_SUCCEEDED && flags & FRESH == 0 {
@@ -291,6 +311,18 @@ impl EndpointRecord {
                     .calls_needed()
                     .is_some_and(|needs| needs.calls_wanted(now) > 0)
             })
+    }
+
+    /// Whether the endpoint's last call succeeded [`STALE_ESTIMATE`] or more before `now` and none
+    /// completed since: the estimate p2c reads of it is that old. An endpoint avoided for
+    /// slowness is then worth one call (its next fast success replaces the estimate); one whose
+    /// last call failed or timed out has rules of its own, and one with no call since it joined
+    /// or was re-admitted has a seed, not a measurement (its trial is its rules' business: a
+    /// re-admitted black hole is not sent a call for its estimate's sake).
+    pub fn estimate_stale(&self, now: Nanos) -> bool {
+        self.latency_flags.load(Ordering::Relaxed) & (LAST_MASK | FRESH) == LAST_SUCCEEDED
+            && now.saturating_sub(self.latency.last_sample.load(Ordering::Relaxed))
+                >= STALE_ESTIMATE_NANOS
     }
 
     /// Whether the last recorded call timed out: the balancer avoids the endpoint for the time

@@ -34,15 +34,49 @@ fn a_fast_call_after_an_idle_stretch_blends_with_the_decayed_estimate() {
     let start = record.clock().now();
     call(&record, Outcome::Success, 1000, start);
     assert!((record.rtt_estimate(start) - 1e9).abs() < 1e6);
-    // A minute idle: the estimate has decayed to 1 s × e^-6 ≈ 2.5 ms. A 1 ms call blends
+    // A minute idle: the estimate has decayed to 1 s × e^-6 ≈ 2.5 ms. A 2 ms call blends
     // with that, not with the 1 s stored before the idle stretch.
     let later = start + 60_000 * MS;
-    call(&record, Outcome::Success, 1, later);
+    call(&record, Outcome::Success, 2, later);
     let estimate = record.rtt_estimate(later);
     assert!(
         (2.0 * MS as f64..2.5 * MS as f64).contains(&estimate),
         "estimate {estimate} ns"
     );
+}
+
+#[test]
+fn a_fast_call_after_a_stale_gap_replaces_a_slow_estimate() {
+    let record = warm_record();
+    let start = record.clock().now();
+    // Slow for a while: 100 ms a call.
+    call(&record, Outcome::Success, 100, start);
+    assert!(!record.estimate_stale(start + 999 * MS));
+    assert!(record.estimate_stale(start + 1_000 * MS));
+    // Within the stale gap, a fast call moves the estimate an eighth of the way down.
+    call(&record, Outcome::Success, 1, start + 500 * MS);
+    let estimate = record.rtt_estimate(start + 500 * MS);
+    assert!(estimate > 80.0 * MS as f64, "estimate {estimate} ns");
+    // A second and more later the estimate (about 77 ms by then) is stale: a 1 ms answer is
+    // the endpoint's speed now.
+    let later = start + 2_000 * MS;
+    call(&record, Outcome::Success, 1, later);
+    let estimate = record.rtt_estimate(later);
+    assert!(
+        (0.9 * MS as f64..1.1 * MS as f64).contains(&estimate),
+        "estimate {estimate} ns"
+    );
+    // A slow answer after a stale gap is a peak, as any: straight back up.
+    call(&record, Outcome::Success, 100, later + 2_000 * MS);
+    assert!(record.rtt_estimate(later + 2_000 * MS) >= 100.0 * MS as f64);
+    // One whose last call failed has rules of its own.
+    call(
+        &record,
+        Outcome::Failure(FailureKind::Transport),
+        1,
+        later + 3_000 * MS,
+    );
+    assert!(!record.estimate_stale(later + 10_000 * MS));
 }
 
 #[test]

@@ -49,7 +49,10 @@ use super::*;
 ///   half the estimate) confirms it and
 ///   ends the exploration, so it gets no more traffic than p2c alone gives it (one call more
 ///   each time p2c tries it again; four at most when it jumped far above its new latency); a
-///   healthy one's fast calls bring its estimate back down.
+///   healthy one's fast calls bring its estimate back down. An endpoint whose last call
+///   succeeded a second ago or more wins a draw after losing 64 in a row, and a fast answer then
+///   replaces its estimate ([`STALE_ESTIMATE`](tower_outlier_core::STALE_ESTIMATE)): one that
+///   was slow and healed is back in about a second instead of after its estimate's decay.
 ///
 /// So reading the load counts a draw: it is meant for the balancer that holds this handle (p2c
 /// reads both candidates of every draw). The count lives in the handle, not the shared record.
@@ -95,16 +98,19 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         // Exploration re-checks a healthy endpoint's one slow call, and follows up a fast
         // failure; an endpoint whose server says it is degraded is avoided on purpose, not for a
         // slow call, so only the follow-up applies (ejection wins over degradation).
+        // Slow start, and weights from load reports: the endpoint takes part in only its share
+        // of the draws and loses the others, whatever its cost (the evidence and exploration
+        // below come first: they ask for a few calls a policy needs).
+        let draws_share = record.ramp_draws(now) * record.draw_share();
+        // A stale estimate is explored only where latency decides the draws: an endpoint
+        // sitting out draws, or weighted by load reports, loses them for another reason.
+        let stale_ok = !degraded && draws_share >= 1.0 && !record.draws_weighted();
         if weight >= 1.0
             && (draws.wanted(&self.holder.shared, now, in_flight as u64) > in_flight as u64
-                || draws.explore(&self.holder.shared, in_flight, now, !degraded))
+                || draws.explore(&self.holder.shared, in_flight, now, !degraded, stale_ok))
         {
             return EndpointCost(0.0);
         }
-        // Slow start, and weights from load reports: the endpoint takes part in only its share
-        // of the draws and loses the others, whatever its cost (the evidence and exploration
-        // above come first: they ask for a few calls a policy needs).
-        let draws_share = record.ramp_draws(now) * record.draw_share();
         let sits_out = draws_share < 1.0 && !draws.takes_part(draws_share);
         // Weights from load reports stand for the servers' load (as in gRPC's weighted round
         // robin): latency would decide every draw between two endpoints taking part, and the
@@ -139,6 +145,13 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
 /// How many power-of-two-choices draws in a row an endpoint whose estimate rests on one
 /// unconfirmed slow call may lose before it wins one anyway (at most one in 17 of its draws).
 pub(super) const EXPLORE_AFTER: u32 = 16;
+
+/// How many draws in a row an endpoint whose estimate has gone stale
+/// ([`EndpointRecord::estimate_stale`]: its last call succeeded a second ago or more) may lose
+/// before it wins one anyway. At 200 requests a second over five endpoints that is about one
+/// call a second to an endpoint p2c avoids for its latency (half a percent of the calls, under
+/// any p99); at 5 a second, one in half a minute.
+pub(super) const STALE_EXPLORE_AFTER: u32 = 64;
 
 /// How long an endpoint avoided after one fast failure waits, once it has lost
 /// [`EXPLORE_AFTER`] draws, for a call that tells a server gone (a second failure in a row, which
@@ -214,7 +227,10 @@ impl Draws {
     /// Counts one draw; true when the endpoint has lost enough in a row to win this one: its
     /// estimate rests on one unconfirmed slow call (when `slow_call` asks it), or its last call
     /// failed fast a second ago or more and a policy would judge on the next
-    /// ([`EndpointRecord::follow_up_wanted`]). Never while a call is in flight: a sample is on
+    /// ([`EndpointRecord::follow_up_wanted`]), or, after [`STALE_EXPLORE_AFTER`] lost draws
+    /// (when `stale` allows it), its last call succeeded long enough ago that its estimate is
+    /// stale ([`EndpointRecord::estimate_stale`]): an endpoint that was slow and healed is then
+    /// back in about a second, not after its estimate decays. Never while a call is in flight: a sample is on
     /// its way, and a black hole (whose calls never complete) would otherwise be sent one more
     /// call each time it lost 16 draws until its first timeout came back. Never after a timeout
     /// either: that call would cost a caller a timeout too.
@@ -224,12 +240,14 @@ impl Draws {
         in_flight: usize,
         now: Nanos,
         slow_call: bool,
+        stale: bool,
     ) -> bool {
         let lost = self.lost.load(Ordering::Relaxed);
         if lost >= EXPLORE_AFTER
             && in_flight == 0
             && ((slow_call && shared.record.peak_unconfirmed())
                 || shared.record.last_not_sent()
+                || (stale && lost >= STALE_EXPLORE_AFTER && shared.record.estimate_stale(now))
                 || self.follow_up(shared, now))
         {
             return true;
