@@ -11,7 +11,7 @@
 //!
 //! Options: `--runs N` (runs per cell; the worst run is reported beside the median),
 //! `--jobs J` (cells run at once, default 4), `--only TEXT` (cells whose title or stack contains
-//! TEXT), `--without-peers` (skip nginx, HAProxy and grpcio instead of failing when they are
+//! TEXT; `A|B` for either), `--without-peers` (skip nginx, HAProxy and grpcio instead of failing when they are
 //! missing), `--out FILE` (also write the tables there).
 //!
 //! Every backend logs when each request reached it, so traffic shares are measured where they
@@ -150,6 +150,14 @@ const FROM_START: Timing = Timing {
     fault_at: 0.0,
     heal_at: 10.0,
     end: 25.0,
+};
+/// The fault begins halfway between two of gRPC's outlier-detection ticks (a 10 s timer its
+/// client starts with the channel, just before the run): at `FULL`'s 10 s it begins right at one,
+/// which favours a client judging on that timer.
+const MID_TICK: Timing = Timing {
+    fault_at: 15.0,
+    heal_at: 35.0,
+    end: 60.0,
 };
 const SHORT: Timing = Timing {
     fault_at: 5.0,
@@ -301,6 +309,15 @@ fn matrix(quick: bool, peers: bool) -> Vec<(Cell, Vec<Stack>, usize)> {
             cells.push((cell, stacks_for(protocol, peers), 1));
         }
     }
+    // A gray failure beginning between two of gRPC's ticks instead of at one.
+    let cell = Cell {
+        scenario: GRAY,
+        protocol: Protocol::Grpc,
+        fleet: 5,
+        shape: Shape::Rate(200.0),
+        timing: MID_TICK,
+    };
+    cells.push((cell, stacks_for(Protocol::Grpc, peers), 1));
     // Other traffic shapes, for the faults where they matter.
     for protocol in both {
         for scenario in [HARD_DOWN, UNAVAILABLE, BLACK_HOLE, SLOW] {
@@ -795,11 +812,13 @@ fn main() {
         }
     }
     if let Some(only) = &options.only {
+        // Alternatives separated by `|`: a cell (or stack) matching any of them runs.
+        let any = |text: &str| only.split('|').any(|part| text.contains(part));
         cells.retain_mut(|(cell, stacks, _)| {
-            if cell.title().contains(only.as_str()) {
+            if any(&cell.title()) {
                 return true;
             }
-            stacks.retain(|s| s.name().contains(only.as_str()));
+            stacks.retain(|s| any(s.name()));
             !stacks.is_empty()
         });
     }

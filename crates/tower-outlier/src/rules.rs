@@ -205,6 +205,16 @@
 //!   calls in a row that are under half the estimate (an endpoint that jumped far above its new,
 //!   steady latency); calls of twice the usual time between fast ones (a loaded machine's) do
 //!   not.
+//! * **A stale estimate.** An endpoint with no call in flight whose last call succeeded a second
+//!   ago or more (`STALE_ESTIMATE`), with none completed since, wins a draw after losing 64 in a
+//!   row, and a success after such a gap that comes back under half the estimate replaces it:
+//!   an endpoint that was slow and healed has its share back about a second after healing,
+//!   instead of after its estimate decays below its peers' (p2c alone never picks the costliest
+//!   endpoint). A slow endpoint pays for this with about one call a second (at 200 requests a
+//!   second over five endpoints, half a percent of the calls). Not for an endpoint that has had
+//!   no call since it joined or was re-admitted: its estimate is a seed, not a measurement, and
+//!   its trial belongs to its rules. Nor in draws it sits out (slow start, weights from load
+//!   reports) or while its server says it is degraded.
 //! * **Following up a fast failure.** An endpoint with no call in flight whose last call failed
 //!   fast a second ago or more, with none completed since, wins a draw after losing 16 in a row
 //!   when a policy would judge on the next call (a streak under way) and the layer could eject
