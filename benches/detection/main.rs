@@ -349,6 +349,29 @@ fn scenarios() -> Vec<Scenario> {
                 Fault::Down,
             )
         },
+        // Slow 20 s, then healed: p2c never picks the costliest endpoint, so how soon a healed
+        // slow endpoint is fed again is up to its latency estimate, at high traffic and at low.
+        Scenario {
+            schedule: Schedule::Window {
+                start: FAULT_AT,
+                end: Some(FAULT_AT + 20.0),
+            },
+            ..scenario(
+                "recovery from slow (10× latency 20 s, then healthy)",
+                &[0],
+                Fault::Slow(10.0),
+            )
+        },
+        Scenario {
+            schedule: Schedule::Window {
+                start: FAULT_AT,
+                end: Some(FAULT_AT + 20.0),
+            },
+            ..low(
+                "low traffic (5 req/s): recovery from slow (10× latency 20 s, then healthy)",
+                Fault::Slow(10.0),
+            )
+        },
     ]
 }
 
