@@ -459,9 +459,13 @@ impl EndpointRecord {
             options.heard.forget_pushback();
         }
         self.mark(CONNECTION_FAILED, false, Ordering::Relaxed);
+        // No call sampled since: its estimate is not a measurement of its speed now, whether or
+        // not the layer finds a fleet estimate to seed it with (none is there while it is the
+        // last endpoint in, or when dry run ends), so a stale-estimate exploration never sends a
+        // re-admitted black hole a call.
         let flags = self.latency_flags.load(Ordering::Relaxed);
         self.latency_flags.store(
-            flags & !(LAST_MASK | PEAK_UNCONFIRMED | REPEATED),
+            (flags | FRESH) & !(LAST_MASK | PEAK_UNCONFIRMED | REPEATED),
             Ordering::Relaxed,
         );
     }

@@ -210,8 +210,9 @@
 //!   row, and a success after such a gap that comes back under half the estimate replaces it:
 //!   an endpoint that was slow and healed has its share back about a second after healing,
 //!   instead of after its estimate decays below its peers' (p2c alone never picks the costliest
-//!   endpoint). A slow endpoint pays for this with about one call a second (at 200 requests a
-//!   second over five endpoints, half a percent of the calls). Not for an endpoint that has had
+//!   endpoint). A slow endpoint pays for this with one call in 32·n at most (n endpoints), and
+//!   one a second at most: at 200 requests a second over five endpoints, half a percent of the
+//!   calls; over two or three endpoints at low traffic, 1.6 or 1 %. Not for an endpoint that has had
 //!   no call since it joined or was re-admitted: its estimate is a seed, not a measurement, and
 //!   its trial belongs to its rules. Nor in draws it sits out (slow start, weights from load
 //!   reports) or while its server says it is degraded.

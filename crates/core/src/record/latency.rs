@@ -115,23 +115,25 @@ impl EndpointRecord {
         } else {
             (stored as f64 * decay(idle)) as u64
         };
-        let (next, flags_next) = if flags & (FRESH | LAST_MASK) == LAST_SUCCEEDED
-            && last == LAST_SUCCEEDED
-        {
-            // The steady state: a success after a success. After a stale gap, a call well
-            // under the decayed estimate replaces it: a balancer that avoided the endpoint
-            // sends it one call now and then, and each is news of the endpoint's speed now
-            // (a genuinely slow endpoint's next slow call puts the peak straight back).
-            let next =
-                if !recent && idle >= STALE_ESTIMATE_NANOS && rtt.saturating_mul(PEAK_JUMP) < old {
+        let (next, flags_next) =
+            if flags & (FRESH | LAST_MASK) == LAST_SUCCEEDED && last == LAST_SUCCEEDED {
+                // The steady state: a success after a success. A call begun a stale gap after the
+                // last completion (an explored one, or one p2c sent as the estimate decayed) that
+                // comes back well under the decayed estimate replaces it: it is news of the
+                // endpoint's speed now. A genuinely slow endpoint's next slow call is a peak again
+                // (an unconfirmed one, explored until confirmed). Calls begun before the gap ended
+                // (racing completions) move the estimate as usual.
+                let next = if idle.saturating_sub(rtt) >= STALE_ESTIMATE_NANOS
+                    && rtt.saturating_mul(PEAK_JUMP) < old
+                {
                     rtt
                 } else {
                     peak_ewma(old, rtt)
                 };
-            (next, self.peak_flags(flags, old, next, rtt, now))
-        } else {
-            self.sample_unusual(flags, old, rtt, last, now)
-        };
+                (next, self.peak_flags(flags, old, next, rtt, now))
+            } else {
+                self.sample_unusual(flags, old, rtt, last, now)
+            };
         let flags_next = if last == LAST_SUCCEEDED {
             (flags_next | SERVED) & !REPEATED
         } else if flags & LAST_MASK != LAST_SUCCEEDED && flags & FRESH == 0 {

@@ -69,14 +69,28 @@ fn a_fast_call_after_a_stale_gap_replaces_a_slow_estimate() {
     // A slow answer after a stale gap is a peak, as any: straight back up.
     call(&record, Outcome::Success, 100, later + 2_000 * MS);
     assert!(record.rtt_estimate(later + 2_000 * MS) >= 100.0 * MS as f64);
+    // A call begun before the gap ended (in flight beside the last one) is no news of the
+    // endpoint now: it completes 1.5 s after the last completion, but took 600 ms.
+    let slow_again = later + 2_000 * MS;
+    call(&record, Outcome::Success, 2_000, slow_again);
+    call(&record, Outcome::Success, 600, slow_again + 1_500 * MS);
+    let estimate = record.rtt_estimate(slow_again + 1_500 * MS);
+    assert!(estimate > 1_000.0 * MS as f64, "estimate {estimate} ns");
+    let gap_end = slow_again + 1_500 * MS;
     // One whose last call failed has rules of its own.
+    let failed_at = gap_end + 2_000 * MS;
     call(
         &record,
         Outcome::Failure(FailureKind::Transport),
         1,
-        later + 3_000 * MS,
+        failed_at,
     );
-    assert!(!record.estimate_stale(later + 10_000 * MS));
+    assert!(!record.estimate_stale(failed_at + 10_000 * MS));
+    // Nor is one re-admitted, whether or not a fleet estimate seeds it: no call measured since.
+    call(&record, Outcome::Success, 1, failed_at + 11_000 * MS);
+    assert!(record.estimate_stale(failed_at + 13_000 * MS));
+    record.reset();
+    assert!(!record.estimate_stale(failed_at + 13_000 * MS));
 }
 
 #[test]
