@@ -570,6 +570,18 @@ async fn a_healed_slow_endpoint_has_half_its_share_back_within_two_seconds() {
             back_after.is_some_and(|quarter| quarter <= 8),
             "seed {seed}: half its share back after {back_after:?} quarter seconds"
         );
+        // And it keeps it: not one burst of calls while the estimate was low for a moment.
+        for quarter in 1..=4 {
+            let before = calls();
+            open_loop(&mut balancer, 200.0, Duration::from_millis(250)).await;
+            let after = calls();
+            let total: usize = after.iter().zip(&before).map(|(a, b)| a - b).sum();
+            let mine = after[0] - before[0];
+            assert!(
+                mine * 10 >= total,
+                "seed {seed}: {mine} of {total} calls in quarter {quarter} after it was back"
+            );
+        }
     }
 }
 
