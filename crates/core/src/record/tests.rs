@@ -21,6 +21,12 @@ fn serial(record: &EndpointRecord, outcome: Outcome, latency_ms: u64, now: &mut 
     call(record, outcome, latency_ms, *now);
 }
 
+/// The estimate right after a successful call of `latency_ms` completing at `now`.
+fn estimate_after(record: &EndpointRecord, latency_ms: u64, now: Nanos) -> f64 {
+    call(record, Outcome::Success, latency_ms, now);
+    record.rtt_estimate(now)
+}
+
 /// A record whose first call (which may set up a connection) is behind it.
 fn warm_record() -> EndpointRecord {
     let record = record();
@@ -37,8 +43,7 @@ fn a_fast_call_after_an_idle_stretch_blends_with_the_decayed_estimate() {
     // A minute idle: the estimate has decayed to 1 s × e^-6 ≈ 2.5 ms. A 2 ms call blends
     // with that, not with the 1 s stored before the idle stretch.
     let later = start + 60_000 * MS;
-    call(&record, Outcome::Success, 2, later);
-    let estimate = record.rtt_estimate(later);
+    let estimate = estimate_after(&record, 2, later);
     assert!(
         (2.0 * MS as f64..2.5 * MS as f64).contains(&estimate),
         "estimate {estimate} ns"
@@ -54,31 +59,26 @@ fn a_fast_call_after_a_stale_gap_replaces_a_slow_estimate() {
     assert!(!record.estimate_stale(start + 999 * MS));
     assert!(record.estimate_stale(start + 1_000 * MS));
     // Within the stale gap, a fast call moves the estimate an eighth of the way down.
-    call(&record, Outcome::Success, 1, start + 500 * MS);
-    let estimate = record.rtt_estimate(start + 500 * MS);
+    let estimate = estimate_after(&record, 1, start + 500 * MS);
     assert!(estimate > 80.0 * MS as f64, "estimate {estimate} ns");
     // A second and more later the estimate (about 77 ms by then) is stale: a 1 ms answer is
     // the endpoint's speed now.
     let later = start + 2_000 * MS;
-    call(&record, Outcome::Success, 1, later);
-    let estimate = record.rtt_estimate(later);
+    let estimate = estimate_after(&record, 1, later);
     assert!(
         (0.9 * MS as f64..1.1 * MS as f64).contains(&estimate),
         "estimate {estimate} ns"
     );
     // A slow answer after a stale gap is a peak, as any: straight back up.
-    call(&record, Outcome::Success, 100, later + 2_000 * MS);
-    assert!(record.rtt_estimate(later + 2_000 * MS) >= 100.0 * MS as f64);
+    assert!(estimate_after(&record, 100, later + 2_000 * MS) >= 100.0 * MS as f64);
     // A call begun before the gap ended (in flight beside the last one) is no news of the
     // endpoint now: it completes 1.5 s after the last completion, but took 600 ms.
     let slow_again = later + 2_000 * MS;
     call(&record, Outcome::Success, 2_000, slow_again);
-    call(&record, Outcome::Success, 600, slow_again + 1_500 * MS);
-    let estimate = record.rtt_estimate(slow_again + 1_500 * MS);
+    let estimate = estimate_after(&record, 600, slow_again + 1_500 * MS);
     assert!(estimate > 1_000.0 * MS as f64, "estimate {estimate} ns");
-    let gap_end = slow_again + 1_500 * MS;
     // One whose last call failed has rules of its own.
-    let failed_at = gap_end + 2_000 * MS;
+    let failed_at = slow_again + 3_500 * MS;
     call(
         &record,
         Outcome::Failure(FailureKind::Transport),

@@ -95,16 +95,17 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         let in_flight = self.in_flight();
         let draws = &self.holder.draws;
         let degraded = record.degraded_until(now).is_some();
-        // Exploration re-checks a healthy endpoint's one slow call, and follows up a fast
-        // failure; an endpoint whose server says it is degraded is avoided on purpose, not for a
-        // slow call, so only the follow-up applies (ejection wins over degradation).
         // Slow start, and weights from load reports: the endpoint takes part in only its share
         // of the draws and loses the others, whatever its cost (the evidence and exploration
         // below come first: they ask for a few calls a policy needs).
         let draws_share = record.ramp_draws(now) * record.draw_share();
-        // A stale estimate is explored only where latency decides the draws: an endpoint
-        // sitting out draws, or weighted by load reports, loses them for another reason.
-        let stale_ok = !degraded && draws_share >= 1.0 && !record.draws_weighted();
+        let weighted = record.draws_weighted();
+        // Exploration re-checks a healthy endpoint's one slow call, and follows up a fast
+        // failure; an endpoint whose server says it is degraded is avoided on purpose, not for a
+        // slow call, so only the follow-up applies (ejection wins over degradation). A stale
+        // estimate is explored only where latency decides the draws: an endpoint sitting out
+        // draws, or weighted by load reports, loses them for another reason.
+        let stale_ok = !degraded && draws_share >= 1.0 && !weighted;
         if weight >= 1.0
             && (draws.wanted(&self.holder.shared, now, in_flight as u64) > in_flight as u64
                 || draws.explore(&self.holder.shared, in_flight, now, !degraded, stale_ok))
@@ -115,7 +116,7 @@ impl<S, C> Load for OutlierEndpoint<S, C> {
         // Weights from load reports stand for the servers' load (as in gRPC's weighted round
         // robin): latency would decide every draw between two endpoints taking part, and the
         // calls would no longer split as the weights say.
-        let mut rtt = if record.draws_weighted() {
+        let mut rtt = if weighted {
             0.0
         } else {
             record.rtt_estimate(now)
